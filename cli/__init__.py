@@ -1,0 +1,1 @@
+"""Thin Typer commands over the library: parse options, call one function, render, map exit codes."""

@@ -1,0 +1,3 @@
+"""specctl adaptive command(s)."""
+
+from __future__ import annotations

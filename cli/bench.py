@@ -1,0 +1,3 @@
+"""specctl bench command(s)."""
+
+from __future__ import annotations

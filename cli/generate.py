@@ -1,0 +1,3 @@
+"""specctl generate command(s)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""specctl serve command(s)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""specctl validate command(s)."""
+
+from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Named deployments shipped as YAML package data; look one up by name."""
