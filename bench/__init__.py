@@ -1,0 +1,1 @@
+"""specctl bench: client-side load generation, metrics, reports and plots (no torch)."""
