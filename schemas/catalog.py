@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from specctl.schemas.findings import Severity
 
 # Modules that register rules; each must be torch-free.
-RULE_MODULES: tuple[str, ...] = ()
+RULE_MODULES: tuple[str, ...] = ("specctl.schemas.adaptive",)
 
 _RULES: dict[str, RuleDoc] = {}
 
