@@ -11,11 +11,14 @@ import contextlib
 import enum
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from specctl.errors import SpecctlError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class OutputFormat(str, enum.Enum):
@@ -25,10 +28,15 @@ class OutputFormat(str, enum.Enum):
 
 def stdout_console() -> Console:
     # Created per call so tests (CliRunner swaps sys.stdout) and width settings are honoured.
+    # Imported here: rich.console costs ~0.1 s of start-up that `specctl validate` must not pay.
+    from rich.console import Console
+
     return Console(file=sys.stdout, soft_wrap=False)
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     return Console(file=sys.stderr, soft_wrap=False)
 
 

@@ -1,3 +1,192 @@
-"""specctl validate command(s)."""
+"""`specctl validate`, `specctl schema`, `specctl presets list|show`, `specctl explain`.
+
+Thin Typer wrappers: each parses options, calls one library function (`specctl.schemas.*`), renders,
+and exits 0 (ok), 1 (error findings; warnings too with --strict) or 2 (usage error or unreadable
+input). Start-up matters (`validate` runs in editors and CI loops): everything beyond Typer is
+imported inside the command, and nothing here may import torch.
+"""
 
 from __future__ import annotations
+
+import enum
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from specctl.cli.common import OutputFormat, handle_errors
+from specctl.cli.main import app
+from specctl.cli.options import SetOption
+from specctl.errors import UsageError
+
+presets_app = typer.Typer(help="List and show the shipped preset deployments.", no_args_is_help=True)
+app.add_typer(presets_app, name="presets")
+
+_TABLES_AUTO_MAX_FILES = 10
+
+
+class InputKind(str, enum.Enum):
+    auto = "auto"
+    deployment = "deployment"
+    sglang = "sglang"
+
+
+def _is_terminal() -> bool:
+    # Rich's own detection honours NO_COLOR / TERM=dumb / FORCE_COLOR; import Rich only when it can matter.
+    if not sys.stdout.isatty():
+        return False
+    from rich.console import Console
+
+    return Console(file=sys.stdout).is_terminal
+
+
+def parse_int_list(text: str, *, option: str) -> list[int]:
+    """`"1,2,4,8"` -> [1, 2, 4, 8]; UsageError naming the option otherwise."""
+    items = [t.strip() for t in text.replace(" ", ",").split(",") if t.strip()]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated positive integers, e.g. 1,2,4,8") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{option} {text!r}: expected comma-separated positive integers, e.g. 1,2,4,8")
+    return values
+
+
+@app.command()
+def validate(
+    paths: Annotated[list[str], typer.Argument(help="Deployment files (YAML/JSON) or SGLang adaptive-config JSON "
+                                                     "files. A prefill-only file and a decode-only file are "
+                                                     "cross-checked as a pair.", show_default=False,
+                                                     metavar="PATH...")],
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
+    set_values: SetOption = None,
+    initial_steps: Annotated[Optional[int], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
+        "--initial-steps", min=0, help="SGLang adaptive JSON: the --speculative-num-steps to check "
+        "(default: SGLang's, the middle of the candidates' union).", show_default=False)] = None,
+    graph_batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--graph-batch-sizes", metavar="1,2,4,8", help="SGLang adaptive JSON: batch sizes a batch is padded up "
+        "to (cuda-graph sizes) before bucket routing.", show_default=False)] = None,
+    kind: Annotated[InputKind, typer.Option("--kind", help="Input kind: auto (by shape), deployment, or sglang "
+                                                            "(an SGLang --speculative-adaptive-config JSON).")
+                    ] = InputKind.auto,
+    tables: Annotated[Optional[bool], typer.Option(  # noqa: UP045
+        "--table/--no-table", help="Print the reachable (batch size -> steps) table per file "
+        f"(default: when at most {_TABLES_AUTO_MAX_FILES} files).", show_default=False)] = None,
+) -> None:
+    """Check deployment files (schema and semantic rules) and SGLang adaptive configs; report every finding."""
+    with handle_errors():
+        from specctl.schemas.report import render_json, write_text
+        from specctl.schemas.validator import Validator
+
+        graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
+        validator = Validator(
+            overrides=set_values or (), initial_steps=initial_steps, graph_batch_sizes=graphs, kind=kind.value,
+            strict=strict,
+        )
+        report = validator.validate_paths(paths)
+        if output is OutputFormat.json:
+            sys.stdout.write(render_json(report))
+        else:
+            show = tables if tables is not None else len(paths) <= _TABLES_AUTO_MAX_FILES
+            write_text(report, sys.stdout, rich=_is_terminal(), tables=show)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def schema() -> None:
+    """Print the deployment JSON Schema (draft 2020-12), e.g. for editor completion."""
+    with handle_errors():
+        from importlib import resources
+
+        sys.stdout.write((resources.files("specctl.schemas") / "deployment.schema.json").read_text(encoding="utf-8"))
+
+
+@presets_app.command("list")
+def presets_list(
+    output: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.text,
+) -> None:
+    """List the shipped preset deployments."""
+    with handle_errors():
+        import json
+
+        from specctl import presets
+
+        rows = [(name, _preset_summary(presets.read_text(name))) for name in presets.names()]
+        if output is OutputFormat.json:
+            sys.stdout.write(json.dumps([{"name": n, "description": d} for n, d in rows], indent=2) + "\n")
+            return
+        width = max(len(n) for n, _ in rows)
+        for name, desc in rows:
+            sys.stdout.write(f"{name.ljust(width)}  {desc}\n")
+
+
+def _preset_summary(text: str) -> str:
+    """The preset's leading comment, joined into one line."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        out.append(line.lstrip("# ").strip())
+    return " ".join(out)
+
+
+@presets_app.command("show")
+def presets_show(name: Annotated[str, typer.Argument(help="Preset name (specctl presets list).")]) -> None:
+    """Print a preset's YAML (a starting point: specctl presets show tiny-pd > deploy.yaml)."""
+    with handle_errors():
+        from specctl import presets
+
+        sys.stdout.write(presets.read_text(name))
+
+
+@app.command()
+def explain(
+    code: Annotated[Optional[str], typer.Argument(help="A finding code, e.g. ADP101.", show_default=False)] = None,  # noqa: UP045
+    list_: Annotated[bool, typer.Option("--list", help="List every code with its severity and title.")] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.text,
+) -> None:
+    """Explain a validation rule: what it means, the runtime error it prevents, how to fix it."""
+    with handle_errors():
+        import dataclasses
+        import difflib
+        import json
+
+        from specctl.schemas.catalog import all_rules
+
+        rules = all_rules()
+        if list_ or code is None:
+            if code is None and not list_:
+                raise UsageError("give a code to explain, or --list", hint="specctl explain --list")
+            if output is OutputFormat.json:
+                sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in rules.values()], indent=2) + "\n")
+                return
+            for r in rules.values():
+                sys.stdout.write(f"{r.code}  {r.severity:<7}  {r.title}\n")
+            return
+        doc = rules.get(code.strip().upper())
+        if doc is None:
+            close = difflib.get_close_matches(code.upper(), list(rules), n=3, cutoff=0.5)
+            raise UsageError(
+                f"unknown code {code!r}",
+                hint=(f"did you mean {', '.join(close)}? " if close else "") + "specctl explain --list shows all codes",
+            )
+        if output is OutputFormat.json:
+            sys.stdout.write(json.dumps(dataclasses.asdict(doc), indent=2) + "\n")
+            return
+        parts = [
+            f"{doc.code} ({doc.severity}): {doc.title}",
+            "",
+            doc.summary,
+            "",
+            "Prevents at runtime:",
+            f"    {doc.runtime_error}",
+            "",
+            "Fix:",
+            f"    {doc.fix}",
+        ]
+        if doc.before:
+            parts += ["", "Before:", *("    " + ln for ln in doc.before.splitlines())]
+        if doc.after:
+            parts += ["", "After:", *("    " + ln for ln in doc.after.splitlines())]
+        sys.stdout.write("\n".join(parts) + "\n")

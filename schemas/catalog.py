@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from specctl.schemas.findings import Severity
 
 # Modules that register rules; each must be torch-free.
-RULE_MODULES: tuple[str, ...] = ("specctl.schemas.adaptive",)
+RULE_MODULES: tuple[str, ...] = (
+    "specctl.schemas.adaptive",
+    "specctl.schemas.validator",  # SCH0xx
+    "specctl.schemas.rules_capacity",
+    "specctl.schemas.rules_fallback",
+    "specctl.schemas.rules_model",
+    "specctl.schemas.rules_pd",
+    "specctl.schemas.rules_topology",
+)
 
 _RULES: dict[str, RuleDoc] = {}
 

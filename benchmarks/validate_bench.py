@@ -1,0 +1,113 @@
+"""Start-up and throughput of `specctl validate`, measured side by side in one run (issue 2).
+
+Targets: (1) `specctl validate presets/<one>.yaml` takes at most 1.5x the wall time of
+`python -c "import yaml, jsonschema, typer, rich"`; (2) validating 1,000 distinct files in one
+invocation takes at most 1.5x one cold single-file invocation; (3) validate never imports torch.
+The three commands run interleaved, `--rounds` times each, and medians are compared, because these
+machines are shared and noisy. Prints a table, then a last-line JSON summary.
+
+    python benchmarks/validate_bench.py [--rounds 5] [--files 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "presets" / "tiny-pd.yaml"
+
+
+def specctl_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("specctl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "specctl.cli"]
+
+
+def write_files(folder: Path, n: int) -> list[str]:
+    """n distinct valid deployments (names, ports, initial steps and pool sizes differ)."""
+    text = PRESET.read_text()
+    paths = []
+    for i in range(n):
+        t = (text.replace("name: tiny-pd", f"name: tiny-pd-{i}")
+             .replace("port: 30002", f"port: {31000 + i}")
+             .replace("num_steps: 3", f"num_steps: {(1, 3, 5)[i % 3]}")
+             .replace("max_tokens: 32768", f"max_tokens: {32768 + 16 * i}"))
+        p = folder / f"deploy-{i:04d}.yaml"
+        p.write_text(t)
+        paths.append(str(p))
+    return paths
+
+
+def timed(cmd: list[str], expect_rc: int = 0) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.perf_counter() - t0
+    if proc.returncode != expect_rc:
+        raise SystemExit(f"{' '.join(cmd[:4])}... exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return dt
+
+
+def imported_modules(cmd: list[str]) -> set[str]:
+    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    mods = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            mods.add(line.rsplit("|", 1)[1].strip())
+    return mods
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--files", type=int, default=1000)
+    args = ap.parse_args()
+    base = [sys.executable, "-c", "import yaml, jsonschema, typer, rich"]
+    single = [*specctl_cmd(), "validate", str(PRESET)]
+    tmp = Path(tempfile.mkdtemp(prefix="validate-bench-"))
+    try:
+        many = [*specctl_cmd(), "validate", "--no-table", *write_files(tmp, args.files)]
+        for cmd in (base, single, many):  # warm the page cache and .pyc files
+            timed(cmd)
+        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": []}
+        for _ in range(args.rounds):
+            samples["baseline"].append(timed(base))
+            samples["single"].append(timed(single))
+            samples["many"].append(timed(many))
+        mods = imported_modules(single)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    startup_ratio = med["single"] / med["baseline"]
+    many_ratio = med["many"] / med["single"]
+    torch_free = not any(m == "torch" or m.startswith("torch.") for m in mods)
+    rows = [
+        ("python -c 'import yaml, jsonschema, typer, rich'", med["baseline"], ""),
+        (f"specctl validate {PRESET.name}", med["single"], f"{startup_ratio:.2f}x baseline (target <= 1.5x)"),
+        (f"specctl validate <{args.files} files>", med["many"], f"{many_ratio:.2f}x single (target <= 1.5x)"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'command'.ljust(width)}  median s  ratio   ({args.rounds} rounds, interleaved)")
+    for name, sec, note in rows:
+        print(f"{name.ljust(width)}  {sec:8.3f}  {note}")
+    print(f"torch imported: {not torch_free}; pydantic imported: {'pydantic' in mods}")
+    print(json.dumps({
+        "baseline_s": round(med["baseline"], 4), "single_s": round(med["single"], 4), "many_s": round(med["many"], 4),
+        "files": args.files, "startup_ratio": round(startup_ratio, 3), "many_ratio": round(many_ratio, 3),
+        "startup_ok": startup_ratio <= 1.5, "many_ok": many_ratio <= 1.5, "torch_free": torch_free,
+        "pydantic_imported": "pydantic" in mods, "rounds": args.rounds,
+    }))
+    if not torch_free:
+        raise SystemExit("specctl validate imported torch")
+
+
+if __name__ == "__main__":
+    main()

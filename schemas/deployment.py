@@ -1,0 +1,189 @@
+"""The typed view of a validated deployment file: `Deployment` and the per-role merged config.
+
+Contract (CONTRACTS.md): `load_deployment(source, overrides=...)` reads a file path, or a preset name
+when no such file exists, applies `--set` overrides, validates it (schema + every semantic rule) and
+returns a frozen `Deployment`; unreadable input raises `UsageError` (exit 2), error findings raise
+`InvalidInput` (exit 1) with `.findings`. `Deployment.role(name)` is the fully merged config of one
+role: the top-level `model`/`speculative`/`cache`/`serve`/`transfer` sections with that role's
+overrides deep-merged on top (a role's `speculative.adaptive.buckets` replaces the whole table, so a
+role can drop a bucket), defaults filled, plus `host`, `port`, `bootstrap_port`, `name`.
+
+A file without `roles` declares one `colocated` role on 127.0.0.1:30000.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specctl.errors import InvalidInput, UsageError
+from specctl.schemas.findings import Finding
+
+ROLE_NAMES = ("prefill", "decode", "router", "colocated")
+ENGINE_ROLES = ("prefill", "decode", "colocated")
+SECTIONS = ("model", "speculative", "cache", "serve", "transfer")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_COLOCATED_PORT = 30000
+DEFAULT_NUM_STEPS = 3
+
+# Defaults of the schema (`default` keywords); tests assert the two agree.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"dtype": "float32", "device": "auto"},
+    "speculative": {"algorithm": "none", "draft": None, "topk": 1, "adaptive": None,
+                    "ngram": {"min_match": 1, "max_match": 4}},
+    "cache": {"page_size": 16, "max_tokens": 32768},
+    "serve": {"max_batch_size": 32, "graph_batch_sizes": []},
+    "transfer": {"backend": "zmq", "protocol": "tcp", "timeout_s": 30},
+}
+
+
+def declared_roles(data: dict[str, Any]) -> tuple[str, ...]:
+    """Roles a document declares, in canonical order; no `roles` section means colocated."""
+    roles = data.get("roles")
+    if not isinstance(roles, dict) or not roles:
+        return ("colocated",)
+    return tuple(r for r in ROLE_NAMES if isinstance(roles.get(r), dict))
+
+
+def json_copy(value: Any) -> Any:
+    """Deep copy of JSON data (dict/list/scalars); several times faster than copy.deepcopy."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value
+
+
+def _deep_merge(base: Any, over: Any, *, key: str = "") -> Any:
+    if key == "buckets" or not (isinstance(base, dict) and isinstance(over, dict)):
+        return json_copy(over)
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(base[k], v, key=k) if k in base else json_copy(v)
+    return out
+
+
+def union_candidates(adaptive: Any) -> list[int]:
+    """Sorted union of candidate_steps over all buckets (tolerant of malformed input)."""
+    steps: set[int] = set()
+    buckets = adaptive.get("buckets") if isinstance(adaptive, dict) else None
+    if isinstance(buckets, dict):
+        for b in buckets.values():
+            cands = b.get("candidate_steps") if isinstance(b, dict) else None
+            if isinstance(cands, list):
+                steps.update(c for c in cands if isinstance(c, int) and not isinstance(c, bool))
+    return sorted(steps)
+
+
+def merge_role(data: dict[str, Any], role: str) -> dict[str, Any]:
+    """The merged config dict of one role (see module contract). Tolerates schema-invalid input."""
+    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+    role_cfg = roles.get(role) if isinstance(roles.get(role), dict) else {}
+    out: dict[str, Any] = {"name": role}
+    for section in SECTIONS:
+        merged = json_copy(DEFAULTS[section])
+        top = data.get(section)
+        if isinstance(top, dict):
+            merged = _deep_merge(merged, top)
+        over = role_cfg.get(section)
+        if isinstance(over, dict):
+            merged = _deep_merge(merged, over)
+        out[section] = merged
+    spec = out["speculative"]
+    if spec.get("num_steps") is None:
+        if spec.get("algorithm") == "none":
+            spec["num_steps"] = 0
+        else:
+            union = union_candidates(spec.get("adaptive"))
+            # SGLang's default initial step: the middle of the candidates' union.
+            spec["num_steps"] = union[len(union) // 2] if union else DEFAULT_NUM_STEPS
+    out["host"] = role_cfg.get("host", DEFAULT_HOST)
+    out["port"] = role_cfg.get("port", DEFAULT_COLOCATED_PORT if role == "colocated" else None)
+    out["bootstrap_port"] = role_cfg.get("bootstrap_port")
+    return out
+
+
+def override_path(data: dict[str, Any], role: str, *keys: str) -> str:
+    """JSON path of the value a role actually uses: the role override if written, else top level."""
+    from specctl.schemas.loader import child_path
+
+    node: Any = (data.get("roles") or {}).get(role) if isinstance(data.get("roles"), dict) else None
+    for k in keys:
+        if not isinstance(node, dict) or k not in node:
+            node = None
+            break
+        node = node[k]
+    base = child_path(child_path("$", "roles"), role) if node is not None else "$"
+    for k in keys:
+        base = child_path(base, k)
+    return base
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A validated deployment (after overrides). `raw` is the document; `role()` the merged view."""
+
+    name: str
+    path: str | None
+    raw: dict[str, Any] = field(repr=False)
+    roles: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = field(default=(), repr=False)  # warnings/infos that did not fail
+
+    def role(self, name: str) -> dict[str, Any]:
+        if name not in self.roles:
+            raise UsageError(
+                f"deployment {self.name!r} has no {name!r} role",
+                hint=f"declared roles: {', '.join(self.roles)}",
+            )
+        return merge_role(self.raw, name)
+
+    @property
+    def engine_roles(self) -> tuple[str, ...]:
+        return tuple(r for r in self.roles if r in ENGINE_ROLES)
+
+
+def resolve_source(source: str | Path) -> Path:
+    """A file path, or the file of a preset name; UsageError listing presets when neither."""
+    p = Path(source)
+    if p.exists():
+        return p
+    from specctl import presets
+
+    if str(source) in presets.names():
+        return presets.path(str(source))
+    raise UsageError(
+        f"{source}: no such file or preset",
+        hint=f"presets: {', '.join(presets.names())} (specctl presets list)",
+    )
+
+
+def load_deployment(source: str | Path, *, overrides: Sequence[str] = ()) -> Deployment:
+    """Load, override and validate a deployment (see module contract)."""
+    from specctl.schemas.validator import Validator
+
+    path = resolve_source(source)
+    validator = Validator(overrides=overrides, kind="deployment")
+    result = validator.validate_file(path)
+    if result.load_error is not None:
+        raise result.load_error
+    errors = [f for f in result.findings if f.severity == "error"]
+    if errors:
+        first = errors[0]
+        where = f"{path}:{first.line}" if first.line else str(path)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        exc = InvalidInput(
+            f"{where}: {first.code} {first.path}: {first.message}{more}",
+            hint=f"{first.fix}  Run `specctl validate {path}` for every finding.".strip(),
+        )
+        exc.findings = errors  # type: ignore[attr-defined]
+        raise exc
+    data = result.data or {}
+    return Deployment(
+        name=str(data.get("name") or path.stem),
+        path=str(path),
+        raw=data,
+        roles=declared_roles(data),
+        findings=tuple(result.findings),
+    )

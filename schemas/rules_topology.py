@@ -1,0 +1,174 @@
+"""Rule 6, topology (TOP6xx): the processes of a deployment can all bind and find each other.
+
+Hosts must be literal IP addresses or `localhost` (validate never resolves names); no two listeners
+(HTTP ports and prefill's bootstrap port) may share an address; prefill needs a bootstrap port;
+the shm transfer backend needs prefill and decode on one host; colocated excludes prefill/decode.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from specctl.schemas.catalog import RuleDoc, register
+from specctl.schemas.findings import Finding
+from specctl.schemas.loader import child_path
+from specctl.schemas.rules import RoleRef, RuleContext, finding
+
+register(RuleDoc(
+    "TOP601", "port collision", "error",
+    "Two listeners of the deployment (role HTTP ports, prefill's bootstrap port) use the same port on "
+    "overlapping addresses (0.0.0.0 overlaps every IPv4 address; localhost is 127.0.0.1).",
+    "OSError: [Errno 98] Address already in use, when the second process starts.",
+    "Give every listener its own port.",
+    "roles: {prefill: {port: 30001, bootstrap_port: 30001}}", "roles: {prefill: {port: 30001, bootstrap_port: 8998}}",
+))
+register(RuleDoc(
+    "TOP602", "host is not a literal address", "error",
+    "Hosts are literal IPv4/IPv6 addresses or localhost, so the topology can be checked (and bound) "
+    "without name resolution.",
+    "socket.gaierror: Name or service not known, or a bind to an unexpected interface.",
+    "Write the IP address (e.g. 127.0.0.1 or 10.0.0.2), or localhost.",
+    "roles: {decode: {host: gpu-node-2}}", "roles: {decode: {host: 10.0.0.2}}",
+))
+register(RuleDoc(
+    "TOP603", "prefill without a bootstrap port", "error",
+    "Decode registers with prefill's bootstrap endpoint (the handshake) before serving; prefill must declare it.",
+    "Decode never pairs and never reports ready.",
+    "Set roles.prefill.bootstrap_port (e.g. 8998).",
+    "roles: {prefill: {port: 30001}}", "roles: {prefill: {port: 30001, bootstrap_port: 8998}}",
+))
+register(RuleDoc(
+    "TOP604", "shm transfer across hosts", "error",
+    "transfer.backend: shm uses shared memory, which exists only on one machine.",
+    "Transfer fails: decode cannot open prefill's shared-memory segments.",
+    "Put prefill and decode on one host, or use transfer.backend: zmq.",
+    "transfer: {backend: shm}\nroles: {prefill: {host: 10.0.0.1}, decode: {host: 10.0.0.2}}",
+    "transfer: {backend: zmq}",
+))
+register(RuleDoc(
+    "TOP605", "colocated mixed with prefill/decode", "error",
+    "A colocated engine does prefill and decode itself; declaring it next to prefill/decode roles is ambiguous.",
+    "specctl up would start an engine nothing routes to.",
+    "Declare either colocated (optionally with router) or prefill + decode (+ router).",
+    "roles: {colocated: ..., prefill: ..., decode: ...}", "roles: {prefill: ..., decode: ...}",
+))
+
+_LOOPBACK = "loopback"
+
+
+def _host_key(host: str) -> tuple[str, Any]:
+    """('any4'|'any6'|'loopback'|'ip', value) for overlap tests; None value for non-literal hosts."""
+    if host == "localhost":
+        return (_LOOPBACK, None)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return ("name", host)
+    if ip.is_unspecified:
+        return ("any6" if ip.version == 6 else "any4", None)
+    if ip.is_loopback:
+        return ("ip", str(ip)) if str(ip) not in ("127.0.0.1",) else (_LOOPBACK, None)
+    return ("ip", str(ip))
+
+
+def _overlap(a: str, b: str) -> bool:
+    ka, kb = _host_key(a), _host_key(b)
+    if "any6" in (ka[0], kb[0]):
+        return True
+    if "any4" in (ka[0], kb[0]):
+        other = kb if ka[0] == "any4" else ka
+        return other[0] != "ip" or ipaddress.ip_address(other[1]).version == 4
+    return ka == kb
+
+
+def _same_host(a: str, b: str) -> bool:
+    ka, kb = _host_key(a), _host_key(b)
+    return ka == kb or {ka[0], kb[0]} <= {_LOOPBACK, "any4", "any6"}
+
+
+def listeners(ctx: RuleContext) -> list[tuple[str, str, int, str]]:
+    """(label, host, port, path) of every listener the file declares."""
+    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else None
+    out: list[tuple[str, str, int, str]] = []
+    if roles is None:
+        return [("colocated port", "127.0.0.1", 30000, "$")]
+    for role, rcfg in roles.items():
+        if not isinstance(rcfg, dict):
+            continue
+        host = rcfg.get("host", "127.0.0.1")
+        base = child_path("$.roles", role)
+        if isinstance(rcfg.get("port"), int):
+            out.append((f"{role}.port", host, rcfg["port"], f"{base}.port"))
+        if role == "prefill" and isinstance(rcfg.get("bootstrap_port"), int):
+            out.append((f"{role}.bootstrap_port", host, rcfg["bootstrap_port"], f"{base}.bootstrap_port"))
+    return out
+
+
+def _collisions(a: list[tuple[str, str, int, str]], b: list[tuple[str, str, int, str]], same: bool,
+                other_name: str = "") -> list[Finding]:
+    out: list[Finding] = []
+    for j, (lb, hb, pb, pathb) in enumerate(b):
+        for i, (la, ha, pa, _) in enumerate(a):
+            if same and i >= j:
+                break
+            if pa == pb and _overlap(ha, hb):
+                where = f" in {other_name}" if other_name else ""
+                out.append(finding(
+                    "TOP601", "error", pathb,
+                    f"{lb} {hb}:{pb} collides with {la} {ha}:{pa}{where}",
+                    f"give {lb} its own port (e.g. {pb + 1 if pb < 65535 else pb - 1})",
+                ))
+    return out
+
+
+def check(ctx: RuleContext) -> list[Finding]:
+    if not ctx.topology_clean:
+        return []
+    out: list[Finding] = []
+    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
+    for role, rcfg in roles.items():
+        if not isinstance(rcfg, dict) or "host" not in rcfg:
+            continue
+        if _host_key(rcfg["host"])[0] == "name":
+            out.append(finding(
+                "TOP602", "error", f"{child_path('$.roles', role)}.host",
+                f"roles.{role}.host {rcfg['host']!r} is not a literal IP address or localhost",
+                "write the host's IP address (e.g. 10.0.0.2), or localhost / 127.0.0.1",
+            ))
+    out.extend(_collisions(listeners(ctx), listeners(ctx), same=True))
+    if isinstance(roles.get("prefill"), dict) and "bootstrap_port" not in roles["prefill"]:
+        out.append(finding(
+            "TOP603", "error", "$.roles.prefill",
+            "roles.prefill has no bootstrap_port; decode cannot register with prefill (handshake)",
+            "add bootstrap_port to roles.prefill (e.g. bootstrap_port: 8998)",
+        ))
+    if "colocated" in roles and ({"prefill", "decode"} & set(roles)):
+        out.append(finding(
+            "TOP605", "error", "$.roles.colocated",
+            f"roles declare colocated together with {', '.join(sorted({'prefill', 'decode'} & set(roles)))}",
+            "declare either colocated (optionally with router) or prefill + decode (+ router)",
+        ))
+    if "prefill" in ctx.roles and "decode" in ctx.roles and ctx.clean("prefill", "transfer") \
+            and ctx.clean("decode", "transfer"):
+        out.extend(_shm(RoleRef(ctx, "prefill"), RoleRef(ctx, "decode")))
+    return out
+
+
+def _shm(p: RoleRef, d: RoleRef) -> list[Finding]:
+    if "shm" not in (p.cfg["transfer"].get("backend"), d.cfg["transfer"].get("backend")):
+        return []
+    if _same_host(p.cfg["host"], d.cfg["host"]):
+        return []
+    return [finding(
+        "TOP604", "error", d.path("transfer", "backend"),
+        f"transfer.backend shm needs one host, but prefill is on {p.cfg['host']} and decode on {d.cfg['host']}",
+        "use transfer.backend: zmq, or run prefill and decode on one host",
+    )]
+
+
+def check_pair(p: RoleRef, d: RoleRef) -> list[Finding]:
+    """Cross-file topology of a prefill file and a decode file: collisions and shm across hosts."""
+    if not (p.ctx.topology_clean and d.ctx.topology_clean):
+        return []
+    return _collisions(listeners(p.ctx), listeners(d.ctx), same=False, other_name=p.ctx.name) + _shm(p, d)

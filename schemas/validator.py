@@ -1,0 +1,544 @@
+"""The validation pipeline: files -> findings (schema, semantic rules, step coverage, PD pair checks).
+
+Contract: `Validator(overrides=..., initial_steps=..., graph_batch_sizes=..., kind=...)` is built once
+per invocation (the JSON Schema is compiled once per process, model facts are read once per model);
+`validate_paths(paths)` returns a `Report` with one `FileResult` per path, in order, and never raises
+for bad content: a file that cannot be read becomes a `SCH000` finding and `Report.exit_code` 2.
+Each deployment file goes: load (line/col) -> `--set` overrides -> JSON Schema (SCH0xx; a compiled
+yes/no check first, `jsonschema` only for documents that fail it) -> merged
+roles -> semantic rules on the roles whose sections passed the schema -> step coverage per engine
+role (engineer A's `check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
+(detected by shape, or `kind="sglang"`) goes through `parse_sglang_config` + `step_coverage` with the
+given initial steps and graph batch sizes. Then files declaring only prefill are paired, in order,
+with files declaring only decode and cross-checked (rule 5 and cross-file topology); findings of a
+pair land in the decode file, naming the prefill file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from specctl.errors import UsageError
+from specctl.schemas.catalog import RuleDoc, register
+from specctl.schemas.deployment import ENGINE_ROLES, SECTIONS, declared_roles, merge_role
+from specctl.schemas.findings import Finding
+from specctl.schemas.loader import Document, child_path, load_document
+from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
+
+KINDS = ("auto", "deployment", "sglang")
+
+register(RuleDoc(
+    "SCH000", "file cannot be read", "error",
+    "The file could not be read or parsed as one YAML/JSON mapping: missing, a directory, not UTF-8, a syntax "
+    "error, empty, too large (1 MiB), nested too deep, an alias bomb, integers beyond 64 bits, NaN/inf, a "
+    "top-level list, or a non-string key. validate exits with 2.",
+    "The engine's config loader fails at start-up with a parser traceback.",
+    "Fix the file at the reported line; `specctl presets show tiny-colocated` prints a valid starting point.",
+    "on: 1        # YAML reads `on` as a boolean key", '"on": 1',
+))
+register(RuleDoc(
+    "SCH001", "unknown key", "error",
+    "Deployment files reject unknown keys (additionalProperties: false), so a typo is an error instead of a "
+    "setting silently ignored.",
+    "Nothing at start-up: the misspelled setting is silently ignored and its default used.",
+    "Fix the spelling (validate suggests the closest known key) or remove the key.",
+    "speculative: {num_step: 3}", "speculative: {num_steps: 3}",
+))
+register(RuleDoc(
+    "SCH002", "wrong type", "error",
+    "A value has the wrong JSON type (e.g. a string where an integer is expected; booleans are not integers).",
+    "TypeError or ValueError at start-up, or `true` silently read as 1.",
+    "Write a value of the expected type.",
+    "cache: {page_size: '16'}", "cache: {page_size: 16}",
+))
+register(RuleDoc(
+    "SCH003", "missing required key", "error",
+    "A required key is absent (e.g. version, model.target, a role's port, a bucket's candidate_steps).",
+    "KeyError at start-up.",
+    "Add the key.",
+    "model: {dtype: float32}", "model: {target: builtin:tiny-hybrid, dtype: float32}",
+))
+register(RuleDoc(
+    "SCH004", "value not allowed", "error",
+    "A value is outside what the field allows: not one of its choices, out of range, an empty or duplicated "
+    "list, a malformed name or device, or a bucket key that is not a positive integer.",
+    "ValueError at start-up, or a setting that cannot work (update_interval 0 divides by zero).",
+    "Use a value the field allows; the message names the bound or the choices.",
+    "speculative: {algorithm: eagle}", "speculative: {algorithm: draft}",
+))
+register(RuleDoc(
+    "SCH005", "duplicate key", "error",
+    "The same key appears twice in one mapping; the later value silently wins.",
+    "Nothing: the first value is silently ignored.",
+    "Remove one of the two keys.",
+    "cache: {page_size: 16, page_size: 32}", "cache: {page_size: 16}",
+))
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The deployment JSON Schema (package data)."""
+    text = (resources.files("specctl.schemas") / "deployment.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> Any:
+    # Compiled once per process: 1,000 files cost one compilation (issue 2, performance).
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema())
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """The outcome for one input file."""
+
+    path: str
+    findings: tuple[Finding, ...]
+    kind: str  # "deployment" | "sglang" | "unreadable"
+    reachable: dict[str, Any] | None = None
+    reachable_text: str | None = None
+    data: dict[str, Any] | None = field(default=None, repr=False)
+    load_error: UsageError | None = field(default=None, repr=False)
+    roles: tuple[str, ...] = ()
+
+    def ok(self, strict: bool = False) -> bool:
+        bad = ("error", "warning") if strict else ("error",)
+        return self.load_error is None and not any(f.severity in bad for f in self.findings)
+
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok(strict),
+            "findings": [f.to_json() for f in self.findings],
+            "reachable": self.reachable,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """All files of one `validate` invocation."""
+
+    files: tuple[FileResult, ...]
+    strict: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok(self.strict) for f in self.files)
+
+    @property
+    def exit_code(self) -> int:
+        if any(f.load_error is not None for f in self.files):
+            return 2
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "files": [f.to_json(self.strict) for f in self.files]}
+
+
+@dataclass
+class _State:
+    """Per-file working state kept until pair checks are done."""
+
+    doc: Document
+    findings: list[Finding]
+    kind: str
+    ctx: Any = None  # RuleContext for deployments
+    reachable: dict[str, Any] | None = None
+    reachable_text: str | None = None
+    load_error: UsageError | None = None
+
+
+class Validator:
+    """One validation run's settings and caches (see the module contract)."""
+
+    def __init__(
+        self,
+        *,
+        overrides: Sequence[str | Override] = (),
+        initial_steps: int | None = None,
+        graph_batch_sizes: Sequence[int] | None = None,
+        kind: str = "auto",
+        strict: bool = False,
+    ) -> None:
+        from specctl.schemas.rules import FactsCache
+
+        if kind not in KINDS:
+            raise UsageError(f"unknown input kind {kind!r}", hint=f"one of: {', '.join(KINDS)}")
+        # Parsed up front: a bad --set is a usage error before any file is read.
+        self.overrides: tuple[Override, ...] = tuple(
+            o if isinstance(o, Override) else parse_overrides([o])[0] for o in overrides
+        )
+        self.initial_steps = initial_steps
+        self.graph_batch_sizes = tuple(graph_batch_sizes or ())
+        self.kind = kind
+        self.strict = strict
+        self.facts = FactsCache()
+        self._coverage_cache: dict[str, tuple[Any, list[Finding]]] = {}
+
+    # -- public ------------------------------------------------------------------------------------
+
+    def validate_paths(self, paths: Iterable[str | Path]) -> Report:
+        states = [self._validate_one(p) for p in paths]
+        self._pair(states)
+        return Report(files=tuple(self._finish(s) for s in states), strict=self.strict)
+
+    def validate_file(self, path: str | Path) -> FileResult:
+        return self.validate_paths([path]).files[0]
+
+    def validate_document(self, doc: Document) -> FileResult:
+        state = self._validate_doc(doc)
+        self._pair([state])
+        return self._finish(state)
+
+    # -- per file ----------------------------------------------------------------------------------
+
+    def _validate_one(self, path: str | Path) -> _State:
+        path = _resolve(path)
+        try:
+            doc = load_document(path)
+        except UsageError as exc:
+            m = re.match(r"^.*?:(\d+)(?::(\d+))?: ", str(exc))
+            line = int(m.group(1)) if m else None
+            col = int(m.group(2)) if m and m.group(2) else None
+            msg = str(exc)
+            prefix = f"{path}:"
+            if msg.startswith(prefix):  # the reporter prints file:line itself
+                msg = re.sub(r"^\d+(?::\d+)?: ", "", msg[len(prefix):]) if m else msg[len(prefix):].lstrip()
+            elif msg.startswith(str(path)):
+                msg = msg[len(str(path)):].lstrip(": ")
+            f = Finding("SCH000", "error", "$", msg, exc.hint or "fix the file so it parses as one YAML/JSON mapping",
+                        line, col)
+            return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=exc)
+        return self._validate_doc(doc)
+
+    def _validate_doc(self, doc: Document) -> _State:
+        findings: list[Finding] = [
+            Finding("SCH005", "error", path, f"duplicate key {path.rsplit('.', 1)[-1]!r}; the later value wins",
+                    "remove one of the two keys", line, col)
+            for path, line, col in doc.duplicates
+        ]
+        if self.overrides:
+            doc = _overridden(doc, self.overrides)
+        kind = self.kind
+        if kind == "auto":
+            from specctl.schemas.adaptive import looks_like_sglang_adaptive
+
+            kind = "sglang" if looks_like_sglang_adaptive(doc.data) else "deployment"
+        state = _State(doc=doc, findings=findings, kind=kind)
+        if kind == "sglang":
+            self._sglang(state)
+        else:
+            self._deployment(state)
+        return state
+
+    def _sglang(self, state: _State) -> None:
+        from specctl.schemas.adaptive import parse_sglang_config, step_coverage
+
+        cfg, found = parse_sglang_config(state.doc.data, base_path="$")
+        state.findings.extend(found)
+        if cfg is None:
+            return
+        coverage, more = step_coverage(
+            cfg, initial_steps=self.initial_steps, graph_batch_sizes=self.graph_batch_sizes,
+            max_batch_size=None, base_path="$",
+        )
+        state.findings.extend(more)
+        state.reachable = coverage.to_json()
+        state.reachable_text = coverage.render_text()
+
+    def _deployment(self, state: _State) -> None:
+        from specctl.schemas.rules import RuleContext, rule_checks
+
+        data = state.doc.data
+        schema_findings = schema_errors(data)
+        state.findings.extend(schema_findings)
+        # An unknown key is dropped by the merge and harms no rule; other schema errors make the
+        # values under them untrustworthy, so the roles using them skip semantic rules.
+        bad_paths = [f.path for f in schema_findings if f.code != "SCH001"]
+        roles = declared_roles(data)
+        bad_sections: dict[str, set[str]] = {}
+        for role in roles:
+            bad_sections[role] = {
+                sec for sec in SECTIONS for p in bad_paths
+                if _under(p, f"$.{sec}") or _under(p, child_path(child_path("$.roles", role), sec))
+            }
+        ctx = RuleContext(
+            name=state.doc.name,
+            data=data,
+            roles={role: merge_role(data, role) for role in roles},
+            facts_cache=self.facts,
+            topology_clean=not any(_under(p, pre) for p in bad_paths for pre in ("$.roles", "$.transfer")),
+            all_roles=roles,
+            bad_sections=bad_sections,
+        )
+        state.ctx = ctx
+        rule_findings: list[Finding] = []
+        for check in rule_checks():
+            rule_findings.extend(check(ctx))
+        rule_findings.extend(self._steps(ctx, state))
+        engine_roles = [r for r in roles if r in ENGINE_ROLES]
+        state.findings.extend(_merge_roles(rule_findings, single=len(engine_roles) <= 1))
+
+    def _steps(self, ctx: Any, state: _State) -> list[Finding]:
+        """Step coverage (engineer A's rules 1-2) per engine role; the table of the decoding role."""
+        from specctl.schemas.adaptive import check_deployment_steps
+
+        out: list[Finding] = []
+        tables: dict[str, Any] = {}
+        for role, cfg in ctx.engine_roles("speculative", "serve"):
+            base = "$"
+            raw_role = (ctx.data.get("roles") or {}).get(role) if isinstance(ctx.data.get("roles"), dict) else None
+            if isinstance(raw_role, dict) and isinstance(raw_role.get("speculative"), dict):
+                base = child_path("$.roles", role)
+            coverage, found = self._coverage(check_deployment_steps, cfg, base)
+            out.extend(found)
+            if coverage is not None:
+                tables[role] = coverage
+        for role in ("decode", "colocated", "prefill"):
+            if role in tables:
+                state.reachable = tables[role].to_json()
+                state.reachable_text = tables[role].render_text()
+                break
+        return out
+
+    def _coverage(self, check: Any, cfg: dict[str, Any], base: str) -> tuple[Any, list[Finding]]:
+        """`check_deployment_steps` memoized on what it reads: files of one invocation (a repo's
+        deployments, a PD pair) mostly share their speculative/serve sections."""
+        key = json.dumps([base, cfg.get("speculative"), cfg.get("serve")], sort_keys=True, default=str)
+        hit = self._coverage_cache.get(key)
+        if hit is None:
+            hit = check(cfg, base_path=base)
+            self._coverage_cache[key] = hit
+        return hit[0], list(hit[1])
+
+    # -- pairs ---------------------------------------------------------------------------------------
+
+    def _pair(self, states: list[_State]) -> None:
+        from specctl.schemas import rules_pd, rules_topology
+        from specctl.schemas.rules import RoleRef
+
+        prefills = [s for s in states if s.ctx is not None and "prefill" in s.ctx.all_roles
+                    and "decode" not in s.ctx.all_roles]
+        decodes = [s for s in states if s.ctx is not None and "decode" in s.ctx.all_roles
+                   and "prefill" not in s.ctx.all_roles]
+        for p, d in zip(prefills, decodes, strict=False):  # extra lone sides get PD511 below
+            if not (p.ctx.clean("prefill") and d.ctx.clean("decode")):
+                continue  # a side failed the schema; its findings say why
+            pr, dr = RoleRef(p.ctx, "prefill"), RoleRef(d.ctx, "decode")
+            d.findings.extend(rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr))
+        n = min(len(prefills), len(decodes))
+        for s, own, other in [(s, "prefill", "decode") for s in prefills[n:]] + [
+            (s, "decode", "prefill") for s in decodes[n:]
+        ]:
+            s.findings.append(Finding(
+                "PD511", "info", child_path("$.roles", own),
+                f"this file declares {own} but no {other}; prefill/decode symmetry is not cross-checked",
+                f"validate it together with its {other} file: specctl validate PREFILL.yaml DECODE.yaml",
+            ))
+
+    def _finish(self, s: _State) -> FileResult:
+        seen: set[tuple[str, str, str]] = set()
+        out: list[Finding] = []
+        for f in s.findings:
+            key = (f.code, f.path, f.message)
+            if key in seen:
+                continue
+            seen.add(key)
+            if f.line is None and s.load_error is None:
+                pos = s.doc.position(f.path)
+                if pos is not None:
+                    f = replace(f, line=pos[0], column=pos[1])
+            out.append(f)
+        out.sort(key=lambda f: (f.line if f.line is not None else 1 << 30, f.column or 0, f.code, f.path))
+        return FileResult(
+            path=s.doc.name,
+            findings=tuple(out),
+            kind=s.kind,
+            reachable=s.reachable,
+            reachable_text=s.reachable_text,
+            data=s.doc.data if s.load_error is None else None,
+            load_error=s.load_error,
+            roles=s.ctx.all_roles if s.ctx is not None else (),
+        )
+
+
+def _resolve(path: str | Path) -> str | Path:
+    """A path, or the file of a preset name when no such file exists."""
+    if Path(path).exists() or "/" in str(path):
+        return path
+    from specctl import presets
+
+    return presets.path(str(path)) if str(path) in presets.names() else path
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")
+
+
+_ROLE_TAG = re.compile(r"^\[(\w+)\] ")
+
+
+def _merge_roles(findings: list[Finding], *, single: bool) -> list[Finding]:
+    """One finding for a shared setting: `[prefill] x` + `[decode] x` at one path -> `[prefill, decode] x`."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    order: list[tuple[tuple[str, str, str], Finding]] = []
+    for f in findings:
+        m = _ROLE_TAG.match(f.message)
+        role = m.group(1) if m else ""
+        body = f.message[m.end():] if m else f.message
+        key = (f.code, f.path, body)
+        if key not in groups:
+            groups[key] = []
+            order.append((key, f))
+        if role and role not in groups[key]:
+            groups[key].append(role)
+    out = []
+    for key, f in order:
+        roles = groups[key]
+        msg = key[2] if single or not roles else f"[{', '.join(roles)}] {key[2]}"
+        out.append(replace(f, message=msg))
+    return out
+
+
+def _overridden(doc: Document, overrides: Sequence[Override]) -> Document:
+    data = apply_overrides(doc.data, overrides)
+    positions = dict(doc.positions)
+    for o in overrides:
+        p = o.path
+        for k in [k for k in positions if _under(k, p)]:
+            del positions[k]
+        positions[p] = None  # came from --set: no line in the file
+    return Document(name=doc.name, data=data, positions=positions, duplicates=doc.duplicates)
+
+
+# -- JSON Schema errors -> findings ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _fast() -> Any:
+    from specctl.schemas.fastschema import compile_check
+
+    try:
+        return compile_check(schema())
+    except NotImplementedError:  # a keyword the fast path does not know: always use jsonschema
+        return None
+
+
+def schema_errors(data: Any) -> list[Finding]:
+    """Every JSON Schema violation of a deployment document as SCH00x findings."""
+    fast = _fast()
+    if fast is not None and fast(data):
+        return []  # certainly valid: skip jsonschema's slower walk (see fastschema)
+    out: list[Finding] = []
+    for err in _compiled().iter_errors(data):
+        out.extend(_to_findings(err))
+    return out
+
+
+def _path(parts: Iterable[Any]) -> str:
+    p = "$"
+    for k in parts:
+        p = child_path(p, k)
+    return p
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if not isinstance(v, str) else v
+
+
+def _to_findings(err: Any) -> list[Finding]:
+    path = _path(err.absolute_path)
+    kw = err.validator
+    desc = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
+    field = path[2:] if path != "$" else "the document"
+    if kw == "additionalProperties":
+        props = err.schema.get("properties", {})
+        patterns = list(err.schema.get("patternProperties", {}))
+        out = []
+        for key in err.instance:
+            if key in props or any(re.search(pat, key) for pat in patterns):
+                continue
+            kpath = child_path(path, key)
+            if patterns:  # bucket table: keys are batch sizes
+                out.append(Finding(
+                    "SCH004", "error", kpath,
+                    f"bucket key {key!r} is not a positive integer batch size",
+                    "write the batch-size lower bound as an integer key, e.g. `8:` (SGLang silently skips "
+                    "non-integer keys)",
+                ))
+                continue
+            close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            out.append(Finding(
+                "SCH001", "error", kpath, f"unknown key {key!r} in {field}",
+                f"{hint}known keys: {', '.join(props)}",
+            ))
+        return out
+    if kw == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        prop_schema = err.schema.get("properties", {})
+        return [
+            Finding("SCH003", "error", path, f"{field} is missing required key {k!r}",
+                    f"add {k}: ..." + (f" ({prop_schema[k].get('description', '')})"
+                                       if isinstance(prop_schema.get(k), dict) and prop_schema[k].get("description")
+                                       else ""))
+            for k in missing
+        ]
+    if kw == "type":
+        want = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        got = _json_type(err.instance)
+        return [Finding("SCH002", "error", path, f"{field} must be {' or '.join(want)}, got {got} {_fmt(err.instance)}",
+                        f"write {' or '.join(want)}" + (f": {desc}" if desc else ""))]
+    if kw in ("enum", "const"):
+        allowed = err.validator_value if kw == "enum" else [err.validator_value]
+        close = difflib.get_close_matches(str(err.instance), [str(a) for a in allowed], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return [Finding("SCH004", "error", path, f"{field} is {_fmt(err.instance)}, not one of {_fmt(allowed)}",
+                        f"{hint}use one of: {', '.join(_fmt(a) for a in allowed)}")]
+    bounds = {
+        "minimum": "at least", "maximum": "at most", "exclusiveMinimum": "greater than",
+        "exclusiveMaximum": "less than",
+    }
+    if kw in bounds:
+        return [Finding("SCH004", "error", path,
+                        f"{field} is {_fmt(err.instance)}; it must be {bounds[kw]} {err.validator_value}",
+                        f"use a value {bounds[kw]} {err.validator_value}" + (f" ({desc})" if desc else ""))]
+    if kw == "uniqueItems":
+        dup = sorted({_fmt(x) for x in err.instance if err.instance.count(x) > 1})
+        return [Finding("SCH004", "error", path, f"{field} lists {', '.join(dup)} more than once",
+                        "remove the duplicates")]
+    if kw in ("minItems", "minProperties"):
+        return [Finding("SCH004", "error", path, f"{field} is empty", "add at least one entry"
+                        + (f" ({desc})" if desc else ""))]
+    if kw == "pattern":
+        return [Finding("SCH004", "error", path, f"{field} {_fmt(err.instance)} has the wrong form",
+                        desc or f"match the pattern {err.validator_value}")]
+    if kw == "minLength":
+        return [Finding("SCH004", "error", path, f"{field} is empty", desc or "write a non-empty value")]
+    return [Finding("SCH004", "error", path, f"{field}: {err.message}", desc or "see `specctl schema`")]
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"

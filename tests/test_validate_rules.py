@@ -1,0 +1,97 @@
+"""Folders of example files drive the rule tests: every rule has a failing example in data/invalid/
+(its header names the exact (code, JSON path) findings expected, nothing more) and a passing one in
+data/valid/ (no errors or warnings, and never the rule's code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from validate_helpers import DATA, data_copy, expectations, run_json
+
+INVALID = sorted(p for p in (DATA / "invalid").iterdir() if p.suffix in (".yaml", ".json"))
+VALID = sorted(p for p in (DATA / "valid").iterdir() if p.suffix in (".yaml", ".json"))
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return data_copy(tmp_path_factory.mktemp("validate"))
+
+
+@pytest.fixture(autouse=True)
+def _in_data_dir(monkeypatch: pytest.MonkeyPatch, data_root: Path) -> None:
+    # Example files name test models by paths relative to the data folder (model paths are cwd-relative).
+    monkeypatch.chdir(data_root)
+
+
+def _findings(doc: dict) -> list[dict]:
+    assert len(doc["files"]) == 1
+    return doc["files"][0]["findings"]
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
+def test_invalid_example_reports_exactly_the_expected_findings(path: Path) -> None:
+    args, expect = expectations(path)
+    assert expect, f"{path.name} declares no expectation"
+    code, doc = run_json(str(path.relative_to(DATA)), "--no-table", *args)
+    found = _findings(doc)
+    listed_infos = {c for c, _ in expect}
+    got = sorted((f["code"], f["path"]) for f in found if f["severity"] != "info" or f["code"] in listed_infos)
+    assert got == sorted(expect)
+    for f in found:
+        assert f["message"] and f["fix"], f
+        assert f["line"] is not None, f  # every finding of a file points at a line
+    severities = {f["severity"] for f in found}
+    expected_exit = 2 if any(c == "SCH000" for c, _ in expect) else (1 if "error" in severities else 0)
+    assert code == expected_exit
+    assert doc["ok"] is (expected_exit == 0)
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
+def test_valid_example_is_clean(path: Path) -> None:
+    args, _ = expectations(path)
+    code, doc = run_json("--strict", str(path.relative_to(DATA)), *args)
+    found = _findings(doc)
+    assert [f for f in found if f["severity"] != "info"] == []
+    rule = path.name.split("-")[0].upper()
+    assert rule not in {f["code"] for f in found}
+    assert code == 0 and doc["ok"] is True
+
+
+def test_every_code_of_mine_has_a_failing_and_a_passing_example() -> None:
+    from specctl.schemas.catalog import all_rules
+
+    mine = [c for c in all_rules() if not c.startswith("ADP")]
+    failing = {c for p in INVALID for c, _ in expectations(p)[1]}
+    passing = {p.name.split("-")[0].upper() for p in VALID}
+    assert sorted(set(mine) - failing) == []
+    # The info-only and load-failure codes have no "clean" counterpart beyond other valid files.
+    assert sorted(set(mine) - passing - {"SCH000", "PD511"}) == []
+
+
+def test_pair_of_files_reports_each_disagreement_once_on_the_decode_file() -> None:
+    pair = DATA / "pairs" / "state-types-differ"
+    _, expect = expectations(pair / "decode.yaml")
+    code, doc = run_json("pairs/state-types-differ/prefill.yaml", "pairs/state-types-differ/decode.yaml")
+    assert code == 1
+    prefill, decode = doc["files"]
+    assert prefill["findings"] == [] and prefill["ok"] is True
+    got = sorted((f["code"], f["path"]) for f in decode["findings"])
+    assert got == sorted(expect)
+    by_code = {f["code"]: f for f in decode["findings"]}
+    # each message names both values
+    assert "[mamba, swa]" in by_code["PD505"]["message"] and "[swa]" in by_code["PD505"]["message"]
+    assert "float32" in by_code["PD502"]["message"] and "bfloat16" in by_code["PD502"]["message"]
+    assert by_code["PD505"]["line"] == 5
+
+
+def test_pair_that_agrees_is_clean() -> None:
+    code, doc = run_json("--strict", "pairs/ok/prefill.yaml", "pairs/ok/decode.yaml")
+    assert code == 0, doc
+    assert all(f["findings"] == [] for f in doc["files"])
+
+
+def test_lone_side_of_a_pair_is_an_info() -> None:
+    code, doc = run_json("pairs/ok/decode.yaml")
+    assert code == 0
+    assert [(f["code"], f["severity"]) for f in _findings(doc)] == [("PD511", "info")]
