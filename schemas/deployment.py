@@ -20,6 +20,7 @@ from typing import Any
 
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.findings import Finding
+from specctl.schemas.loader import child_path
 
 ROLE_NAMES = ("prefill", "decode", "router", "colocated")
 ENGINE_ROLES = ("prefill", "decode", "colocated")
@@ -49,11 +50,15 @@ def declared_roles(data: dict[str, Any]) -> tuple[str, ...]:
 
 def json_copy(value: Any) -> Any:
     """Deep copy of JSON data (dict/list/scalars); several times faster than copy.deepcopy."""
+    # scalars are returned as they are without a call: validating many files copies many sections
     if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
+        return {k: json_copy(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [json_copy(v) for v in value]
+        return [json_copy(v) if isinstance(v, _CONTAINERS) else v for v in value]
     return value
+
+
+_CONTAINERS = (dict, list)
 
 
 def _deep_merge(base: Any, over: Any, *, key: str = "") -> Any:
@@ -61,7 +66,10 @@ def _deep_merge(base: Any, over: Any, *, key: str = "") -> Any:
         return json_copy(over)
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(base[k], v, key=k) if k in base else json_copy(v)
+        if k in base:
+            out[k] = _deep_merge(base[k], v, key=k)
+        else:
+            out[k] = json_copy(v) if isinstance(v, _CONTAINERS) else v
     return out
 
 
@@ -79,20 +87,52 @@ def union_candidates(adaptive: Any) -> list[int]:
 
 def merge_role(data: dict[str, Any], role: str) -> dict[str, Any]:
     """The merged config dict of one role (see module contract). Tolerates schema-invalid input."""
+    return _merge_role(data, role, None)
+
+
+def merge_roles(data: dict[str, Any], roles: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`{role: merge_role(data, role)}` for validation, without copying: each role's section dicts are
+    new, but the values in them are the document's own (and the defaults') objects, and a section no
+    role overrides is merged once and shared by those roles. So the result is strictly read-only;
+    `Deployment.role` gives callers their own deep copy."""
+    shared: dict[str, dict[str, Any]] = {}
+    return {role: _merge_role(data, role, shared) for role in roles}
+
+
+def _merge_ro(base: Any, over: Any, *, key: str = "") -> Any:
+    """`_deep_merge` without copies (see merge_roles): a new dict where both sides are dicts, else `over`."""
+    if key == "buckets" or not (isinstance(base, dict) and isinstance(over, dict)):
+        return over
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge_ro(base[k], v, key=k) if k in base else v
+    return out
+
+
+def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
     roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
     role_cfg = roles.get(role) if isinstance(roles.get(role), dict) else {}
     out: dict[str, Any] = {"name": role}
     for section in SECTIONS:
-        merged = json_copy(DEFAULTS[section])
-        top = data.get(section)
-        if isinstance(top, dict):
-            merged = _deep_merge(merged, top)
         over = role_cfg.get(section)
-        if isinstance(over, dict):
-            merged = _deep_merge(merged, over)
+        top = data.get(section)
+        if shared is None:
+            merged = json_copy(DEFAULTS[section])
+            if isinstance(top, dict):
+                merged = _deep_merge(merged, top)
+            if isinstance(over, dict):
+                merged = _deep_merge(merged, over)
+        elif isinstance(over, dict) or section not in shared:
+            merged = _merge_ro(DEFAULTS[section], top) if isinstance(top, dict) else dict(DEFAULTS[section])
+            if isinstance(over, dict):
+                merged = _merge_ro(merged, over)
+            else:
+                shared[section] = merged
+        else:
+            merged = shared[section]
         out[section] = merged
     spec = out["speculative"]
-    if spec.get("num_steps") is None:
+    if spec.get("num_steps") is None:  # a shared section gets the same value from every role
         if spec.get("algorithm") == "none":
             spec["num_steps"] = 0
         else:
@@ -107,8 +147,6 @@ def merge_role(data: dict[str, Any], role: str) -> dict[str, Any]:
 
 def override_path(data: dict[str, Any], role: str, *keys: str) -> str:
     """JSON path of the value a role actually uses: the role override if written, else top level."""
-    from specctl.schemas.loader import child_path
-
     node: Any = (data.get("roles") or {}).get(role) if isinstance(data.get("roles"), dict) else None
     for k in keys:
         if not isinstance(node, dict) or k not in node:

@@ -82,7 +82,9 @@ class RuleContext:
 
     def clean(self, role: str, *sections: str) -> bool:
         """True when none of `sections` of `role` (top level or override) has a schema error."""
-        bad = self.bad_sections.get(role, set())
+        bad = self.bad_sections.get(role)
+        if not bad:
+            return True  # the common case: checked per rule and role, so no sets are built for it
         return not (bad & set(sections or ("model", "speculative", "cache", "serve", "transfer")))
 
     def engine_roles(self, *sections: str) -> list[tuple[str, dict[str, Any]]]:

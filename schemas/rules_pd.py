@@ -164,7 +164,7 @@ def check_pair(p: RoleRef, d: RoleRef) -> list[Finding]:
         if pv != dv:
             add(code, keys, label, pv, dv, f"set {'.'.join(keys)} to one value for both roles (e.g. {show(pv)})")
     pf, df = p.ctx.facts(pc["model"].get("target")), d.ctx.facts(dc["model"].get("target"))
-    if pf is not None and df is not None:
+    if pf is not None and df is not None and pf is not df:  # one facts object (same ref) agrees with itself
         if _layout(pf) != _layout(df):
             diff = {k: (v, _layout(df)[k]) for k, v in _layout(pf).items() if v != _layout(df)[k]}
             detail = "; ".join(f"{k} {show(a)} vs {show(b)}" for k, (a, b) in diff.items())
@@ -177,7 +177,7 @@ def check_pair(p: RoleRef, d: RoleRef) -> list[Finding]:
         add("PD505", keys, "state_types", p_st, d_st,
             "remove cache.state_types from both roles (derived from the model) or write the same ordered list "
             f"on both (e.g. {show(p_st)})")
-    elif pf is not None and df is not None and p_st == d_st:
+    elif pf is not None and df is not None and pf is not df and p_st == d_st:
         ps, ds = state_item_sizes(pf), state_item_sizes(df)
         if ps != ds:
             add("PD506", ("model", "target"), "state item sizes (elements per request)",

@@ -7,6 +7,7 @@ the shm transfer backend needs prefill and decode on one host; colocated exclude
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any
 
@@ -57,6 +58,7 @@ register(RuleDoc(
 _LOOPBACK = "loopback"
 
 
+@functools.lru_cache(maxsize=4096)  # hosts repeat across the files of one run; ipaddress parsing is slow
 def _host_key(host: str) -> tuple[str, Any]:
     """('any4'|'any6'|'loopback'|'ip', value) for overlap tests; None value for non-literal hosts."""
     if host == "localhost":
