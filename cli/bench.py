@@ -1,3 +1,202 @@
-"""specctl bench command(s)."""
+"""`specctl bench` (load-test a server or a launched deployment) and `specctl bench compare A B`.
+
+Thin: options become one `BenchConfig`, `specctl.bench.runner.run_bench` does the work, and the
+records are rendered (text tables, or `--format json`: `{"runs": [record, ...]}`), appended to
+`--output`, and plotted to `--plot`. Progress goes to stderr. Exit 0 when at least one request
+completed, 3 when none did (after printing what was measured), 2 for bad options.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specctl.cli.common import OutputFormat, handle_errors, stderr_console, stdout_console
+from specctl.cli.main import app
+
+if TYPE_CHECKING:
+    from specctl.bench.config import BenchConfig
+
+bench_app = typer.Typer(help="Load-test an OpenAI-compatible server or a deployment; compare results.",
+                        invoke_without_command=True, no_args_is_help=False)
+app.add_typer(bench_app, name="bench")
+
+_DATASET_HELP = "random | jsonl | sharegpt | shared-prefix | code"
+
+
+@bench_app.callback()
+def bench(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option("--url", help="Base URL of any OpenAI-compatible server.")] = None,
+    config: Annotated[str | None, typer.Option("-c", "--config", help="Deployment file or preset to launch.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a deployment field: a.b.c=value.")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions (/v1/completions) or chat (/v1/chat/completions).")]
+    = "completions",
+    model: Annotated[str | None, typer.Option(help="Model name to send (default: first of /v1/models).")] = None,
+    dataset_name: Annotated[str, typer.Option(help=_DATASET_HELP)] = "random",
+    dataset_path: Annotated[str | None, typer.Option(help="Prompt file for jsonl / sharegpt.")] = None,
+    num_prompts: Annotated[int, typer.Option(help="Requests per sweep point (cycled prompts).")] = 100,
+    random_input_len: Annotated[int, typer.Option(help="Prompt length in bytes (random, code).")] = 128,
+    random_output_len: Annotated[int, typer.Option(help="max_tokens per request (random, jsonl default, code).")]
+    = 64,
+    random_range_ratio: Annotated[float, typer.Option(help="Lengths uniform in len*ratio..len; 1 = fixed.")] = 1.0,
+    sharegpt_output_len: Annotated[int | None, typer.Option(help="Override ShareGPT output lengths.")] = None,
+    gsp_num_groups: Annotated[int, typer.Option(help="shared-prefix: number of shared system prompts.")] = 4,
+    gsp_prompts_per_group: Annotated[int, typer.Option(help="shared-prefix: questions per system prompt.")] = 8,
+    gsp_system_prompt_len: Annotated[int, typer.Option(help="shared-prefix: system prompt bytes.")] = 256,
+    gsp_question_len: Annotated[int, typer.Option(help="shared-prefix: question bytes.")] = 32,
+    gsp_output_len: Annotated[int, typer.Option(help="shared-prefix: max_tokens.")] = 64,
+    request_rate: Annotated[str, typer.Option(help="Requests/s, or a sweep '1,2,4'; inf = all at once.")] = "inf",
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrivals: 1 Poisson, <1 burstier, inf constant.")]
+    = 1.0,
+    max_concurrency: Annotated[str | None, typer.Option(help="Cap on requests in flight, or a sweep '1,4,16'.")]
+    = None,
+    duration: Annotated[float | None, typer.Option(help="Run each point this many seconds (prompts cycled).")]
+    = None,
+    warmup_requests: Annotated[int, typer.Option(help="Requests sent first and excluded from metrics.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of prompts and arrivals.")] = 1,
+    slo: Annotated[str | None, typer.Option(help="Goodput SLOs in seconds, e.g. ttft=0.4,tpot=0.04,e2e=5.")]
+    = None,
+    request_timeout: Annotated[float, typer.Option(help="Seconds before a request counts as a timeout.")] = 300.0,
+    disable_stream: Annotated[bool, typer.Option("--disable-stream", help="Non-streaming requests (TTFT = E2E).")]
+    = False,
+    disable_ignore_eos: Annotated[bool, typer.Option("--disable-ignore-eos",
+                                                     help="Do not send ignore_eos (outputs may stop early).")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature sent with every request.")] = 0.0,
+    extra_request_body: Annotated[str | None, typer.Option(help="JSON object merged into every request.")]
+    = None,
+    output: Annotated[Path | None, typer.Option("--output", "--output-file",
+                                                   help="Append one JSON record per run to this JSONL file.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write latency/throughput/steps/acceptance PNG here.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Free-form label stored in the record.")] = None,
+    output_details: Annotated[bool, typer.Option("--output-details",
+                                                 help="Add per-request arrays (ttfts, itls, ...) to records.")]
+    = False,
+    progress: Annotated[bool, typer.Option(help="Show progress on stderr.")] = True,
+    format: Annotated[OutputFormat, typer.Option("--format", help="text or json.")] = OutputFormat.text,
+) -> None:
+    """Load-test a server (--url) or launch a deployment and load-test it (-c); report latency, throughput,
+    goodput, errors and speculative acceptance."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with handle_errors():
+        from specctl.bench import config as bc
+        from specctl.errors import UsageError
+
+        if (url is None) == (config is None):
+            raise UsageError("give exactly one of --url URL or -c DEPLOY",
+                             hint="e.g. specctl bench --url http://127.0.0.1:30000 or specctl bench -c tiny-pd")
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise UsageError(f"--url must start with http:// or https://, got {url!r}")
+        if endpoint not in bc.ENDPOINTS:
+            raise UsageError(f"--endpoint must be one of {', '.join(bc.ENDPOINTS)}, got {endpoint!r}")
+        if set_ and config is None:
+            raise UsageError("--set applies to a deployment (-c), not to --url")
+        workload = bc.WorkloadConfig(
+            dataset_name=dataset_name, dataset_path=dataset_path, num_prompts=num_prompts,
+            random_input_len=random_input_len, random_output_len=random_output_len,
+            random_range_ratio=random_range_ratio, sharegpt_output_len=sharegpt_output_len,
+            gsp_num_groups=gsp_num_groups, gsp_prompts_per_group=gsp_prompts_per_group,
+            gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
+            gsp_output_len=gsp_output_len, seed=seed)
+        if warmup_requests < 0 or request_timeout <= 0:
+            raise UsageError("--warmup-requests must be >= 0 and --request-timeout > 0")
+        cfg = bc.BenchConfig(
+            url=url or "", endpoint=endpoint, model=model, workload=workload,
+            points=bc.sweep_points(bc.parse_rates(request_rate), bc.parse_concurrencies(max_concurrency)),
+            burstiness=burstiness, duration_s=duration, warmup_requests=warmup_requests,
+            request_timeout_s=request_timeout, slo=bc.parse_slo(slo), stream=not disable_stream,
+            ignore_eos=not disable_ignore_eos, temperature=temperature,
+            extra_request_body=bc.parse_extra_body(extra_request_body), tag=tag, output_details=output_details)
+        _run(cfg, config, set_ or [], output=output, plot=plot, fmt=format, show_progress=progress)
+
+
+def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: Path | None, plot: Path | None,
+         fmt: OutputFormat, show_progress: bool) -> None:
+    from specctl.bench.progress import make_progress
+    from specctl.bench.record import append_jsonl, json_safe
+    from specctl.bench.report import render_record, render_sweep
+    from specctl.bench.runner import run_bench
+    from specctl.bench.target import launched
+    from specctl.errors import RuntimeFailure
+
+    err = stderr_console()
+    sink = make_progress(err, enabled=show_progress)
+    try:
+        if deploy is None:
+            runs = run_bench(cfg, progress=sink)
+        else:
+            last: list[str] = [""]
+
+            def on_status(status: object) -> None:
+                line = _status_line(status)
+                if line != last[0]:  # the launcher polls several times a second: print changes only
+                    last[0] = line
+                    err.print(line, markup=False, highlight=False)
+
+            with launched(deploy, overrides, status_callback=on_status) as target:
+                err.print(f"deployment ready at {target.url}", markup=False)
+                runs = run_bench(dataclasses.replace(cfg, url=target.url), progress=sink,
+                                 provenance=target.provenance)
+    finally:
+        if sink is not None:
+            sink.close()
+    records = [r.record for r in runs]
+    if output is not None:
+        append_jsonl(output, records)
+    if plot is not None:
+        from specctl.bench.plot import write_plot
+
+        write_plot(plot, runs)
+    if fmt is OutputFormat.json:
+        typer.echo(json.dumps({"runs": json_safe(records)}, indent=2))
+    else:
+        out = stdout_console()
+        if not out.is_terminal:
+            out.width = max(out.width, 120)  # files and pipes: no wrapping of the wide latency table
+        for rec in records:
+            render_record(out, rec)
+        if len(records) > 1:
+            render_sweep(out, records)
+        if output is not None:
+            err.print(f"appended {len(records)} record(s) to {output}", markup=False)
+        if plot is not None:
+            err.print(f"wrote {plot}", markup=False)
+    if not any(rec.get("completed") for rec in records):
+        raise RuntimeFailure("no request completed", hint="see errors by kind in the report")
+
+
+def _status_line(status: object) -> str:
+    """The launcher's status report (a message, or a list of per-role statuses) as one line."""
+    if isinstance(status, (list, tuple)):
+        return "; ".join(f"{getattr(s, 'role', '?')}: {getattr(s, 'state', s)} {getattr(s, 'detail', '')}".rstrip()
+                         for s in status)
+    return str(status)
+
+
+@bench_app.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="Baseline JSONL (bench --output).")],
+    b: Annotated[Path, typer.Argument(help="Candidate JSONL.")],
+    index_a: Annotated[int, typer.Option(help="Which record of A (default: last).")] = -1,
+    index_b: Annotated[int, typer.Option(help="Which record of B (default: last).")] = -1,
+    format: Annotated[OutputFormat, typer.Option("--format", help="text or json.")] = OutputFormat.text,
+) -> None:
+    """Print two bench records side by side with B-A deltas (lower latency / higher throughput = better)."""
+    with handle_errors():
+        from specctl.bench.compare import compare_records, pick
+        from specctl.bench.record import json_safe, read_jsonl
+        from specctl.bench.report import render_compare
+
+        ra = pick(read_jsonl(a), index_a, str(a))
+        rb = pick(read_jsonl(b), index_b, str(b))
+        rows = compare_records(ra, rb)
+        if format is OutputFormat.json:
+            typer.echo(json.dumps(json_safe({"a": str(a), "b": str(b), "rows": [r.to_json() for r in rows]}),
+                                  indent=2))
+        else:
+            render_compare(stdout_console(), rows, str(a), str(b))

@@ -1,0 +1,87 @@
+"""The server under test: a URL given by the user, or a deployment launched for the bench.
+
+`launched(source, overrides)` validates the deployment file (or preset), launches it through the
+engine's launcher -- `specctl.engine.launcher.launch(deployment, status_callback=...)` when the
+engine provides it, else the process `Launcher` that `specctl up` drives -- waits until every role
+is paired and ready, yields the router URL with the provenance the records carry (resolved config,
+handshake fingerprint), and tears the deployment down on exit -- also on Ctrl-C or an error.
+Both imports are lazy: `--url` benches never load the schemas or the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from specctl.bench import server_info as si
+from specctl.bench.runner import Provenance
+from specctl.errors import RuntimeFailure
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    url: str
+    provenance: Provenance = Provenance()
+
+
+READY_TIMEOUT_S = 600.0
+
+
+@contextlib.contextmanager
+def launched(source: str, overrides: Sequence[str] = (), *,
+             status_callback: Callable[[Any], None] | None = None) -> Iterator[Target]:
+    try:
+        from specctl.schemas.deployment import load_deployment
+    except ImportError as exc:
+        raise RuntimeFailure(f"deployment loading is not available in this build: {exc}",
+                             hint="bench a running server with --url instead") from None
+    deployment = load_deployment(source, overrides=overrides)
+    with _launch(deployment, overrides, status_callback) as (url, info):
+        yield Target(url=url, provenance=Provenance(
+            deployment={"name": getattr(deployment, "name", None), "path": getattr(deployment, "path", None),
+                        "config": getattr(deployment, "raw", None)},
+            fingerprint=si.fingerprint(info)))
+
+
+@contextlib.contextmanager
+def _launch(deployment: Any, overrides: Sequence[str],
+            status_callback: Callable[[Any], None] | None) -> Iterator[tuple[str, Any]]:
+    """(router URL, its /server_info or None) while the deployment runs; torn down on exit."""
+    try:
+        from specctl.engine import launcher as launcher_mod
+    except ImportError as exc:
+        raise RuntimeFailure(f"the deployment launcher is not available in this build: {exc}",
+                             hint="start the deployment with `specctl up` and bench it with --url") from None
+    launch = getattr(launcher_mod, "launch", None)
+    if launch is not None:
+        with launch(deployment, status_callback=status_callback) as handle:
+            info: Any = None
+            with contextlib.suppress(Exception):
+                # Best effort: the fingerprint is provenance, not a precondition (the launcher already
+                # refused to report ready on a failed handshake).
+                info = handle.server_info()
+            yield str(handle.url), info
+        return
+    launcher_cls = getattr(launcher_mod, "Launcher", None)
+    if launcher_cls is None:
+        raise RuntimeFailure("the deployment launcher is not available in this build",
+                             hint="start the deployment with `specctl up` and bench it with --url")
+    # The process-level launcher (the one `specctl up` drives): start, wait until every role is
+    # paired and ready, and stop everything on the way out (errors and Ctrl-C included).
+    launcher = launcher_cls(deployment, overrides=tuple(overrides))
+    with launcher:
+        launcher.wait_ready(READY_TIMEOUT_S, on_status=status_callback)
+        yield str(launcher.url), _get_info(str(launcher.url))
+
+
+def _get_info(url: str) -> Any:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=5) as resp:  # noqa: S310 - loopback
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
