@@ -1,0 +1,535 @@
+"""The decoder-only model family: per-layer kind `full` attention, `swa` (sliding window) or `mamba`.
+
+One module tree serves three model families: the builtin hybrid (`SpecctlHybridForCausalLM`), Llama and
+Qwen2. Parameter names follow Hugging Face's Llama layout (`model.embed_tokens.weight`,
+`model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so Hugging Face
+safetensors load by name; mamba layers hold their mixer under `model.layers.{i}.mixer.*` (Mamba-2 names).
+
+Two ways to run it:
+
+* `HybridForCausalLM.forward(input_ids)` — a plain full-sequence forward with no cache (training and the
+  reference the cache path is tested against).
+* `HybridForCausalLM.forward_hidden(input_ids, positions, ctx)` — the serving path. Items are padded to
+  one `[batch, length]` group; every attention layer hands its q/k/v to `ctx.attention(...)` and every
+  mamba layer reads/writes its per-request state through `ctx.mamba_state(...)` / `ctx.mamba_commit(...)`.
+  The cache (engine/cache.py) implements that context; the model never knows about pages or slots.
+
+Mamba layer maths (Mamba-2 style, scalar decay per head, one group of B/C):
+
+    h_t = exp(dt_t * A) h_{t-1} + dt_t * x_t B_t^T        h: [heads, head_dim, d_state]
+    y_t = h_t C_t + D x_t
+
+after a causal depthwise conv over (x, B, C). Prefill and training use the chunked parallel (SSD) form;
+single-token decode uses the recurrence. Both are tested to agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specctl.schemas.model_facts import ModelFacts
+
+SSD_CHUNK = 64
+# torch >= 2.5 shares K/V heads inside SDPA; older versions need them repeated (pyproject allows torch 2.1).
+_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_SDPA_GQA = _TORCH >= (2, 5)
+_FUSED_RMS_NORM = _TORCH >= (2, 4)
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [b, L, 1, head_dim]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of one model, read from its config.json (through `ModelFacts`)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_kinds: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mamba_d_state: int = 16
+    mamba_d_conv: int = 4
+    mamba_expand: int = 2
+    mamba_head_dim: int = 64
+    max_position_embeddings: int = 4096
+    # Hugging Face rope scaling ({"rope_type": "llama3" | "linear", ...}) as sorted items, or None.
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_expand * self.hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        return self.mamba_d_inner // self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the causal conv: x (d_inner) then B and C (d_state each)."""
+        return self.mamba_d_inner + 2 * self.mamba_d_state
+
+    @classmethod
+    def from_facts(cls, facts: ModelFacts) -> ModelConfig:
+        cfg: dict[str, Any] = facts.config
+        arch = facts.architecture
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):  # Hugging Face allows several; the first one is the canonical stop token
+            eos = eos[0] if eos else None
+        # transformers >= 5 writes rope settings under `rope_parameters`, older versions at top level
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        scaling = rope if rope.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+        # Qwen2 always carries q/k/v biases; Llama only when `attention_bias` says so.
+        bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=facts.vocab_size,
+            hidden_size=facts.hidden_size,
+            intermediate_size=int(cfg.get("intermediate_size", 4 * facts.hidden_size)),
+            layer_kinds=facts.layer_kinds,
+            num_heads=facts.num_attention_heads,
+            num_kv_heads=facts.num_key_value_heads,
+            head_dim=facts.head_dim,
+            sliding_window=facts.sliding_window,
+            rope_theta=theta,
+            rope_scaling=tuple(sorted(scaling.items())) if isinstance(scaling, dict) else None,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bias,
+            mamba_d_state=int(cfg.get("mamba_d_state", 16)),
+            mamba_d_conv=int(cfg.get("mamba_d_conv", 4)),
+            mamba_expand=int(cfg.get("mamba_expand", 2)),
+            mamba_head_dim=int(cfg.get("mamba_head_dim", 64)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos,
+        )
+
+
+class CacheContext(Protocol):
+    """What the serving path needs from the cache for one padded group of items (engine/cache.py)."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [b, L, H, d], k/v [b, L, KV, d] (rotary applied) -> attention output [b, L, H, d]; stores k/v."""
+        ...
+
+    def mamba_state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv state [b, conv_dim, d_conv-1], ssm state [b, heads, head_dim, d_state]) before this forward."""
+        ...
+
+    def mamba_commit(self, layer: int, xcat: torch.Tensor, tail: torch.Tensor) -> None:
+        """Store the conv inputs (old conv state ++ new, [b, d_conv-1+L, conv_dim]) and the ssm states after
+        each of the last `tail.shape[1]` positions ([b, keep, heads, head_dim, d_state])."""
+        ...
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[b, L] bool: True where the padded group holds a real token."""
+        ...
+
+    @property
+    def keep_states(self) -> int:
+        """How many trailing per-position mamba states the cache wants (for rollback)."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like the reference implementations, so bf16/fp16 runs stay stable.
+        if _FUSED_RMS_NORM:
+            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies (float32, cpu), with Hugging Face's `linear` / `llama3` scaling."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d))
+    if cfg.rope_scaling is None:
+        return inv
+    sc = dict(cfg.rope_scaling)
+    kind = sc.get("rope_type", sc.get("type"))
+    factor = float(sc.get("factor", 1.0))
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        old = float(sc["original_max_position_embeddings"])
+        low, high = float(sc.get("low_freq_factor", 1.0)), float(sc.get("high_freq_factor", 4.0))
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope scaling {kind!r}")
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [b, L, 1, d] for positions [b, L] (computed once per forward, shared by layers)."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [b, L, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+    return emb.cos(), emb.sin()
+
+
+def rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Apply rotary embeddings (Llama's rotate-half convention). x [b, L, h, d]."""
+    cos, sin = rope
+    d = x.shape[-1]
+    xf = x.float()
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def attention_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean [b, 1, Lq, Lk] mask: causal, and within the last `window` positions (self included) for swa."""
+    allowed = kpos[:, None, :] <= qpos[:, :, None]
+    if window is not None:
+        allowed &= kpos[:, None, :] > qpos[:, :, None] - window
+    return allowed[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, window: int | None) -> None:
+        super().__init__()
+        self.layer = layer
+        self.window = window
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Serve q/k/v with one matmul: the three weights become views into one concatenated tensor
+        (same memory, same parameter names for loading and saving)."""
+        w = torch.cat((self.q_proj.weight.data, self.k_proj.weight.data, self.v_proj.weight.data))
+        b = None
+        if self.q_proj.bias is not None:
+            b = torch.cat((self.q_proj.bias.data, self.k_proj.bias.data, self.v_proj.bias.data))
+        nq, nk = self.q_proj.out_features, self.k_proj.out_features
+        for lin, lo, hi in ((self.q_proj, 0, nq), (self.k_proj, nq, nq + nk), (self.v_proj, nq + nk, nq + 2 * nk)):
+            lin.weight.data = w[lo:hi]
+            if b is not None:
+                lin.bias.data = b[lo:hi]
+        self.qkv = (w, b)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
+    ) -> torch.Tensor:
+        b, n, _ = x.shape
+        if self.qkv is not None:
+            nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = torch.split(F.linear(x, *self.qkv), [nq, nk, nk], dim=-1)
+            q = q.view(b, n, self.num_heads, self.head_dim)
+            k = k.view(b, n, self.num_kv_heads, self.head_dim)
+            v = v.view(b, n, self.num_kv_heads, self.head_dim)
+        else:
+            q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
+        q, k = rotary(q, rope), rotary(k, rope)
+        if ctx is not None:
+            o = ctx.attention(self.layer, q, k, v)
+        else:
+            mask = attention_mask(positions, positions, self.window)
+            o = sdpa(q, k, v, mask)
+        return self.o_proj(o.reshape(b, n, self.num_heads * self.head_dim))
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention. q [b, Lq, H, d], k/v [b, Lk, KV, d], mask [b, 1, Lq, Lk] -> [b, Lq, H, d]."""
+    rep = q.shape[2] // k.shape[2]
+    if rep > 1 and not _SDPA_GQA:
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+    kw = {"enable_gqa": True} if rep > 1 and _SDPA_GQA else {}
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, **kw)
+    return o.transpose(1, 2)
+
+
+def ssd_chunk(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h: torch.Tensor, keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunk of the SSD parallel form, all in float32.
+
+    x [b, q, H, P], dt [b, q, H] (0 at padding), a = dt*A [b, q, H], bm/cm [b, q, N], h [b, H, P, N] the state
+    entering the chunk. Returns y [b, q, H, P] (without the D skip), the state after the chunk, and the
+    states after each of the last `keep` positions ([b, keep, H, P, N]) or None.
+    """
+    q = x.shape[1]
+    cs = torch.cumsum(a, dim=1)  # [b, q, H] log-decay from the chunk start through t
+    # seg[t, s] = sum_{s < r <= t} a_r: the decay applied to the input of step s when read at step t.
+    seg = cs[:, :, None, :] - cs[:, None, :, :]  # [b, t, s, H]
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp(seg.masked_fill(~causal[None, :, :, None], float("-inf")))
+    cb = torch.einsum("btn,bsn->bts", cm, bm)  # C_t . B_s
+    w = decay * (cb * 1.0)[..., None] * dt[:, None, :, :]  # [b, t, s, H]
+    y = torch.einsum("btsh,bshp->bthp", w, x)
+    y = y + torch.exp(cs)[..., None] * torch.einsum("btn,bhpn->bthp", cm, h)
+    # state after the chunk: decayed old state + every input decayed to the chunk's end
+    to_end = torch.exp(cs[:, -1:, :] - cs) * dt  # [b, q, H]
+    h_new = torch.exp(cs[:, -1, :])[..., None, None] * h + torch.einsum("bsh,bshp,bsn->bhpn", to_end, x, bm)
+    tail = None
+    if keep > 0:
+        wt = decay[:, q - keep :] * dt[:, None, :, :]  # [b, keep, s, H]
+        tail = torch.exp(cs[:, q - keep :])[..., None, None] * h[:, None] + torch.einsum(
+            "btsh,bshp,bsn->bthpn", wt, x, bm
+        )
+    return y, h_new, tail
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    bm: torch.Tensor,
+    cm: torch.Tensor,
+    h0: torch.Tensor,
+    keep: int = 0,
+    chunk: int = SSD_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Chunked parallel scan over a whole sequence (float32). Chunks are aligned to the END of the
+    sequence so the last chunk holds the last `keep` positions (keep <= chunk)."""
+    length = x.shape[1]
+    keep = min(keep, length)
+    assert keep <= chunk, "asked for more trailing states than one chunk holds"
+    a = dt * A
+    first = length % chunk or min(chunk, length)
+    bounds = [0, first] + list(range(first + chunk, length + 1, chunk))
+    ys = []
+    h = h0
+    tail = None
+    for i in range(len(bounds) - 1):
+        s, e = bounds[i], bounds[i + 1]
+        last = e == length
+        y, h, t = ssd_chunk(x[:, s:e], dt[:, s:e], a[:, s:e], bm[:, s:e], cm[:, s:e], h, keep if last else 0)
+        ys.append(y)
+        if last:
+            tail = t
+    return torch.cat(ys, dim=1), h, tail
+
+
+def ssd_step(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrent form for one token: x [b, H, P], dt [b, H], bm/cm [b, N], h [b, H, P, N]."""
+    da = torch.exp(dt * A)[..., None, None]
+    h = da * h + (dt[..., None, None] * x[..., None]) * bm[:, None, None, :]
+    y = torch.einsum("bhpn,bn->bhp", h, cm)
+    return y, h
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm: RMSNorm(y * silu(z))."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        g = (y.float() * F.silu(z.float()))
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.to(y.dtype)
+
+
+class Mamba(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.d_inner, self.d_state, self.d_conv = cfg.mamba_d_inner, cfg.mamba_d_state, cfg.mamba_d_conv
+        self.heads, self.head_dim = cfg.mamba_heads, cfg.mamba_head_dim
+        self.conv_dim = cfg.mamba_conv_dim
+        self.in_proj = nn.Linear(cfg.hidden_size, 2 * self.d_inner + 2 * self.d_state + self.heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.d_conv, groups=self.conv_dim, bias=True)
+        self.dt_bias = nn.Parameter(torch.zeros(self.heads))
+        self.A_log = nn.Parameter(torch.zeros(self.heads))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = GatedRMSNorm(self.d_inner, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
+
+    @torch.no_grad()
+    def init_ssm(self, generator: torch.Generator | None = None) -> None:
+        """Mamba-2's initialisation: A in [1, 16], dt in [1e-3, 1e-1] log-uniform (dt_bias = softplus^-1)."""
+        self.A_log.copy_(torch.log(torch.empty(self.heads).uniform_(1.0, 16.0, generator=generator)))
+        dt = torch.exp(torch.rand(self.heads, generator=generator) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.D.fill_(1.0)
+
+    def forward(self, x: torch.Tensor, ctx: CacheContext | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        zxbcdt = self.in_proj(x)
+        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
+        if ctx is None:
+            conv_state = xbc.new_zeros(b, self.conv_dim, self.d_conv - 1)
+            h0 = x.new_zeros(b, self.heads, self.head_dim, self.d_state, dtype=torch.float32)
+            valid = None
+            keep = 0
+        else:
+            conv_state, h0 = ctx.mamba_state(self.layer)
+            valid = ctx.valid
+            keep = ctx.keep_states
+        # Causal depthwise conv over (previous d_conv-1 inputs ++ this forward's inputs).
+        xcat = torch.cat((conv_state.to(xbc.dtype), xbc.transpose(1, 2)), dim=2)  # [b, C, d_conv-1+L]
+        conv = F.conv1d(xcat, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)  # [b, C, L]
+        xbc = F.silu(conv.transpose(1, 2))
+        xs, bm, cm = torch.split(xbc, [self.d_inner, self.d_state, self.d_state], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        if valid is not None:
+            # Padding positions must leave the state untouched: dt = 0 means decay 1 and no input.
+            dt = dt * valid[..., None]
+        A = -torch.exp(self.A_log.float())
+        xh = xs.float().view(b, n, self.heads, self.head_dim)
+        if n == 1:  # decode: the recurrence is cheaper than the chunked form
+            y, h = ssd_step(xh[:, 0], dt[:, 0], A, bm[:, 0].float(), cm[:, 0].float(), h0.float())
+            y = y[:, None]
+            tail = h[:, None] if keep else None
+        else:
+            y, h, tail = ssd_scan(xh, dt, A, bm.float(), cm.float(), h0.float(), keep=keep)
+        if ctx is not None:
+            ctx.mamba_commit(self.layer, xcat.transpose(1, 2), tail if tail is not None else h[:, None])
+        y = y + self.D.float()[:, None] * xh
+        y = self.norm(y.reshape(b, n, self.d_inner).to(x.dtype), z)
+        return self.out_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """One matmul for gate and up (their weights become views into the fused tensor)."""
+        w = torch.cat((self.gate_proj.weight.data, self.up_proj.weight.data))
+        n = self.gate_proj.out_features
+        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
+        self.gate_up = w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.kind = cfg.layer_kinds[layer]
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.kind == "mamba":
+            self.mixer = Mamba(cfg, layer)
+        else:
+            window = cfg.sliding_window if self.kind == "swa" else None
+            self.self_attn = Attention(cfg, layer, window)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        h = self.mixer(h, ctx) if self.kind == "mamba" else self.self_attn(h, positions, rope, ctx)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HybridModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class HybridForCausalLM(nn.Module):
+    """The whole model. `forward` is the cache-free reference; `forward_hidden` is the serving path."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = HybridModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # a plain attribute, not a buffer: it must survive meta-device construction in the loader
+        self.inv_freq = rope_inv_freq(cfg)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Deterministic small-normal init (GPT-2 style: residual projections scaled by depth)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".D") or name.endswith("A_log") or "dt_bias" in name:
+                continue
+            if p.dim() == 1:  # biases
+                p.zero_()
+                continue
+            s = std
+            if name.endswith("o_proj.weight") or name.endswith("down_proj.weight") or name.endswith("out_proj.weight"):
+                s = std / math.sqrt(2 * self.config.num_layers)
+            p.copy_(torch.randn(p.shape, generator=g) * s)
+        for layer in self.model.layers:
+            if layer.kind == "mamba":
+                layer.mixer.init_ssm(g)
+
+    def fuse_for_inference(self) -> HybridForCausalLM:
+        """Fuse q/k/v and gate/up projections for serving (fewer, larger matmuls). Call after loading
+        weights and moving to the final device/dtype; training never fuses."""
+        for layer in self.model.layers:
+            if layer.kind != "mamba":
+                layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
+    def forward_hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None
+    ) -> torch.Tensor:
+        """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm)."""
+        x = self.model.embed_tokens(input_ids)
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        rope = rope_cos_sin(positions, self.inv_freq)
+        for layer in self.model.layers:
+            x = layer(x, positions, rope, ctx)
+        return self.model.norm(x)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Cache-free forward over whole sequences starting at position 0: [b, L] -> logits [b, L, vocab]."""
+        b, n = input_ids.shape
+        positions = torch.arange(n, device=input_ids.device).expand(b, n)
+        return self.lm_head(self.forward_hidden(input_ids, positions, None))

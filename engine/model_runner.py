@@ -1,0 +1,177 @@
+"""ModelRunner: one loaded model plus its caches, driven by request ids the caller chooses.
+
+The scheduler (engine/engine.py), the speculative decoder and the PD transfer all talk to a model
+through this class alone (CONTRACTS.md "Engine (E1)"):
+
+* cache verbs — `can_allocate`, `allocate`, `ensure_capacity`, `free`, `cached_len`, `truncate`;
+* `forward(items)` — items of different lengths in one call; each item extends its request's cache from
+  `start_pos == cached_len(rid)` and gets float32 logits for every input position, rows in item order;
+* PD facts — `layout()` for the handshake, `export_request` / `import_request` for the transfer.
+
+Batching: items of at most `max_draft_tokens + 1` tokens (decode and speculative verify) run as one
+padded group; longer items (prefill) run one group each, so a long prompt never pads a decode batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specctl.engine.cache import HybridCache
+from specctl.engine.checkpoint import load_model, model_config, weights_hash
+from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
+from specctl.engine.tokenizer import Tokenizer, load_tokenizer
+from specctl.errors import RuntimeFailure
+from specctl.schemas.model_facts import ModelFacts, resolve_model_dir
+
+
+@dataclass(frozen=True)
+class ForwardItem:
+    rid: int
+    token_ids: Sequence[int]
+    start_pos: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_ref: str,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        page_size: int = 16,
+        max_tokens: int = 32768,
+        max_requests: int = 64,
+        max_draft_tokens: int = 8,
+    ) -> None:
+        self.model_ref = model_ref
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        facts, cfg = model_config(model_ref)
+        self.facts: ModelFacts = facts
+        self.config = cfg
+        model_dir = resolve_model_dir(model_ref)
+        self.model = load_model(model_ref, dtype=self.dtype, device=self.device)
+        self.tokenizer: Tokenizer = load_tokenizer(model_dir)
+        self.weights_hash = weights_hash(model_dir)
+        self.cache = HybridCache(
+            cfg,
+            page_size=page_size,
+            max_tokens=max_tokens,
+            max_requests=max_requests,
+            max_draft_tokens=max_draft_tokens,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.page_size = page_size
+        self.max_draft_tokens = max_draft_tokens
+
+    # ---- cache verbs -----------------------------------------------------------------------------
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return self.cache.pages_needed(num_tokens)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.cache.can_allocate(num_tokens)
+
+    def allocate(self, rid: int, num_tokens: int) -> None:
+        self.cache.allocate(rid, num_tokens)
+
+    def ensure_capacity(self, rid: int, num_tokens: int) -> bool:
+        return self.cache.ensure_capacity(rid, num_tokens)
+
+    def free(self, rid: int) -> None:
+        self.cache.free(rid)
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.cache.num_free_pages
+
+    @property
+    def num_total_pages(self) -> int:
+        return self.cache.num_pages
+
+    def cached_len(self, rid: int) -> int:
+        return self.cache.cached_len(rid)
+
+    def truncate(self, rid: int, length: int) -> None:
+        self.cache.truncate(rid, length)
+
+    # ---- forward ---------------------------------------------------------------------------------
+
+    def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
+        """Logits [sum(len(token_ids)), vocab] (float32, on self.device) for every input position."""
+        if not items:
+            return torch.empty(0, self.config.vocab_size, device=self.device)
+        seen: set[int] = set()
+        for it in items:
+            if it.rid in seen:
+                raise RuntimeFailure(f"request {it.rid} appears twice in one forward")
+            seen.add(it.rid)
+            if not it.token_ids:
+                raise RuntimeFailure(f"request {it.rid}: empty forward item")
+            have = self.cache.cached_len(it.rid)
+            if it.start_pos != have:
+                raise RuntimeFailure(f"request {it.rid}: start_pos {it.start_pos} != cached length {have}")
+            if not self.cache.ensure_capacity(it.rid, it.start_pos + len(it.token_ids)):
+                raise RuntimeFailure(f"KV pool exhausted: request {it.rid} cannot grow to "
+                                     f"{it.start_pos + len(it.token_ids)} tokens")
+        short = [i for i, it in enumerate(items) if len(it.token_ids) <= self.cache.rollback_tokens]
+        groups = ([short] if short else []) + [[i] for i, it in enumerate(items) if i not in set(short)]
+        hidden_rows: list[torch.Tensor | None] = [None] * len(items)
+        with torch.no_grad():
+            for g in groups:
+                its = [items[i] for i in g]
+                lens = [len(it.token_ids) for it in its]
+                ctx = self.cache.group([it.rid for it in its], [it.start_pos for it in its], lens)
+                ids = torch.zeros(len(its), ctx.lmax, dtype=torch.long)
+                for r, it in enumerate(its):
+                    ids[r, : lens[r]] = torch.as_tensor(list(it.token_ids), dtype=torch.long)
+                hidden = self.model.forward_hidden(ids.to(self.device), ctx.positions, ctx)
+                for r, i in enumerate(g):
+                    hidden_rows[i] = hidden[r, : lens[r]]
+            for it in items:
+                self.cache.requests[it.rid].length = it.start_pos + len(it.token_ids)
+            flat = torch.cat([h for h in hidden_rows if h is not None], dim=0)
+            return self.model.lm_head(flat).float()
+
+    # ---- PD facts --------------------------------------------------------------------------------
+
+    def layout(self) -> dict:
+        """Facts the PD handshake compares. Item lengths are bytes: `kv_item_lens` one page of K and V
+        per full layer; `state_item_lens` one request's state per state type (all its layers)."""
+        c, cfg = self.cache, self.config
+        esize = torch.empty(0, dtype=self.dtype).element_size()
+        kv_item = 2 * c.page_size * cfg.num_kv_heads * cfg.head_dim * esize
+        shapes = c.export_shapes(0)
+        state_dims: list[list[int]] = []
+        state_lens: list[int] = []
+        for st in self.facts.state_types:
+            if st == "mamba":
+                conv, ssm = shapes["mamba_conv"], shapes["mamba_ssm"]
+                state_dims.append(list(conv) + list(ssm[1:]))
+                state_lens.append(conv.numel() * esize + ssm.numel() * 4)  # ssm states are float32
+            else:
+                state_dims.append(list(shapes["swa"]))
+                state_lens.append(shapes["swa"].numel() * esize)
+        return {
+            "page_size": c.page_size,
+            "dtype": dtype_name(self.dtype),
+            "kv_item_lens": [kv_item] * len(c.full_index),
+            "state_types": list(self.facts.state_types),
+            "state_item_lens": state_lens,
+            "state_dims": state_dims,
+            "weights_hash": self.weights_hash,
+            "architecture": self.facts.architecture,
+            "layer_kinds": list(self.facts.layer_kinds),
+            "vocab_size": cfg.vocab_size,
+        }
+
+    def export_request(self, rid: int) -> dict[str, torch.Tensor]:
+        """Everything decode needs to continue `rid` from `cached_len(rid)` (see engine/cache.py)."""
+        return self.cache.export_request(rid)
+
+    def import_request(self, rid: int, tensors: dict[str, torch.Tensor], length: int) -> None:
+        self.cache.import_request(rid, tensors, length)

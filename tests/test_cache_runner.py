@@ -1,0 +1,200 @@
+"""Cache oracles: rollback (speculative verify), export/import, pool exhaustion, layout facts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specctl.engine.checkpoint import write_random_model
+from specctl.engine.model_runner import ForwardItem, ModelRunner
+from specctl.errors import RuntimeFailure
+
+KINDS = ("mamba", "swa", "full", "swa", "mamba")
+WINDOW = 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # tiny models: thread hand-offs cost more than they save, and the CI machine has 2 shared cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "hybrid", layer_kinds=KINDS, sliding_window=WINDOW)
+
+
+def make_runner(model_dir, **kw) -> ModelRunner:
+    args = dict(page_size=4, max_tokens=512, max_requests=8, max_draft_tokens=4)
+    args.update(kw)
+    return ModelRunner(str(model_dir), **args)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 3, 5])
+def test_verify_then_truncate_equals_feeding_only_accepted(model_dir, accepted):
+    """A 5-token verify forward rolled back to `accepted` tokens leaves exactly the caches that feeding
+    those tokens alone would leave: the next forward's logits agree (mamba, swa and full layers)."""
+    prompt, draft, after = tokens(11, 1), tokens(5, 2), tokens(8, 3)  # 11 + 5 > window: swa must roll back
+    a, b = make_runner(model_dir), make_runner(model_dir)
+    for r in (a, b):
+        r.allocate(1, len(prompt))
+        r.forward([ForwardItem(1, prompt, 0)])
+    a.forward([ForwardItem(1, draft, len(prompt))])  # verify: writes all 5 positions
+    a.truncate(1, len(prompt) + accepted)
+    if accepted:
+        b.forward([ForwardItem(1, draft[:accepted], len(prompt))])
+    n = len(prompt) + accepted
+    assert a.cached_len(1) == b.cached_len(1) == n
+    # continue both, one multi-token step then single tokens, and compare every logit
+    la = [a.forward([ForwardItem(1, after[:3], n)])] + [a.forward([ForwardItem(1, [t], n + 3 + i)])
+                                                        for i, t in enumerate(after[3:])]
+    lb = [b.forward([ForwardItem(1, after[:3], n)])] + [b.forward([ForwardItem(1, [t], n + 3 + i)])
+                                                        for i, t in enumerate(after[3:])]
+    torch.testing.assert_close(torch.cat(la), torch.cat(lb), rtol=1e-4, atol=1e-4)
+
+
+def test_truncate_in_a_batched_verify_and_repeated_rollbacks(model_dir):
+    a, b = make_runner(model_dir), make_runner(model_dir)
+    prompts = {1: tokens(9, 4), 2: tokens(3, 5)}
+    for r in (a, b):
+        for rid, p in prompts.items():
+            r.allocate(rid, len(p))
+        r.forward([ForwardItem(rid, p, 0) for rid, p in prompts.items()])
+    accepted = {1: 2, 2: 0}
+    for rnd in range(3):  # several verify rounds in a row
+        drafts = {rid: tokens(4, 10 * rnd + rid) for rid in prompts}
+        a.forward([ForwardItem(rid, d, a.cached_len(rid)) for rid, d in drafts.items()])
+        for rid, d in drafts.items():
+            keep = a.cached_len(rid) - len(d) + accepted[rid] + 1
+            a.truncate(rid, keep)
+            b.forward([ForwardItem(rid, d[: accepted[rid] + 1], b.cached_len(rid))])
+            assert a.cached_len(rid) == b.cached_len(rid)
+    items = [ForwardItem(rid, [65], a.cached_len(rid)) for rid in prompts]
+    torch.testing.assert_close(a.forward(items), b.forward(items), rtol=1e-4, atol=1e-4)
+
+
+def test_truncate_outside_the_last_forward_is_refused(model_dir):
+    r = make_runner(model_dir)
+    r.allocate(1, 20)
+    r.forward([ForwardItem(1, tokens(12, 6), 0)])
+    r.forward([ForwardItem(1, tokens(3, 7), 12)])
+    with pytest.raises(RuntimeFailure, match="restorable lengths are 12..15"):
+        r.truncate(1, 11)
+    r.truncate(1, 12)
+    assert r.cached_len(1) == 12
+
+
+@pytest.mark.parametrize("prompt_len", [3, 14])  # shorter and longer than the window
+def test_export_import_round_trip_gives_identical_next_logits(model_dir, prompt_len):
+    src = make_runner(model_dir)
+    dst = make_runner(model_dir, max_draft_tokens=1)  # decode may speculate less deeply than prefill
+    prompt = tokens(prompt_len, 8)
+    src.allocate(3, len(prompt))
+    src.forward([ForwardItem(3, prompt, 0)])
+    tensors = src.export_request(3)
+    assert set(tensors) == {"kv", "swa", "mamba_conv", "mamba_ssm"}
+    dst.allocate(99, 1)  # another request already on the decode side
+    dst.forward([ForwardItem(99, tokens(5, 9), 0)])
+    dst.import_request(5, {k: v.clone() for k, v in tensors.items()}, len(prompt))
+    assert dst.cached_len(5) == len(prompt)
+    cont = tokens(6, 10)
+    la = torch.cat([src.forward([ForwardItem(3, [t], len(prompt) + i)]) for i, t in enumerate(cont)])
+    lb = torch.cat([dst.forward([ForwardItem(5, [t], len(prompt) + i)]) for i, t in enumerate(cont)])
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+
+
+def test_import_rejects_wrong_shapes(model_dir):
+    src, dst = make_runner(model_dir), make_runner(model_dir, page_size=8)
+    src.allocate(1, 5)
+    src.forward([ForwardItem(1, tokens(5, 11), 0)])
+    with pytest.raises(RuntimeFailure, match="do not match"):
+        dst.import_request(1, src.export_request(1), 5)
+
+
+def test_pool_exhaustion_is_reported_without_corruption(model_dir):
+    r = make_runner(model_dir, page_size=4, max_tokens=16, max_requests=3)  # 4 pages
+    assert r.num_total_pages == 4 and r.pages_needed(9) == 3
+    r.allocate(1, 8)  # 2 pages
+    ids = tokens(8, 12)
+    before = r.forward([ForwardItem(1, ids[:6], 0)])
+    assert r.can_allocate(8) and not r.can_allocate(9)
+    r.allocate(2, 8)
+    assert r.num_free_pages == 0
+    assert not r.can_allocate(1)
+    assert not r.ensure_capacity(1, 9)
+    with pytest.raises(RuntimeFailure, match="exhausted"):
+        r.forward([ForwardItem(1, ids[6:] + [1, 2], 6)])  # would need a third page
+    with pytest.raises(RuntimeFailure, match="exhausted"):
+        r.allocate(3, 1)
+    assert r.cached_len(1) == 6  # the refused forward changed nothing
+    r.free(2)
+    r.free(2)  # idempotent
+    assert r.num_free_pages == 2 and r.ensure_capacity(1, 9)
+    after = r.forward([ForwardItem(1, ids[6:], 6)])
+    fresh = make_runner(model_dir)
+    fresh.allocate(1, 8)
+    torch.testing.assert_close(torch.cat([before, after]), fresh.forward([ForwardItem(1, ids, 0)]),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_request_slots_are_bounded_and_recycled(model_dir):
+    r = make_runner(model_dir, max_requests=2)
+    r.allocate(1, 1)
+    r.allocate(2, 1)
+    assert not r.can_allocate(1)
+    with pytest.raises(RuntimeFailure, match="slot"):
+        r.allocate(3, 1)
+    r.free(1)
+    r.allocate(3, 1)  # recycled slot starts from a clean state
+    ids = tokens(7, 13)
+    got = r.forward([ForwardItem(3, ids, 0)])
+    with torch.no_grad():
+        ref = r.model(torch.tensor([ids])).float()[0]
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_forward_rejects_wrong_start_pos(model_dir):
+    r = make_runner(model_dir)
+    r.allocate(1, 4)
+    with pytest.raises(RuntimeFailure, match="start_pos"):
+        r.forward([ForwardItem(1, [1, 2], 3)])
+
+
+def test_layout_is_derived_from_layer_kinds(model_dir):
+    r = make_runner(model_dir, dtype="float32", page_size=4)
+    lay = r.layout()
+    assert lay["state_types"] == ["mamba", "swa"]
+    assert lay["layer_kinds"] == list(KINDS)
+    assert lay["page_size"] == 4 and lay["dtype"] == "float32"
+    cfg = r.config
+    assert lay["kv_item_lens"] == [2 * 4 * cfg.num_kv_heads * cfg.head_dim * 4]  # one full layer
+    # item lengths are the byte sizes of what export_request sends for one request
+    r.allocate(1, 3)
+    r.forward([ForwardItem(1, [1, 2, 3], 0)])
+    ex = r.export_request(1)
+    assert lay["state_item_lens"][0] == sum(ex[k].numel() * ex[k].element_size() for k in ("mamba_conv", "mamba_ssm"))
+    assert lay["state_item_lens"][1] == ex["swa"].numel() * ex["swa"].element_size()
+    assert len(lay["weights_hash"]) == 16
+
+
+def test_full_attention_only_models_truncate_across_forwards(tmp_path):
+    d = write_random_model(tmp_path / "dense", layer_kinds=("full",))
+    a, b = make_runner(d), make_runner(d)
+    ids = tokens(12, 14)
+    for r in (a, b):
+        r.allocate(1, 12)
+    for i, t in enumerate(ids):
+        a.forward([ForwardItem(1, [t], i)])
+    a.truncate(1, 5)  # seven single-token forwards back
+    b.forward([ForwardItem(1, ids[:5], 0)])
+    torch.testing.assert_close(a.forward([ForwardItem(1, [7, 8], 5)]), b.forward([ForwardItem(1, [7, 8], 5)]),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeFailure, match="restorable"):
+        a.truncate(1, 8)  # beyond what is cached
