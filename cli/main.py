@@ -4,8 +4,15 @@ registers itself on `app` when imported; the list below is the whole command sur
 from __future__ import annotations
 
 import importlib
+import os
 
 import typer
+
+# Before any command loads torch's OpenMP runtime: idle intra-op threads sleep instead of spinning.
+# On a shared CPU, spinning threads fight other processes (engine roles, the bench client) and a
+# small model decodes ~30x slower (measured: 5 vs 166 tok/s for the tiny preset next to one busy
+# process on 2 cores). Child processes (serve roles started by `up`) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 app = typer.Typer(
     name="specctl",

@@ -1,0 +1,148 @@
+"""Sampling: how one row of logits becomes a token, for a whole batch in one call.
+
+Contract:
+- `SamplingParams` is a request's frozen sampling recipe; invalid values raise `InvalidInput`
+  (they come from users: CLI flags, HTTP bodies).
+- `sample(logits, params, generators)` takes float logits `[n, V]` (one row per request, any
+  device) and returns a `LongTensor [n]` on the same device. Rows at temperature 0 are greedy
+  (argmax). Other rows are temperature-scaled, top-k / top-p filtered, and drawn with the row's own
+  `torch.Generator`, so a seeded request produces the same tokens whatever else is in the batch.
+- `probs_from_logits` and `sample_from_probs` expose the two halves so speculative verification
+  (rejection sampling) can work with exactly the distribution plain sampling draws from.
+
+The hot path is batched: one sort (only if some row filters), one softmax, one cumulative sum and one
+`searchsorted` for the whole batch; the only per-row Python work is drawing one uniform number from
+each sampled row's generator (a generator is per request, so the draw cannot be fused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specctl.errors import InvalidInput
+
+# Below this temperature a row is treated as greedy (dividing by ~0 would overflow).
+GREEDY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request. `temperature == 0` means greedy."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0  # 1.0 = no nucleus filter
+    seed: int | None = None  # per-request generator seed; None = fresh randomness
+    stop: tuple[str, ...] = ()  # output is cut where any of these strings first appears
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Users pass lists (JSON bodies); keep the dataclass hashable and immutable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidInput(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise InvalidInput(f"temperature must be >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidInput(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidInput(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidInput(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+
+def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:
+    """The request's own random stream: None for greedy requests (they draw nothing)."""
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is None:
+        gen.seed()  # nondeterministic seed from the OS
+    else:
+        gen.manual_seed(params.seed)
+    return gen
+
+
+def probs_from_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Per-row sampling distribution `[n, V]` (float32) after temperature, top-k and top-p.
+
+    Greedy rows get a one-hot distribution at their argmax, so callers (speculative verification)
+    can treat every row alike.
+    """
+    n, vocab = logits.shape
+    assert len(params) == n, (len(params), n)
+    logits = logits.float()
+    device = logits.device
+    greedy = torch.tensor([p.greedy for p in params], device=device)
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    scaled = logits / temps.unsqueeze(1)
+
+    need_k = any(0 < p.top_k < vocab for p in params)
+    need_p = any(p.top_p < 1.0 for p in params)
+    if need_k or need_p:
+        # One descending sort serves both filters; masks are built in sorted order, then scattered back.
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if need_k:
+            ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
+            ranks = torch.arange(vocab, device=device).unsqueeze(0)
+            remove |= ranks >= ks.unsqueeze(1)
+        if need_p:
+            ps = torch.tensor([float(p.top_p) for p in params], device=device)
+            sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass strictly
+            # before it already reaches top_p (so the most likely token always survives).
+            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            remove |= mass_before >= ps.unsqueeze(1)
+        mask = torch.zeros_like(remove).scatter(1, order, remove)
+        scaled = scaled.masked_fill(mask, float("-inf"))
+
+    probs = torch.softmax(scaled, dim=-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    return probs
+
+
+def uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One U[0,1) draw per row from that row's own generator (rows without one get 0.5, unused)."""
+    out = torch.full((len(generators),), 0.5, device=device)
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            out[i] = torch.rand((), generator=gen, device=device)
+    return out
+
+
+def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Inverse-CDF draw of one token per row, each row with its own generator; LongTensor `[n]`."""
+    u = uniforms(generators, probs.device)
+    cdf = torch.cumsum(probs, dim=-1)
+    # Scale u by the row's total mass so float rounding in the cumulative sum can never push the
+    # draw past the last token; clamp guards the (measure-zero) u*total == cdf[-1] case.
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    ids = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return ids.clamp_(max=probs.shape[1] - 1)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Next token per row: `LongTensor [n]` on the logits' device (no host sync here)."""
+    if all(p.greedy for p in params):
+        return logits.argmax(dim=-1)
+    return sample_from_probs(probs_from_logits(logits, params), generators)
