@@ -1,0 +1,263 @@
+"""Drafters: cheap proposals of the next k tokens of each request, for the target to verify.
+
+Contract (the `Drafter` protocol, used by `SpeculativeDecoder`):
+
+- `propose(seqs, budgets, buf)` writes request i's proposals into `buf.draft_tokens[i, :n_i]` and
+  `n_i <= budgets[i]` into `buf.num_drafts[i]`. A request that asks the drafter nothing (budget 0) or
+  for which it has nothing to offer gets n_i = 0: it is then decoded plainly by the same verify path.
+  When `samples` is True and a row is sampled (temperature > 0), `buf.draft_probs[i, j]` holds the
+  distribution q that d_j was drawn from; verify needs q for rejection sampling. Deterministic
+  drafters (`samples` False) propose point masses, and verify treats q as one.
+- `commit(seq, num_drafts, accepted)` is called after verify, before the new tokens are appended to
+  `seq`: the drafter drops whatever it derived from rejected drafts.
+- `release(rid)` forgets a request (finished, aborted or preempted); idempotent.
+
+Two drafters:
+
+- `NgramDrafter`: prompt lookup, no model. It finds the longest suffix of the request's tokens
+  (between `min_match` and `max_match` tokens) that occurred earlier in the same request and proposes
+  what followed that occurrence (the most recent one; continuations are extended periodically when the
+  match overlaps the end, so repeated text proposes a full k tokens).
+- `ModelDrafter`: a small draft model run autoregressively on its own `ModelRunner` (own paged KV;
+  must share the target's tokenizer, i.e. vocabulary). Its cache catches up lazily: each round feeds
+  every token of the request it has not cached yet (the newest token, plus any tokens the target
+  accepted last round that the draft never saw, or the whole request after a release), then drafts
+  one token per forward. After verify it is truncated to the longest prefix that is still correct,
+  always within its last forward, so hybrid (mamba/swa) draft models roll back exactly too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from specctl.engine.sampling import probs_from_logits, sample_from_probs
+from specctl.engine.sequence import Sequence
+from specctl.errors import RuntimeFailure
+
+
+@dataclass
+class DraftBuffers:
+    """Where a drafter writes one batch's proposals (views into a prebuilt runtime state)."""
+
+    draft_tokens: torch.Tensor  # [B, K] long
+    num_drafts: torch.Tensor  # [B] long
+    draft_probs: torch.Tensor | None  # [B, K, V] float32, or None for deterministic drafters
+
+
+class Drafter(Protocol):
+    name: str
+    samples: bool
+
+    def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None: ...
+
+    def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None: ...
+
+    def release(self, rid: int) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the longest earlier match of the request's own suffix."""
+
+    name = "ngram"
+    samples = False
+
+    def __init__(self, *, min_match: int = 1, max_match: int = 4) -> None:
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"ngram needs 1 <= min_match <= max_match, got {min_match}, {max_match}")
+        self.min_match = min_match
+        self.max_match = max_match
+        self.lookups = 0
+        self.hits = 0
+
+    def lookup(self, tokens: Seq[int], k: int) -> list[int]:
+        """Up to k proposed continuation tokens of `tokens` (empty when no suffix recurs)."""
+        if k <= 0:
+            return []
+        self.lookups += 1
+        arr = np.asarray(tokens, dtype=np.int64)
+        n_tok = len(arr)
+        for n in range(min(self.max_match, n_tok - 1), self.min_match - 1, -1):
+            suffix = arr[n_tok - n :]
+            # Candidate starts i with i + n <= n_tok - 1: the match must be followed by at least one
+            # token, and cannot be the suffix itself.
+            windows = np.lib.stride_tricks.sliding_window_view(arr[: n_tok - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if hits.size == 0:
+                continue
+            self.hits += 1
+            j = int(hits[-1]) + n  # most recent occurrence: the freshest context predicts best
+            out: list[int] = []
+            while len(out) < k:
+                # Reading past the end continues into our own proposals: a match at distance P
+                # proposes the period-P repetition, not just the P tokens that exist.
+                out.append(int(arr[j]) if j < n_tok else out[j - n_tok])
+                j += 1
+            return out
+        return []
+
+    def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None:
+        for i, (seq, k) in enumerate(zip(seqs, budgets, strict=True)):
+            prop = self.lookup(seq.prompt_ids + seq.output_ids, k) if k > 0 else []
+            if prop:
+                buf.draft_tokens[i, : len(prop)] = torch.as_tensor(prop, dtype=torch.long)
+            buf.num_drafts[i] = len(prop)
+
+    def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
+        """Stateless: nothing to roll back."""
+
+    def release(self, rid: int) -> None:
+        """Stateless: nothing to forget."""
+
+    def stats(self) -> dict[str, Any]:
+        return {"drafter": self.name, "min_match": self.min_match, "max_match": self.max_match,
+                "lookups": self.lookups, "hits": self.hits}
+
+
+class ModelDrafter:
+    """A draft model proposing k tokens autoregressively from its own cache.
+
+    `runner` is a `ModelRunner` for the draft model (E1's contract: allocate / ensure_capacity /
+    forward / truncate / free / cached_len, where `truncate` can only restore lengths inside the last
+    forward). Greedy rows propose the draft's argmax; sampled rows draw from the draft's distribution
+    under the request's own sampling parameters and generator, and keep that distribution q for
+    rejection sampling.
+
+    Cache discipline, chosen so that every rollback lies inside the draft's last forward (which is all
+    a recurrent or sliding-window draft can restore): with c' = len(seq) - 1 tokens committed,
+      forward 1 feeds every uncached token up to and including the newest one x_0 -> d_1;
+      forward j (2..k) first truncates back to c' and feeds [x_0, d_1 .. d_{j-1}] from c' -> d_j;
+    so after drafting the cache holds x_0, d_1..d_{k-1} from ONE forward starting at c', and after verify
+    `commit` truncates to c' + 1 + min(accepted, k - 1), always inside it. The price is re-reading up to
+    k - 1 tokens per forward (k(k+1)/2 positions instead of k), negligible next to per-forward overhead
+    for a small draft model; the number of forwards stays k.
+    """
+
+    name = "draft"
+    samples = True
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
+        self.forwards = 0
+        self.capacity_misses = 0
+
+    # -- cache upkeep --------------------------------------------------------------------------
+    def _ready(self, seq: Sequence, k: int) -> bool:
+        """Make sure seq's draft cache exists and can grow to hold the request plus k-1 drafts."""
+        rid = seq.rid
+        need = len(seq) + k
+        if self._owner.get(rid) != id(seq):
+            # New request (or a recycled rid): start the draft cache from scratch.
+            self.release(rid)
+            if not self.runner.can_allocate(need):
+                return False
+            self.runner.allocate(rid, need)
+            self._owner[rid] = id(seq)
+            return True
+        return bool(self.runner.ensure_capacity(rid, need))
+
+    def release(self, rid: int) -> None:
+        if self._owner.pop(rid, None) is not None:
+            self.runner.free(rid)
+
+    # -- PD transfer: the prefill side hands its draft cache to decode ---------------------------
+    def export_request(self, seq: Sequence) -> tuple[dict[str, torch.Tensor], int]:
+        """Cache every token of `seq` but the newest in the draft model, export it and forget it.
+
+        Returns (tensors, length) for `import_request` on the decode side; length == len(seq) - 1, the
+        same cache invariant as the target's."""
+        from specctl.engine.model_runner import ForwardItem
+
+        length = len(seq) - 1
+        if not self._ready(seq, 1):
+            raise RuntimeFailure(f"draft model cache full: cannot prefill request {seq.rid} ({len(seq)} tokens)")
+        cached = self.runner.cached_len(seq.rid)
+        if cached > length:
+            self.runner.truncate(seq.rid, length)
+        elif cached < length:
+            self.runner.forward([ForwardItem(seq.rid, seq.token_ids(cached, length), cached)])
+        tensors = self.runner.export_request(seq.rid)
+        self.release(seq.rid)
+        return tensors, length
+
+    def import_request(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
+        """Install a draft cache exported by the prefill side; the next `propose` continues from `length`."""
+        self.release(seq.rid)
+        self.runner.import_request(seq.rid, tensors, length)
+        self._owner[seq.rid] = id(seq)
+
+    # -- the three verbs -------------------------------------------------------------------------
+    def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None:
+        from specctl.engine.model_runner import ForwardItem
+
+        rows: list[int] = []  # batch rows that draft this round
+        for i, (seq, k) in enumerate(zip(seqs, budgets, strict=True)):
+            buf.num_drafts[i] = 0
+            if k > 0:
+                if self._ready(seq, k):
+                    rows.append(i)
+                else:
+                    self.capacity_misses += 1
+        if not rows:
+            return
+        kmax = max(budgets[i] for i in rows)
+        params = [seqs[i].params for i in rows]
+        greedy = all(p.greedy for p in params)
+        gens = [seqs[i].generator for i in rows]
+        committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
+        proposals: list[list[int]] = [[] for _ in rows]
+        active = list(range(len(rows)))  # indices into `rows` still drafting
+        for j in range(kmax):
+            items = []
+            for a in active:
+                seq = seqs[rows[a]]
+                if j == 0:
+                    cached = self.runner.cached_len(seq.rid)
+                    items.append(ForwardItem(seq.rid, seq.token_ids(cached, len(seq)), cached))
+                else:
+                    # Back to c' (inside the previous forward), then re-feed x_0 and the proposals so far.
+                    self.runner.truncate(seq.rid, committed[a])
+                    items.append(ForwardItem(seq.rid, [seq.last_token, *proposals[a]], committed[a]))
+            logits = self.runner.forward(items)
+            self.forwards += 1
+            ends = np.cumsum([len(it.token_ids) for it in items]) - 1
+            last = logits[torch.as_tensor(ends, device=logits.device)]
+            if greedy:
+                toks = last.argmax(dim=-1)
+            else:
+                q = probs_from_logits(last, [params[a] for a in active])
+                toks = sample_from_probs(q, [gens[a] for a in active])
+                assert buf.draft_probs is not None
+                for r, a in enumerate(active):
+                    buf.draft_probs[rows[a], j] = q[r]
+            tok_list = toks.tolist()
+            for r, a in enumerate(active):
+                i = rows[a]
+                buf.draft_tokens[i, j] = tok_list[r]
+                buf.num_drafts[i] = j + 1
+                proposals[a].append(tok_list[r])
+            # The last proposal d_k is never fed: the draft cache never holds a token verify cannot accept.
+            active = [a for a in active if j + 1 < budgets[rows[a]]]
+            if not active:
+                break
+
+    def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
+        rid = seq.rid
+        if self._owner.get(rid) != id(seq) or num_drafts == 0:
+            return
+        # The last draft forward cached x_0, d_1..d_{n-1} from c' = len(seq) - 1; keep x_0 and the accepted
+        # drafts among them. The target's own token (and d_n if accepted) are fed next round.
+        keep = len(seq) + min(accepted, num_drafts - 1)
+        if keep < self.runner.cached_len(rid):
+            self.runner.truncate(rid, keep)
+
+    def stats(self) -> dict[str, Any]:
+        return {"drafter": self.name, "draft_model": self.runner.facts.ref, "forwards": self.forwards,
+                "capacity_misses": self.capacity_misses}

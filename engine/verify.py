@@ -1,0 +1,146 @@
+"""Verification of drafted tokens: which drafts the target accepts, and the one token it adds.
+
+The contract, for a batch of B requests where request b drafted `n_b <= K` tokens d_1..d_{n_b} after its
+last committed token x_0, and the target scored the n_b + 1 positions x_0, d_1, .., d_{n_b} in one forward:
+
+- row j of the target's output (j = 0..n_b) is the target's distribution for the token that follows
+  x_0, d_1, .., d_j, so row j judges draft d_{j+1} and row n_b yields the "bonus" token;
+- each request gets back `accepted_b` (0..n_b) drafts plus exactly one token chosen by the target, so
+  every verify step makes progress even when every draft is wrong;
+- greedy (`greedy_verify`): the output is token for token what plain greedy decoding would produce;
+- sampling (`rejection_verify`): standard speculative (rejection) sampling (Leviathan et al. 2023,
+  Chen et al. 2023): the output tokens follow the target distribution exactly, whatever the drafter.
+
+Tensors: draft tokens `[B, K]` (entries past n_b are ignored), `num_drafts` `[B]`, target logits or
+probabilities `[B, K + 1, V]`, draft probabilities `[B, K, V]` or None for a deterministic drafter
+(n-gram lookup: q is a point mass on the proposed token). Results are `accepted [B]` and `tokens
+[B, K + 1]` where `tokens[b, :accepted[b] + 1]` are request b's new tokens. Randomness comes only from
+the per-request `torch.Generator`s, so a seeded request is reproducible whatever batch it runs in.
+
+This module knows nothing about caches, drafters or scheduling: it is the maths only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specctl.engine.sampling import sample_from_probs
+
+
+def _valid_mask(num_drafts: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, K] bool: position j < n_b holds a real draft."""
+    return torch.arange(k, device=num_drafts.device).unsqueeze(0) < num_drafts.unsqueeze(1)
+
+
+def greedy_verify(
+    draft_tokens: torch.Tensor,
+    num_drafts: torch.Tensor,
+    target_logits: torch.Tensor,
+    *,
+    out_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance: the longest prefix where draft == target argmax, plus the target's own next token.
+
+    Row j's argmax is exactly the token plain greedy decoding would emit after x_0, d_1..d_j; so while
+    the drafts agree with it we are reproducing greedy decoding, and at the first disagreement (or after
+    the last draft) the argmax of that row is the token greedy decoding emits next.
+    `out_tokens` ([B, K + 1] long, optional) is a preallocated result buffer (written, and returned).
+    """
+    b, k = draft_tokens.shape
+    target_argmax = target_logits.argmax(dim=-1)  # [B, K+1]
+    if k == 0:
+        accepted = torch.zeros(b, dtype=torch.long, device=target_logits.device)
+    else:
+        match = (draft_tokens == target_argmax[:, :k]) & _valid_mask(num_drafts, k)
+        # cumprod turns [1, 1, 0, 1] into [1, 1, 0, 0]: only the unbroken prefix of matches counts.
+        accepted = match.long().cumprod(dim=1).sum(dim=1)
+    tokens = out_tokens if out_tokens is not None else torch.empty_like(target_argmax)
+    if k:
+        tokens[:, :k] = draft_tokens
+    # The bonus/correction: the target's argmax right after the accepted prefix.
+    tokens.scatter_(1, accepted.unsqueeze(1), target_argmax.gather(1, accepted.unsqueeze(1)))
+    return accepted, tokens
+
+
+def rejection_verify(
+    draft_tokens: torch.Tensor,
+    num_drafts: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generators: Sequence[torch.Generator | None],
+    *,
+    out_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative (rejection) sampling: the new tokens are distributed exactly as the target's.
+
+    For each draft d_j ~ q_j (q_j = the drafter's distribution at that position; a point mass when
+    `draft_probs` is None), with p_j the target's distribution at the same position:
+
+      accept d_j with probability min(1, p_j(d_j) / q_j(d_j));
+      on the first rejection, emit a token from the residual r = normalize(max(0, p_j - q_j)) and stop;
+      if all n drafts are accepted, emit a bonus token from p_{n+1}.
+
+    Why this is exact: P(emit x at j) = q(x) min(1, p(x)/q(x)) + P(reject) r(x)
+    = min(q(x), p(x)) + (1 - sum_y min(q(y), p(y))) * max(0, p(x) - q(x)) / sum_y max(0, p(y) - q(y)),
+    and since sum_y min(q, p) = 1 - sum_y max(0, p - q), this is min(q(x), p(x)) + max(0, p(x) - q(x)) = p(x).
+    A wrong drafter therefore only costs acceptance, never correctness.
+    """
+    b, k1, _v = target_probs.shape
+    k = k1 - 1
+    tokens = out_tokens if out_tokens is not None else torch.empty(b, k1, dtype=torch.long, device=target_probs.device)
+    accepted = torch.zeros(b, dtype=torch.long, device=target_probs.device)
+    if k:
+        tokens[:, :k] = draft_tokens
+        safe_drafts = draft_tokens.clamp(min=0)
+        # p_j(d_j) and q_j(d_j) for every draft position at once.
+        p_at_draft = target_probs[:, :k, :].gather(2, safe_drafts.unsqueeze(2)).squeeze(2)  # [B, K]
+        if draft_probs is None:
+            q_at_draft = torch.ones_like(p_at_draft)
+        else:
+            q_at_draft = draft_probs.gather(2, safe_drafts.unsqueeze(2)).squeeze(2)
+        # min(1, p/q); q(d) > 0 because d was drawn from q (the clamp only guards padding).
+        accept_prob = (p_at_draft / q_at_draft.clamp(min=1e-30)).clamp(max=1.0)
+    nd = num_drafts.tolist()
+    for i in range(b):
+        gen = generators[i] if i < len(generators) else None
+        n = nd[i]
+        a = 0
+        if n:
+            # One uniform per draft, drawn up front from the request's own generator (reproducible).
+            u = torch.rand(n, generator=gen, device=_gen_device(gen, target_probs))
+            ok = (u.to(accept_prob.device) < accept_prob[i, :n]).tolist()
+            while a < n and ok[a]:
+                a += 1
+        accepted[i] = a
+        if a < n:
+            # Rejected d_{a+1}: sample from normalize(max(0, p - q)) at that position.
+            p = target_probs[i, a]
+            if draft_probs is None:
+                residual = p.clone()
+                residual[int(draft_tokens[i, a])] = 0.0  # p - onehot(d), clipped at 0
+            else:
+                residual = (p - draft_probs[i, a]).clamp(min=0.0)
+            total = float(residual.sum())
+            # Exact arithmetic never reaches here with residual == 0 (that needs p <= q everywhere, i.e.
+            # p == q, where the accept probability is 1); float rounding can, and then p itself is correct.
+            dist = residual / total if total > 0.0 else p
+        else:
+            # Every draft accepted: the bonus token comes from the target's next-position distribution.
+            dist = target_probs[i, n]
+        tokens[i, a] = _sample_one(dist, gen)
+    return accepted, tokens
+
+
+def _gen_device(gen: torch.Generator | None, like: torch.Tensor) -> torch.device:
+    return gen.device if gen is not None else like.device
+
+
+def _sample_one(dist: torch.Tensor, gen: torch.Generator | None) -> int:
+    """One draw from a probability vector with the request's generator.
+
+    The same inverse-CDF draw (one uniform) as plain sampling, so steps 0 through this path reproduces
+    plain decoding's seeded samples exactly.
+    """
+    return int(sample_from_probs(dist.unsqueeze(0), [gen])[0])
