@@ -1,0 +1,391 @@
+"""The PD handshake: prefill's bootstrap endpoint and decode's `register()` client.
+
+Prefill runs a `BootstrapServer` (a ZMQ ROUTER on `tcp://127.0.0.1:bootstrap_port`, in its own
+thread). Decode calls `register(endpoint, info)`:
+
+    decode                                   prefill
+    Hello(client_nonce)             ->
+                                    <-       Challenge(nonce, auth_required, server_epoch)
+    Register(info_bytes, nonce, proof)  ->   compare(prefill, decode) -> every mismatch
+                                    <-       Accepted(prefill info, session, proof) | Rejected(reason, mismatches)
+
+With a shared secret, decode proves it with HMAC-SHA256(secret, nonce || info_bytes) over the
+server's one-time nonce (so a proof cannot be replayed, and it binds the registration it came with),
+and prefill proves it back over decode's nonce; a side that cannot prove it is refused. Without a
+secret on prefill, proofs are not required.
+
+Pairing is "the latest accepted registration wins": a decode that restarts registers again and
+replaces its old self (`on_pair` lets prefill reconnect its transfer sender to the new endpoint).
+`ping(endpoint, session)` lets decode notice that prefill restarted (a new `server_epoch`, or an
+unknown session) and re-register. Each round trip is a Lazy Pirate request (timeout, bounded
+retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from specctl.engine import wire
+from specctl.engine.registration import Mismatch, RegistrationInfo, compare, render_mismatches
+from specctl.errors import RuntimeFailure
+
+_NONCE_TTL_S = 30.0
+_MAX_NONCES = 1024
+
+
+class Hello(wire.Message, tag="bootstrap.hello"):
+    client_nonce: bytes
+
+
+class Challenge(wire.Message, tag="bootstrap.challenge"):
+    nonce: bytes
+    auth_required: bool
+    server_epoch: str
+
+
+class Register(wire.Message, tag="bootstrap.register"):
+    info: bytes  # msgpack of RegistrationInfo; the proof is computed over exactly these bytes
+    nonce: bytes
+    client_nonce: bytes
+    proof: bytes = b""
+
+
+class Accepted(wire.Message, tag="bootstrap.accepted"):
+    prefill: RegistrationInfo
+    session_id: str
+    server_epoch: str
+    proof: bytes = b""
+
+
+class Rejected(wire.Message, tag="bootstrap.rejected"):
+    reason: str
+    mismatches: list[Mismatch] = []
+    prefill: RegistrationInfo | None = None
+
+
+class Ping(wire.Message, tag="bootstrap.ping"):
+    session_id: str
+
+
+class Pong(wire.Message, tag="bootstrap.pong"):
+    paired: bool
+    server_epoch: str
+
+
+class HandshakeRejected(RuntimeFailure):
+    """Prefill refused this decode: `.mismatches` itemizes why (may be empty for auth/protocol)."""
+
+    def __init__(self, reason: str, mismatches: list[Mismatch] | None = None) -> None:
+        self.reason = reason
+        self.mismatches = list(mismatches or [])
+        text = f"handshake refused by prefill: {reason}"
+        if self.mismatches:
+            text += "\n" + render_mismatches(self.mismatches)
+        super().__init__(text, hint="fix the fields above so prefill and decode agree, then restart decode")
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason, "mismatches": [m.to_json() for m in self.mismatches]}
+
+
+_info_encoder = msgspec.msgpack.Encoder()
+_info_decoder = msgspec.msgpack.Decoder(RegistrationInfo)
+
+
+def _as_key(secret: bytes | str | None) -> bytes | None:
+    if secret is None or secret == "" or secret == b"":
+        return None
+    return secret.encode() if isinstance(secret, str) else bytes(secret)
+
+
+def _proof(key: bytes, nonce: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, nonce + payload, hashlib.sha256).digest()
+
+
+def bootstrap_endpoint(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The decode currently paired with this prefill."""
+
+    info: RegistrationInfo
+    session_id: str
+    generation: int  # 1 for the first pairing, +1 for every re-registration
+    paired_at: float
+
+
+@dataclass
+class BootstrapStats:
+    accepted: int = 0
+    rejected: int = 0
+    last_rejection: list[dict] = field(default_factory=list)
+    last_reason: str = ""
+
+
+class BootstrapServer:
+    """Prefill's bootstrap endpoint. Use as a context manager, or start()/stop()."""
+
+    def __init__(
+        self,
+        local: RegistrationInfo,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        secret: bytes | str | None = None,
+        on_pair: Callable[[Peer], None] | None = None,
+        ctx: zmq.Context | None = None,
+    ) -> None:
+        self.local = local
+        self._host, self._port = host, port
+        self._key = _as_key(secret)
+        self._on_pair = on_pair
+        self._ctx = ctx or zmq.Context.instance()
+        self._local_bytes = _info_encoder.encode(local)
+        self.server_epoch = uuid.uuid4().hex
+        self._nonces: OrderedDict[bytes, float] = OrderedDict()
+        self._peer: Peer | None = None
+        self._generation = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.endpoint = ""
+        self.stats = BootstrapStats()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> BootstrapServer:
+        self._thread = threading.Thread(target=self._run, name="specctl-bootstrap", daemon=True)
+        self._thread.start()
+        self._ready.wait(10.0)
+        if self._error is not None:
+            raise self._error
+        if not self.endpoint:
+            raise RuntimeFailure("bootstrap server did not start within 10s")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def __enter__(self) -> BootstrapServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    @property
+    def peer(self) -> Peer | None:
+        with self._cond:
+            return self._peer
+
+    def wait_for_peer(self, timeout_s: float, *, after_generation: int = 0) -> Peer | None:
+        """The paired decode once one with generation > after_generation registered, else None."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._peer is None or self._peer.generation <= after_generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self._peer
+
+    def forget_peer(self) -> None:
+        """Drop the pairing (e.g. after its transfers failed): its pings now answer paired=False."""
+        with self._cond:
+            self._peer = None
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        sock = wire.make_socket(self._ctx, zmq.ROUTER)
+        try:
+            try:
+                self.endpoint = wire.bind(sock, bootstrap_endpoint(self._host, self._port))
+            except BaseException as exc:  # reported to start()
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            while not self._stop.is_set():
+                if not sock.poll(100, zmq.POLLIN):
+                    continue
+                frames = sock.recv_multipart(copy=False)
+                identity = frames[0].bytes
+                try:
+                    env = wire.decode(frames[1:], as_torch=False)
+                    reply = self._handle(env.msg)
+                except wire.WireError as exc:
+                    reply = Rejected(reason=f"malformed handshake message: {exc}")
+                if reply is not None:
+                    try:
+                        wire.send(sock, reply, timeout_s=0.2, identity=identity)
+                    except wire.WireError:
+                        pass  # the client gave up (its retry comes on a fresh socket)
+        finally:
+            wire.close_socket(sock)
+
+    def _new_nonce(self) -> bytes:
+        now = time.monotonic()
+        while self._nonces and (len(self._nonces) >= _MAX_NONCES or next(iter(self._nonces.values())) < now):
+            self._nonces.popitem(last=False)
+        nonce = os.urandom(32)
+        self._nonces[nonce] = now + _NONCE_TTL_S
+        return nonce
+
+    def _handle(self, msg: wire.Message) -> wire.Message | None:
+        if isinstance(msg, Hello):
+            return Challenge(
+                nonce=self._new_nonce(), auth_required=self._key is not None, server_epoch=self.server_epoch
+            )
+        if isinstance(msg, Ping):
+            peer = self.peer
+            return Pong(paired=peer is not None and peer.session_id == msg.session_id, server_epoch=self.server_epoch)
+        if isinstance(msg, Register):
+            return self._register(msg)
+        return Rejected(reason=f"unexpected message {type(msg).__name__} on the bootstrap endpoint")
+
+    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None) -> Rejected:
+        self.stats.rejected += 1
+        self.stats.last_reason = reason
+        self.stats.last_rejection = [m.to_json() for m in mismatches or []]
+        return Rejected(reason=reason, mismatches=list(mismatches or []), prefill=self.local)
+
+    def _register(self, msg: Register) -> wire.Message:
+        expiry = self._nonces.pop(msg.nonce, None)  # one-time: a replayed Register finds no nonce
+        if expiry is None or expiry < time.monotonic():
+            return self._reject("unknown or expired handshake nonce (retry the handshake)")
+        if self._key is not None and not hmac.compare_digest(msg.proof, _proof(self._key, msg.nonce, msg.info)):
+            return self._reject("authentication failed: decode could not prove the shared secret")
+        try:
+            info = _info_decoder.decode(msg.info)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return self._reject(f"malformed registration info: {exc}")
+        mismatches = compare(self.local, info)
+        if mismatches:
+            return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", mismatches)
+        with self._cond:
+            self._generation += 1
+            peer = Peer(info=info, session_id=uuid.uuid4().hex, generation=self._generation, paired_at=time.time())
+        if self._on_pair is not None:
+            try:
+                self._on_pair(peer)
+            except Exception as exc:  # e.g. prefill cannot reach decode's transfer endpoint
+                return self._reject(f"prefill could not set up the transfer to decode: {exc}")
+        with self._cond:
+            self._peer = peer
+            self._cond.notify_all()
+        self.stats.accepted += 1
+        proof = _proof(self._key, msg.client_nonce, self._local_bytes) if self._key is not None else b""
+        return Accepted(prefill=self.local, session_id=peer.session_id, server_epoch=self.server_epoch, proof=proof)
+
+
+# --------------------------------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A successful handshake, as seen by decode."""
+
+    endpoint: str
+    prefill: RegistrationInfo
+    session_id: str
+    server_epoch: str
+    latency_s: float
+
+
+def register(
+    endpoint: str,
+    local: RegistrationInfo,
+    *,
+    secret: bytes | str | None = None,
+    timeout_s: float = 5.0,
+    retries: int = 3,
+    ctx: zmq.Context | None = None,
+) -> Pairing:
+    """Register decode `local` with prefill's bootstrap `endpoint`.
+
+    Returns the Pairing, or raises HandshakeRejected (with every mismatch) or wire.WireTimeout
+    (no prefill answering after `retries` attempts of `timeout_s`).
+    """
+    ctx = ctx or zmq.Context.instance()
+    key = _as_key(secret)
+    t0 = time.perf_counter()
+    client_nonce = os.urandom(32)
+    info_bytes = _info_encoder.encode(local)
+    what = f"answer from prefill's bootstrap endpoint {endpoint}"
+    for _ in range(3):  # an expired nonce (slow retry) restarts from Hello
+        env = wire.request(
+            ctx,
+            endpoint,
+            Hello(client_nonce=client_nonce),
+            timeout_s=timeout_s,
+            retries=retries,
+            expect=(Challenge, Rejected),
+            what=what,
+        )
+        ch = env.msg
+        if isinstance(ch, Rejected):
+            raise HandshakeRejected(ch.reason, ch.mismatches)
+        assert isinstance(ch, Challenge)
+        if ch.auth_required and key is None:
+            raise HandshakeRejected(
+                "authentication required: prefill has a shared secret and decode has none "
+                "(set the same transfer secret on both roles)"
+            )
+        proof = _proof(key, ch.nonce, info_bytes) if key is not None else b""
+        reg = Register(info=info_bytes, nonce=ch.nonce, client_nonce=client_nonce, proof=proof)
+        # One attempt only: a resent Register would reuse a consumed nonce; the loop restarts instead.
+        env = wire.request(ctx, endpoint, reg, timeout_s=timeout_s, retries=1, expect=(Accepted, Rejected), what=what)
+        verdict = env.msg
+        if isinstance(verdict, Rejected):
+            if "nonce" in verdict.reason:
+                continue
+            raise HandshakeRejected(verdict.reason, verdict.mismatches)
+        assert isinstance(verdict, Accepted)
+        if key is not None:
+            expected = _proof(key, client_nonce, _info_encoder.encode(verdict.prefill))
+            if not hmac.compare_digest(verdict.proof, expected):
+                raise HandshakeRejected("authentication failed: prefill could not prove the shared secret")
+        return Pairing(
+            endpoint=endpoint,
+            prefill=verdict.prefill,
+            session_id=verdict.session_id,
+            server_epoch=verdict.server_epoch,
+            latency_s=time.perf_counter() - t0,
+        )
+    raise HandshakeRejected("handshake nonce kept expiring (is prefill's clock or load extreme?)")
+
+
+def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context | None = None) -> bool:
+    """True while prefill is up and still paired with this session. False when prefill restarted
+    (new epoch) or dropped the pairing: decode should `register()` again. Raises wire.WireTimeout
+    when prefill does not answer."""
+    env = wire.request(
+        ctx or zmq.Context.instance(),
+        pairing.endpoint,
+        Ping(session_id=pairing.session_id),
+        timeout_s=timeout_s,
+        retries=retries,
+        expect=(Pong,),
+        what="pong from prefill",
+    )
+    pong = env.msg
+    assert isinstance(pong, Pong)
+    return pong.paired and pong.server_epoch == pairing.server_epoch

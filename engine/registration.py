@@ -1,0 +1,390 @@
+"""Registration info: what one PD process tells its peer in the handshake, and the itemized diff.
+
+A `RegistrationInfo` holds every fact prefill and decode must agree on before a single request
+crosses the wire (DESIGN "Registration info exchanged in the handshake"): protocol and engine
+version, role, the target model's fingerprint, page size, per-buffer KV item lengths, the ordered
+`state_types` with per-component item lengths and dims, the draft model's fingerprint and KV layout
+(or none), the speculative algorithm and the largest draft-token count, the transfer backend and the
+endpoints where this process receives.
+
+`compare(prefill, decode)` returns one `Mismatch(field, prefill_value, decode_value, fix)` for every
+field that differs — all of them, not the first — so a refused decode prints the whole diff. Both
+sides derive the info from their live `ModelRunner.layout()` (never from the config alone), so what
+is compared is what the caches really hold.
+
+Torch-free: it travels inside handshake messages and `specctl validate` may reuse the comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from specctl.engine.wire import PROTOCOL_VERSION
+
+ROLES = ("prefill", "decode")
+BACKENDS = ("zmq", "shm")
+_STATE_LAYER_KINDS = ("mamba", "swa")
+
+
+class ModelFingerprint(msgspec.Struct, frozen=True, kw_only=True):
+    """Identity of a model as loaded: two processes with equal fingerprints compute the same thing."""
+
+    architecture: str
+    layer_kinds: tuple[str, ...]
+    shapes: dict[str, int]  # vocab_size, hidden_size, num_layers, heads, kv_heads, head_dim, sliding_window
+    dtype: str
+    tokenizer: str
+    weights_hash: str
+
+
+class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The draft model whose KV crosses the wire with each request, and that KV's layout."""
+
+    model: ModelFingerprint
+    page_size: int
+    kv_item_lens: tuple[int, ...]
+    state_types: tuple[str, ...] = ()
+    state_item_lens: tuple[int, ...] = ()
+    state_dims: tuple[tuple[int, ...], ...] = ()
+
+
+class RegistrationInfo(msgspec.Struct, frozen=True, kw_only=True):
+    protocol_version: int
+    engine_version: str
+    role: str
+    model: ModelFingerprint
+    page_size: int
+    kv_item_lens: tuple[int, ...]  # bytes of one token's entry, per full-attention KV buffer
+    state_types: tuple[str, ...]  # ordered state components, e.g. ("mamba", "swa")
+    state_item_lens: tuple[int, ...]  # bytes of one item, per state component
+    state_dims: tuple[tuple[int, ...], ...]  # shape of one item, per state component
+    draft: DraftInfo | None  # the draft whose KV this side produces (prefill) or consumes (decode)
+    speculative_algorithm: str  # none | draft | ngram
+    max_draft_tokens: int  # largest draft-token count (steps + 1) this side can run; 0 without speculation
+    transfer_backend: str  # zmq | shm
+    endpoints: dict[str, str]  # where this process receives transfers, e.g. {"transfer": "tcp://..."}
+    host: str  # hostname; shm and ipc only work between processes on one host
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    def fingerprint(self) -> str:
+        """Short hash of everything the peers must agree on (not role, endpoints or host): equal
+        fingerprints on prefill and decode mean a compatible pair. Shown in /server_info and bench."""
+        doc = self.to_json()
+        for k in ("role", "endpoints", "host"):
+            doc.pop(k, None)
+        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
+    """One field on which prefill and decode disagree, with both values and how to fix it."""
+
+    field: str
+    prefill_value: Any
+    decode_value: Any
+    fix: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+# --------------------------------------------------------------------------------------------- building
+
+
+def _engine_version() -> str:
+    from specctl import __version__
+
+    return __version__
+
+
+def max_draft_tokens(speculative: Mapping[str, Any] | None) -> int:
+    """Largest number of draft tokens one verify can carry: (largest selectable steps) + 1, where the
+    selectable steps are the initial `num_steps` and every adaptive candidate; 0 without speculation."""
+    spec = speculative or {}
+    if spec.get("algorithm", "none") in (None, "none"):
+        return 0
+    steps = [int(spec.get("num_steps") or 0)]
+    buckets = ((spec.get("adaptive") or {}).get("buckets")) or {}
+    for bucket in buckets.values():
+        steps.extend(int(s) for s in (bucket or {}).get("candidate_steps") or ())
+    top = max(steps)
+    return top + 1 if top > 0 else 0
+
+
+def _shapes(layout: Mapping[str, Any], facts: Any | None) -> dict[str, int]:
+    shapes = {k: int(v) for k, v in dict(layout.get("shapes") or {}).items()}
+    if facts is not None:
+        shapes.setdefault("vocab_size", int(facts.vocab_size))
+        shapes.setdefault("hidden_size", int(facts.hidden_size))
+        shapes.setdefault("num_layers", int(facts.num_layers))
+        shapes.setdefault("num_attention_heads", int(facts.num_attention_heads))
+        shapes.setdefault("num_key_value_heads", int(facts.num_key_value_heads))
+        shapes.setdefault("head_dim", int(facts.head_dim))
+        shapes.setdefault("sliding_window", int(facts.sliding_window or 0))
+    if "vocab_size" in layout:
+        shapes.setdefault("vocab_size", int(layout["vocab_size"]))
+    return shapes
+
+
+def tokenizer_fingerprint(facts: Any | None, layout: Mapping[str, Any] | None = None) -> str:
+    """ "bytes" for the builtin byte tokenizer, else a hash of tokenizer.json (or "unknown")."""
+    if layout and layout.get("tokenizer"):
+        return str(layout["tokenizer"])
+    if facts is None:
+        return "unknown"
+    if facts.config.get("tokenizer") == "bytes":
+        return "bytes"
+    from specctl.schemas.model_facts import resolve_model_dir
+
+    path = resolve_model_dir(facts.ref) / "tokenizer.json"
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unknown"
+
+
+def model_fingerprint(layout: Mapping[str, Any], facts: Any | None = None) -> ModelFingerprint:
+    """Fingerprint from a `ModelRunner.layout()` dict (plus `ModelFacts` for shapes and tokenizer)."""
+    return ModelFingerprint(
+        architecture=str(layout.get("architecture") or (facts.architecture if facts else "?")),
+        layer_kinds=tuple(layout.get("layer_kinds") or (facts.layer_kinds if facts else ())),
+        shapes=_shapes(layout, facts),
+        dtype=str(layout["dtype"]).removeprefix("torch."),
+        tokenizer=tokenizer_fingerprint(facts, layout),
+        weights_hash=str(layout.get("weights_hash") or ""),
+    )
+
+
+def _state(layout: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    types = tuple(str(t) for t in layout.get("state_types") or ())
+    lens = tuple(int(x) for x in layout.get("state_item_lens") or ())
+    dims = tuple(tuple(int(d) for d in ds) for ds in layout.get("state_dims") or ())
+    return types, lens, dims
+
+
+def build_registration(
+    role: str,
+    layout: Mapping[str, Any],
+    *,
+    speculative: Mapping[str, Any] | None = None,
+    draft_layout: Mapping[str, Any] | None = None,
+    transfer_backend: str = "zmq",
+    endpoints: Mapping[str, str] | None = None,
+    facts: Any | None = None,
+    draft_facts: Any | None = None,
+    host: str | None = None,
+) -> RegistrationInfo:
+    """RegistrationInfo of one process from its runner's layout() and its speculative settings.
+
+    `draft_layout` is the draft runner's layout() when this side produces (prefill) or consumes
+    (decode) draft KV, i.e. when `speculative.algorithm == "draft"`; None otherwise.
+    """
+    types, lens, dims = _state(layout)
+    draft = None
+    if draft_layout is not None:
+        d_types, d_lens, d_dims = _state(draft_layout)
+        draft = DraftInfo(
+            model=model_fingerprint(draft_layout, draft_facts),
+            page_size=int(draft_layout["page_size"]),
+            kv_item_lens=tuple(int(x) for x in draft_layout.get("kv_item_lens") or ()),
+            state_types=d_types,
+            state_item_lens=d_lens,
+            state_dims=d_dims,
+        )
+    return RegistrationInfo(
+        protocol_version=PROTOCOL_VERSION,
+        engine_version=_engine_version(),
+        role=role,
+        model=model_fingerprint(layout, facts),
+        page_size=int(layout["page_size"]),
+        kv_item_lens=tuple(int(x) for x in layout.get("kv_item_lens") or ()),
+        state_types=types,
+        state_item_lens=lens,
+        state_dims=dims,
+        draft=draft,
+        speculative_algorithm=str((speculative or {}).get("algorithm") or "none"),
+        max_draft_tokens=max_draft_tokens(speculative),
+        transfer_backend=transfer_backend,
+        endpoints=dict(endpoints or {}),
+        host=host or socket.gethostname(),
+    )
+
+
+# --------------------------------------------------------------------------------------------- comparing
+
+
+def _fix_for(field: str, p: Any, d: Any) -> str:
+    root = field.split(".")[0]
+    if root == "protocol_version" or root == "engine_version":
+        return "run the same specctl version on prefill and decode"
+    if field == "model.dtype":
+        return f"set model.dtype to {p} on decode (or the same dtype on both roles)"
+    if field == "model.weights_hash":
+        return "load the same target weights on both roles (same model.target checkpoint)"
+    if field == "model.tokenizer":
+        return "use the same tokenizer on both roles (same model.target directory)"
+    if root == "model":
+        return "serve the same target model (model.target) on both roles"
+    if field == "page_size":
+        return f"set cache.page_size to {p} on decode (or the same page size on both roles)"
+    if root in ("kv_item_lens", "state_item_lens", "state_dims"):
+        return "the caches are laid out differently: use the same model, dtype and cache settings on both roles"
+    if field.startswith("draft.model"):
+        return "set speculative.draft to the same draft model (same checkpoint and dtype) on both roles"
+    if root == "draft":
+        return "the draft KV is laid out differently: use the same draft model and cache.page_size on both roles"
+    if root == "speculative_algorithm":
+        return f"set speculative.algorithm to the same value on both roles (prefill {p!r}, decode {d!r})"
+    if root == "max_draft_tokens":
+        return (
+            "use the same speculative.num_steps and adaptive candidate_steps on both roles "
+            f"(largest draft-token count: prefill {p}, decode {d})"
+        )
+    if root == "transfer_backend":
+        return f"set transfer.backend to the same value on both roles (prefill {p!r}, decode {d!r})"
+    return "make this field equal on both roles"
+
+
+def _diff(path: str, p: Any, d: Any, out: list[Mismatch]) -> None:
+    """Recursive, leaf-level diff of builtins; every differing leaf is one mismatch."""
+    if isinstance(p, dict) and isinstance(d, dict):
+        for key in list(p) + [k for k in d if k not in p]:
+            _diff(f"{path}.{key}", p.get(key), d.get(key), out)
+        return
+    if p != d:
+        out.append(Mismatch(field=path, prefill_value=p, decode_value=d, fix=_fix_for(path, p, d)))
+
+
+def _state_types_mismatch(prefill: RegistrationInfo, decode: RegistrationInfo) -> Mismatch:
+    p, d = list(prefill.state_types), list(decode.state_types)
+    hybrid = [k for k in _STATE_LAYER_KINDS if k in decode.model.layer_kinds]
+    if not d and hybrid:
+        detail = (
+            f"decode declares no state_types but its model has {'/'.join(hybrid)} layers: their state "
+            "would never reach decode (SGLang: 'kv_args.state_types is empty but state_indices were provided')"
+        )
+        fix = f"remove cache.state_types from the decode role (derived from the model: {p}) or write {p}"
+    elif sorted(p) == sorted(d):
+        detail = f"same components in a different order ({p} vs {d}): state would land in the wrong buffers"
+        fix = f"write cache.state_types in the model's order {p} on decode, or omit it on both roles"
+    else:
+        detail = f"state component count/kinds differ (prefill={len(p)}, decode={len(d)})"
+        fix = f"both roles must carry the same state components in the same order: {p}"
+    return Mismatch(field="state_types", prefill_value=p, decode_value=d, fix=fix, detail=detail)
+
+
+def _draft_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Mismatch]) -> None:
+    p, d = prefill.draft, decode.draft
+    if p is None and d is None:
+        return
+    if p is None:
+        assert d is not None
+        out.append(
+            Mismatch(
+                field="draft",
+                prefill_value=None,
+                decode_value=d.model.architecture + f" ({d.model.weights_hash or 'no hash'})",
+                fix="set speculative.algorithm: draft and the same speculative.draft on the prefill role, "
+                "so prefill runs the draft's prefill and sends its KV",
+                detail="decode speculates with a draft model whose KV prefill does not produce",
+            )
+        )
+        return
+    if d is None:
+        out.append(
+            Mismatch(
+                field="draft",
+                prefill_value=p.model.architecture + f" ({p.model.weights_hash or 'no hash'})",
+                decode_value=None,
+                fix="configure the same speculative.draft on decode, or remove it from prefill",
+                detail="prefill sends draft KV that decode has no buffers for",
+            )
+        )
+        return
+    _diff("draft", msgspec.to_builtins(p), msgspec.to_builtins(d), out)
+
+
+def _endpoint_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Mismatch]) -> None:
+    ep = decode.endpoints.get("transfer", "")
+    scheme = ep.split("://", 1)[0] if "://" in ep else ""
+    if scheme not in ("tcp", "ipc"):
+        out.append(
+            Mismatch(
+                field="endpoints.transfer",
+                prefill_value="tcp://... or ipc://...",
+                decode_value=ep or None,
+                fix="decode must advertise the tcp:// or ipc:// endpoint it receives transfers on",
+            )
+        )
+    needs_host = decode.transfer_backend == "shm" or scheme == "ipc"
+    if needs_host and prefill.host != decode.host:
+        out.append(
+            Mismatch(
+                field="host",
+                prefill_value=prefill.host,
+                decode_value=decode.host,
+                fix="shm and ipc transfers need both processes on one host: use transfer.backend zmq over tcp",
+            )
+        )
+
+
+def compare(prefill: RegistrationInfo, decode: RegistrationInfo) -> list[Mismatch]:
+    """Every field on which `decode` cannot pair with `prefill`; empty means compatible."""
+    out: list[Mismatch] = []
+    if prefill.protocol_version != decode.protocol_version:
+        _diff("protocol_version", prefill.protocol_version, decode.protocol_version, out)
+    if prefill.engine_version != decode.engine_version:
+        _diff("engine_version", prefill.engine_version, decode.engine_version, out)
+    if decode.role != "decode":
+        out.append(
+            Mismatch(
+                field="role",
+                prefill_value="decode",
+                decode_value=decode.role,
+                fix="only a process started with --role decode may register with prefill's bootstrap endpoint",
+                detail=f"prefill ({prefill.role}) pairs with a decode peer; this peer says it is {decode.role!r}",
+            )
+        )
+    _diff("model", msgspec.to_builtins(prefill.model), msgspec.to_builtins(decode.model), out)
+    _diff("page_size", prefill.page_size, decode.page_size, out)
+    _diff("kv_item_lens", list(prefill.kv_item_lens), list(decode.kv_item_lens), out)
+    if prefill.state_types != decode.state_types:
+        out.append(_state_types_mismatch(prefill, decode))
+    else:
+        _diff("state_item_lens", list(prefill.state_item_lens), list(decode.state_item_lens), out)
+        _diff("state_dims", [list(x) for x in prefill.state_dims], [list(x) for x in decode.state_dims], out)
+    _draft_mismatches(prefill, decode, out)
+    _diff("speculative_algorithm", prefill.speculative_algorithm, decode.speculative_algorithm, out)
+    _diff("max_draft_tokens", prefill.max_draft_tokens, decode.max_draft_tokens, out)
+    _diff("transfer_backend", prefill.transfer_backend, decode.transfer_backend, out)
+    _endpoint_mismatches(prefill, decode, out)
+    return out
+
+
+def _short(v: Any, width: int = 28) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def render_mismatches(mismatches: list[Mismatch]) -> str:
+    """Plain-text table: field | prefill | decode | fix (details indented under their row)."""
+    rows = [("field", "prefill", "decode", "fix")]
+    rows += [(m.field, _short(m.prefill_value), _short(m.decode_value), m.fix) for m in mismatches]
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}")
+        if i == 0:
+            lines.append("-" * min(120, sum(w) + 6 + len(r[3])))
+        elif mismatches[i - 1].detail:
+            lines.append(" " * (w[0] + 2) + "↳ " + mismatches[i - 1].detail)
+    return "\n".join(lines)
