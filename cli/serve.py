@@ -1,3 +1,192 @@
-"""specctl serve command(s)."""
+"""`specctl serve --role R -c DEPLOY` (one process) and `specctl up -c DEPLOY` (the whole local topology).
+
+Thin wrappers: load + validate the deployment (with `--set` overrides), then hand off to
+`specctl.engine.roles.serve_role` (one process) or `specctl.engine.launcher.Launcher` (all of them).
+Exit codes: 0 stopped cleanly (Ctrl-C / SIGTERM); 1 invalid deployment; 2 usage error or unreadable
+file; 3 launch, handshake or runtime failure (a refused decode, a process that died).
+torch is imported only inside the serving process, never by `specctl --help`.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import signal
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
+from specctl.cli.main import app
+from specctl.errors import RuntimeFailure, SpecctlError
+
+
+class Role(str, enum.Enum):
+    prefill = "prefill"
+    decode = "decode"
+    router = "router"
+    colocated = "colocated"
+
+
+ConfigOpt = Annotated[str, typer.Option("-c", "--config", help="Deployment file, or a preset name (e.g. tiny-pd).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a deployment value, helm-style: a.b.c=value (repeatable)."),
+]
+
+
+def _load(config: str, overrides: tuple[str, ...]) -> Any:
+    from specctl.schemas.deployment import load_deployment
+
+    return load_deployment(config, overrides=overrides)
+
+
+@app.command()
+def serve(
+    role: Annotated[Role, typer.Option("--role", help="Which process of the deployment to run.")],
+    config: ConfigOpt,
+    set_: SetOpt = None,
+) -> None:
+    """Run one process of a deployment (prefill, decode, router or colocated) until Ctrl-C / SIGTERM."""
+    with handle_errors():
+        deployment = _load(config, tuple(set_ or ()))
+        from specctl.engine.roles import serve_role
+
+        try:
+            code = serve_role(deployment, role.value)
+        except SpecctlError as exc:
+            fail(exc)
+            code = exc.exit_code
+        # Everything is closed by now; skip interpreter finalization, which tears down torch for
+        # seconds on a busy machine and would delay `specctl up`'s clean stop.
+        _fast_exit(code)
+
+
+def _fast_exit(code: int) -> None:
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@app.command()
+def up(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait until every process is ready.")] = 300.0,
+    log_dir: Annotated[str | None, typer.Option("--log-dir", help="Where each process logs (default: a temp dir).")]
+    = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", help="Output format of the ready/stop reports.")]
+    = OutputFormat.text,
+) -> None:
+    """Start the whole local topology, wait until every process is paired and ready, print the URL, and
+    supervise until Ctrl-C / SIGTERM (then stop all). If one process dies, say which and why, stop the rest."""
+    with handle_errors():
+        deployment = _load(config, tuple(set_ or ()))
+        code = run_up(deployment, overrides=tuple(set_ or ()), timeout_s=timeout, log_dir=log_dir, fmt=fmt)
+        raise typer.Exit(code)
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log_dir: str | None,
+           fmt: OutputFormat = OutputFormat.text) -> int:
+    from specctl.engine.launcher import Launcher
+
+    err = stderr_console()
+    launcher = Launcher(deployment, overrides=overrides, log_dir=log_dir)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    display = _StatusDisplay(err)
+    try:
+        err.print(f"starting {', '.join(launcher.roles)} of {deployment.name!r} (logs: {launcher.log_dir})")
+        launcher.start()
+        t0 = time.monotonic()
+        try:
+            with display:
+                launcher.wait_ready(timeout_s, on_status=display.update)
+        finally:
+            display.close()
+        ready = {"ok": True, "url": launcher.url, "deployment": deployment.name, "ready_after_s":
+                 round(time.monotonic() - t0, 2), "processes": [s.to_json() for s in launcher.status.values()],
+                 "log_dir": str(launcher.log_dir)}
+        if fmt is OutputFormat.json:
+            typer.echo(json.dumps(ready))
+        else:
+            typer.echo(f"ready: {launcher.url}  (OpenAI API: {launcher.url}/v1; {ready['ready_after_s']}s)")
+            typer.echo(f'try: curl -N {launcher.url}/v1/completions -H "Content-Type: application/json" '
+                       """-d '{"prompt": "def fib(n):", "max_tokens": 64, "stream": true}'""")
+        sys.stdout.flush()
+        while True:  # supervise
+            launcher.check()
+            time.sleep(0.5)
+    except _Stop as stop:
+        err.print(f"{stop}: stopping {', '.join(launcher.roles)}")
+        codes = launcher.stop()
+        if fmt is OutputFormat.json:
+            typer.echo(json.dumps({"ok": True, "stopped": codes}))
+        return 0
+    except RuntimeFailure:
+        launcher.stop()
+        raise
+    finally:
+        launcher.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class _StatusDisplay:
+    """A live table on a terminal; one line per change otherwise (logs, CI)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.live: Any = None
+        self._last: dict[str, tuple[str, str]] = {}
+
+    def __enter__(self) -> _StatusDisplay:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(console=self.console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            with contextlib.suppress(Exception):
+                self.live.__exit__(None, None, None)
+            self.live = None
+
+    def update(self, statuses: list[Any]) -> None:
+        if self.live is not None:
+            from rich.table import Table
+
+            table = Table(title="specctl up", expand=False)
+            for col in ("role", "pid", "state", "for", "detail", "url"):
+                table.add_column(col)
+            now = time.monotonic()
+            for s in statuses:
+                style = "green" if s.ready else ("red" if s.returncode is not None else "yellow")
+                table.add_row(s.role, str(s.pid or ""), f"[{style}]{s.state}[/]", f"{now - s.since:4.1f}s",
+                              s.detail[:60], s.url)
+            self.live.update(table)
+            return
+        for s in statuses:
+            key = (s.state, s.detail)
+            if self._last.get(s.role) != key:
+                self._last[s.role] = key
+                self.console.print(f"  {s.role:<9} {s.state:<9} {s.detail}", highlight=False, soft_wrap=True)

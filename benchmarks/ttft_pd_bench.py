@@ -1,0 +1,131 @@
+"""TTFT of a disaggregated deployment vs the same engine colocated, side by side in one run (low load).
+
+    python benchmarks/ttft_pd_bench.py [-c tiny-pd] [--prompt-tokens 1000] [--requests 10]
+
+Launches the deployment's prefill/decode/router topology AND a colocated process with the same model,
+cache and speculative settings (a temporary deployment file), then sends one streaming request at a
+time, alternating between the two (so machine noise hits both alike), each with a different
+`--prompt-tokens`-byte slice of CPython's standard-library source (byte tokenizer: one token per byte).
+TTFT = client send -> first streamed token. Reports medians and the PD/colocated ratio (issue target
+<= 1.25), plus the server-side split of PD TTFT (prefill compute, transfer, decode queueing). Prints a
+table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specctl.engine.launcher import Launcher
+from specctl.schemas.deployment import load_deployment
+
+
+def corpus_slices(n: int, size: int) -> list[str]:
+    import inspect
+    import json as json_mod
+
+    text = "".join(inspect.getsource(m) for m in (json_mod.decoder, json_mod.encoder, inspect, argparse))
+    data = text.encode("ascii", errors="ignore").decode()
+    step = max(1, (len(data) - size) // max(1, n))
+    return [data[i * step : i * step + size] for i in range(n)]
+
+
+def stream_ttft(url: str, prompt: str) -> tuple[float, dict[str, Any]]:
+    body = json.dumps({"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    ttft = None
+    timings: dict[str, Any] = {}
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"]["message"])
+            if ttft is None and event["choices"] and event["choices"][0].get("text") is not None:
+                ttft = time.perf_counter() - t0
+            timings = event.get("timings") or timings
+    assert ttft is not None
+    return ttft, timings
+
+
+def colocated_file(dep: Any, port: int, directory: Path) -> Path:
+    raw = dict(dep.raw)
+    raw["name"] = f"{dep.name}-colocated"
+    raw["roles"] = {"colocated": {"host": "127.0.0.1", "port": port}}
+    path = directory / "colocated.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", default="tiny-pd")
+    ap.add_argument("--prompt-tokens", type=int, default=1000)
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--colocated-port", type=int, default=30100)
+    ap.add_argument("--set", action="append", default=["transfer.timeout_s=300"],
+                    help="deployment override a.b.c=value (repeatable); a long transfer timeout by default so "
+                    "a slow first forward on a busy machine does not fail the warm-up")
+    args = ap.parse_args()
+
+    pd = load_deployment(args.config, overrides=args.set)
+    tmp = Path(tempfile.mkdtemp(prefix="specctl-ttft-"))
+    colo = load_deployment(colocated_file(pd, args.colocated_port, tmp))
+    launchers = [Launcher(pd, overrides=args.set, log_dir=tmp / "pd"), Launcher(colo, log_dir=tmp / "colocated")]
+    try:
+        for la in launchers:
+            la.start()
+        for la in launchers:
+            la.wait_ready(600)
+        prompts = corpus_slices(args.requests + 1, args.prompt_tokens)
+        for la in launchers:  # warm-up (first forward allocates buffers)
+            stream_ttft(la.url, prompts[-1])
+        pd_ttft, colo_ttft, splits, colo_server = [], [], [], []
+        for p in prompts[: args.requests]:
+            t, timings = stream_ttft(launchers[0].url, p)
+            pd_ttft.append(t)
+            splits.append(timings)
+            t_colo, colo_timings = stream_ttft(launchers[1].url, p)
+            colo_ttft.append(t_colo)
+            colo_server.append(float(colo_timings.get("ttft_s", 0.0)))
+    finally:
+        for la in launchers:
+            la.stop()
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    split = {k: med([s.get(k, 0.0) for s in splits]) for k in ("prefill_s", "prefill_target_s",
+                                                               "prefill_draft_s", "export_s", "transfer_s",
+                                                               "decode_queue_s", "prefill_queue_s")}
+    ratio = med(pd_ttft) / med(colo_ttft)
+    print(f"{'':<28}{'median':>10}{'p90':>10}")
+    for name, xs in (("TTFT colocated (s)", colo_ttft), ("TTFT disaggregated (s)", pd_ttft)):
+        xs_sorted = sorted(xs)
+        print(f"{name:<28}{med(xs):>10.4f}{xs_sorted[int(0.9 * (len(xs) - 1))]:>10.4f}")
+    print(f"  colocated server-side ttft_s{med(colo_server):>10.4f}")
+    for k, v in split.items():
+        print(f"  PD {k:<24}{v:>10.4f}")
+    print(f"TTFT ratio disaggregated/colocated: {ratio:.3f} (target <= 1.25)")
+    print(json.dumps({"benchmark": "ttft_pd", "deployment": pd.name, "prompt_tokens": args.prompt_tokens,
+                      "requests": args.requests, "ttft_colocated_median_s": med(colo_ttft),
+                      "ttft_pd_median_s": med(pd_ttft), "ratio_pd_over_colocated": ratio,
+                      "pd_split_median_s": split, "target_ratio": 1.25, "ok": ratio <= 1.25}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

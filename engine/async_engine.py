@@ -1,0 +1,291 @@
+"""AsyncEngine: the synchronous Engine loop on one background thread, fed from asyncio.
+
+Contract:
+- The wrapped engine (E2's `Engine`, or anything with `add_request(ids, params) -> rid`,
+  `step() -> list[Sequence]`, `abort(rid)`, `stats() -> dict`) is touched ONLY by the engine thread,
+  so it needs no locks. Everything else talks to it through a thread-safe inbox.
+- `generate(...)` is an async iterator of `RequestOutput` deltas for one request; tokens arrive on a
+  per-request asyncio queue filled with `loop.call_soon_threadsafe` after every engine step.
+- Leaving the iterator early (client disconnect, cancellation, exception) aborts the request in the
+  engine, which frees its pages. A failed `step()` fails every in-flight request with the error (their
+  pages freed by abort) and the loop keeps serving.
+- `call(fn)` runs `fn(engine)` on the engine thread (imports of transferred requests, stats snapshots).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+log = logging.getLogger("specctl.async_engine")
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """One delta of a request's stream. `token_ids` are the tokens new since the previous delta."""
+
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (OpenAI's names where they exist)
+    error: str | None = None
+    completion_tokens: int = 0  # total generated so far
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)  # per verify step (final delta only)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    text: str | None = None  # the engine's full text so far (cut at a stop string); final delta only
+
+
+def seq_finished(seq: Any) -> bool:
+    """Whether an engine Sequence is finished, tolerant of the status spelling."""
+    status = getattr(seq, "status", None)
+    name = getattr(status, "name", None) or (str(status) if status is not None else "")
+    if name.upper() in {"FINISHED", "ABORTED", "FAILED", "ERROR", "DONE"}:
+        return True
+    if getattr(seq, "error", None):
+        return True
+    finished = getattr(seq, "is_finished", None)
+    if callable(finished):
+        return bool(finished())
+    if finished is not None:
+        return bool(finished)
+    return getattr(seq, "finish_reason", None) is not None
+
+
+def seq_accept_lengths(seq: Any) -> list[int]:
+    values = getattr(seq, "accepted_per_step", None)
+    return [int(v) for v in values] if values else []
+
+
+@dataclasses.dataclass(eq=False)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    admit: Callable[[Any], int]
+    sent: int = 0
+    rid: int | None = None
+    done: bool = False
+    cancelled: bool = False
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+
+    def push(self, item: RequestOutput) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncEngine:
+    """Runs `engine` on a daemon thread; async callers submit, stream, abort and call into it."""
+
+    def __init__(self, engine: Any, *, name: str = "engine", idle_poll_s: float = 0.1) -> None:
+        self.engine = engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._live: dict[int, _Stream] = {}
+        self._stop = threading.Event()
+        self._idle_poll_s = idle_poll_s
+        self._thread = threading.Thread(target=self._run, name=f"specctl-{name}", daemon=True)
+        self.step_times: collections.deque[float] = collections.deque(maxlen=512)
+        self.steps = 0
+        self.failed_steps = 0
+        self.last_error: str | None = None
+        self.on_step: Callable[[Any], None] | None = None  # called on the engine thread after each step
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> AsyncEngine:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    # async API ------------------------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: Any,
+        *,
+        admit: Callable[[Any], Any] | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request. `admit(engine)` replaces `engine.add_request(ids, params)`: it returns the
+        rid, or the admitted Sequence itself, whose tokens so far are emitted at once (decode imports a
+        transferred request, with prefill's first token, this way)."""
+        loop = asyncio.get_running_loop()
+        ids = list(prompt_ids)
+        stream = _Stream(loop=loop, queue=asyncio.Queue(), admit=admit or (lambda eng: eng.add_request(ids, params)))
+        self._inbox.put(("add", stream))
+        try:
+            while True:
+                item: RequestOutput = await stream.queue.get()
+                yield item
+                if item.finished:
+                    stream.done = True
+                    return
+        finally:
+            if not stream.done:
+                # Client went away or the consumer failed: free the request's pages in the engine.
+                stream.cancelled = True
+                self._inbox.put(("abort", stream))
+
+    async def call(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
+        """Run `fn(engine)` on the engine thread and return its result (exceptions propagate)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, fut)))
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+
+    def call_sync(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, fut)))
+        return fut.result(timeout)
+
+    # engine thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                block = not self._live
+                cmd = self._inbox.get(timeout=self._idle_poll_s) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                cmd = None
+            if cmd is not None:
+                self._handle(cmd)
+                # Drain everything queued so one step admits every waiting request (continuous batching).
+                while True:
+                    try:
+                        self._handle(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+            if self._live and not self._stop.is_set():
+                self._step()
+        # Shutting down: fail whatever is still streaming so no client waits forever.
+        for stream in list(self._live.values()):
+            stream.push(RequestOutput([], True, "error", "server shutting down", stream.sent))
+        self._live.clear()
+
+    def _handle(self, cmd: tuple[str, Any]) -> None:
+        kind, arg = cmd
+        if kind == "add":
+            stream: _Stream = arg
+            if stream.cancelled:
+                return
+            try:
+                admitted = stream.admit(self.engine)
+            except Exception as exc:  # admission refused (too long, pool full, bad import): fail this request only
+                log.warning("request refused at admission: %s", exc)
+                stream.push(RequestOutput([], True, "error", _describe(exc), stream.sent))
+                return
+            if isinstance(admitted, int):
+                stream.rid = admitted
+                self._live[stream.rid] = stream
+            else:  # a Sequence that may already hold tokens (and may even be finished)
+                stream.rid = int(admitted.rid)
+                self._live[stream.rid] = stream
+                self._emit(admitted)
+        elif kind == "abort":
+            stream = arg
+            if stream.rid is not None and self._live.pop(stream.rid, None) is not None:
+                self._abort(stream.rid)
+        elif kind == "call":
+            fn, fut = arg
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.engine))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def _abort(self, rid: int) -> None:
+        try:
+            self.engine.abort(rid)
+        except Exception:  # already finished or unknown: abort is best effort and idempotent
+            log.debug("abort(%s) failed", rid, exc_info=True)
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            updated = self.engine.step()
+        except Exception as exc:
+            self.failed_steps += 1
+            self.last_error = _describe(exc)
+            log.exception("engine step failed; failing %d in-flight request(s)", len(self._live))
+            for rid, stream in list(self._live.items()):
+                self._abort(rid)
+                stream.push(RequestOutput([], True, "error", f"engine step failed: {self.last_error}", stream.sent))
+            self._live.clear()
+            return
+        self.step_times.append(time.perf_counter() - t0)
+        self.steps += 1
+        for seq in updated or ():
+            self._emit(seq)
+        if self.on_step is not None:
+            try:
+                self.on_step(self.engine)
+            except Exception:
+                log.debug("on_step hook failed", exc_info=True)
+
+    def _emit(self, seq: Any) -> None:
+        stream = self._live.get(int(seq.rid))
+        if stream is None:
+            return
+        out = list(seq.output_ids)
+        new = out[stream.sent :]
+        finished = seq_finished(seq)
+        if new or finished:
+            stream.sent = len(out)
+            item = RequestOutput(token_ids=new, completion_tokens=len(out))
+            if finished:
+                self._live.pop(stream.rid, None)
+                item.finished = True
+                item.error = getattr(seq, "error", None) or None
+                reason = getattr(seq, "finish_reason", None)
+                item.finish_reason = "error" if item.error else _finish_name(reason)
+                item.accept_lengths = seq_accept_lengths(seq)
+                item.timings = seq_timings(seq)
+                text = getattr(seq, "text", None)
+                item.text = text if isinstance(text, str) else None
+            stream.push(item)
+
+
+def seq_timings(seq: Any) -> dict[str, float]:
+    """Server-side seconds of one request: queue/prefill until the first token, then decoding."""
+    out: dict[str, float] = {}
+    arrival = getattr(seq, "arrival_time", None)
+    first = getattr(seq, "first_token_time", None)
+    finish = getattr(seq, "finish_time", None)
+    if arrival is not None and first is not None:
+        out["ttft_s"] = first - arrival
+    if first is not None and finish is not None:
+        out["decode_s"] = finish - first
+    if arrival is not None and finish is not None:
+        out["engine_total_s"] = finish - arrival
+    return out
+
+
+def _finish_name(reason: Any) -> str:
+    name = getattr(reason, "value", None) or getattr(reason, "name", None) or reason
+    text = str(name).lower() if name is not None else "stop"
+    if text in {"eos", "stop", "stop_string", "stop_token"}:
+        return "stop"
+    if text in {"length", "max_tokens"}:
+        return "length"
+    return text
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 2000 else text[:2000] + "..."

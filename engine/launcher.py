@@ -1,0 +1,314 @@
+"""Launcher: starts every process of a local deployment, waits until all are ready, supervises, stops them.
+
+Contract (mini-sglang style: the launcher blocks on every worker's readiness before reporting ready):
+- `Launcher(deployment, overrides=...)` plans one `specctl serve --role R` subprocess per engine role
+  (prefill, decode, then router; or colocated), each logging to `<log_dir>/<role>.log`.
+- `start()` first checks that every port the topology binds (each role's HTTP port, prefill's bootstrap
+  port) is free, and raises `RuntimeFailure` (exit 3) naming the port, the role and the
+  `--set roles.R.port=...` fix if not (another deployment, perhaps one still shutting down, holds it);
+  then it spawns them (each in its own session, and with a parent-death signal on Linux, so an
+  orphaned child never outlives the launcher). `wait_ready(timeout_s, on_status)` polls every role's
+  `/health` until all answer 200 (decode answers 200 only once paired with prefill) from the process
+  it started (the body's `pid` must be the child's: a stranger on the port never counts as ready), calling
+  `on_status(list[ProcessStatus])` on each poll; it raises `RuntimeFailure` naming the process, its
+  exit code and the tail of its log if one exits, or which ones are not ready at the timeout.
+- `check()` raises the same error if a process died after ready; `stop()` sends SIGTERM to all, waits
+  `grace_s`, then SIGKILL; it is idempotent and safe from signal handlers' aftermath.
+- `url` is the OpenAI endpoint (router, else colocated). Torch-free: health checks use urllib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specctl.errors import RuntimeFailure
+
+# Start order matters: decode registers with prefill, the router health-checks both.
+PD_ORDER = ("prefill", "decode", "router")
+EXIT_MEANINGS = {
+    0: "exited",
+    1: "invalid deployment",
+    2: "usage error or unreadable input",
+    3: "launch, handshake or runtime failure",
+    -9: "killed (SIGKILL)",
+    -15: "terminated (SIGTERM)",
+}
+
+
+@dataclasses.dataclass
+class ProcessStatus:
+    role: str
+    url: str
+    pid: int | None = None
+    state: str = "starting"  # starting | loading | pairing | waiting | ready | exited ...
+    detail: str = ""
+    ready: bool = False
+    returncode: int | None = None
+    log_path: str = ""
+    since: float = dataclasses.field(default_factory=time.monotonic)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "url": self.url, "pid": self.pid, "state": self.state, "detail": self.detail,
+                "ready": self.ready, "returncode": self.returncode, "log": self.log_path}
+
+
+def roles_to_launch(roles: Sequence[str]) -> tuple[str, ...]:
+    if "colocated" in roles and not {"prefill", "decode"} & set(roles):
+        return ("colocated",)
+    if {"prefill", "decode"} <= set(roles):
+        return tuple(r for r in PD_ORDER if r in roles)
+    raise RuntimeFailure(
+        f"cannot launch roles {list(roles)}",
+        hint="declare prefill + decode (+ router) for a disaggregated deployment, or colocated",
+    )
+
+
+def http_url(role: dict[str, Any]) -> str:
+    host = str(role.get("host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{host}:{role['port']}"
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def log_tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+class Launcher:
+    def __init__(
+        self,
+        deployment: Any,
+        *,
+        overrides: Sequence[str] = (),
+        log_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        if not getattr(deployment, "path", None):
+            raise RuntimeFailure("the launcher needs a deployment loaded from a file (its processes re-read it)")
+        self.deployment = deployment
+        self.overrides = tuple(overrides)
+        self.roles = roles_to_launch(deployment.roles)
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="specctl-up-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **(env or {})}
+        self.python = python
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.status = {r: ProcessStatus(r, http_url(deployment.role(r)), log_path=str(self.log_dir / f"{r}.log"))
+                       for r in self.roles}
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        front = "router" if "router" in self.roles else self.roles[-1]
+        return self.status[front].url
+
+    def command(self, role: str) -> list[str]:
+        cmd = [self.python, "-m", "specctl.cli", "serve", "--role", role, "-c", str(self.deployment.path)]
+        for o in self.overrides:
+            cmd += ["--set", o]
+        return cmd
+
+    def role_env(self, role: str) -> dict[str, str]:
+        """The child's environment. CPU threads are split between the engine processes unless the user
+        set OMP_NUM_THREADS: on a small CPU machine two engines with one OpenMP team per core each
+        oversubscribe the cores, and measured prefill forwards then run several times slower."""
+        env = dict(self.env)
+        engines = [r for r in self.roles if r != "router"]
+        if "OMP_NUM_THREADS" not in env and role in engines:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(engines)))
+        return env
+
+    def planned_ports(self) -> list[tuple[str, str, str, int]]:
+        """(role, what, host, port) for every port the topology will bind, with the key that sets it."""
+        out = []
+        for role in self.roles:
+            cfg = self.deployment.role(role)
+            host = str(cfg.get("host") or "127.0.0.1")
+            if cfg.get("port") is not None:
+                out.append((role, "port", host, int(cfg["port"])))
+            if role == "prefill" and cfg.get("bootstrap_port") is not None:
+                out.append((role, "bootstrap_port", host, int(cfg["bootstrap_port"])))
+        return out
+
+    def check_ports(self) -> None:
+        """Raise RuntimeFailure (exit 3) if any port the topology binds is taken or planned twice."""
+        seen: dict[int, str] = {}
+        for role, what, host, port in self.planned_ports():
+            key = f"roles.{role}.{what}"
+            if port in seen:
+                raise RuntimeFailure(f"{key}={port} is also {seen[port]}: two processes cannot bind one port",
+                                     hint=f"choose another port: --set {key}=<port>")
+            seen[port] = key
+            if port == 0:
+                continue
+            problem = port_problem(host, port)
+            if problem is not None:
+                label = "bootstrap port" if what == "bootstrap_port" else "HTTP port"
+                raise RuntimeFailure(
+                    f"port {port} on {host} ({role} {label}, {key}) is not free: {problem}; another deployment "
+                    "(perhaps one still shutting down) may hold it, and it would be mistaken for this one",
+                    hint=f"stop the other deployment, or choose another port: --set {key}=<port>")
+
+    def start(self) -> None:
+        self.check_ports()
+        for role in self.roles:
+            st = self.status[role]
+            log = open(st.log_path, "ab")  # noqa: SIM115 - handed to the child; closed in stop()
+            proc = subprocess.Popen(self.command(role), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self.role_env(role), preexec_fn=_pdeathsig, close_fds=True)  # noqa: PLW1509
+            log.close()  # the child holds its own descriptor
+            self.procs[role] = proc
+            st.pid = proc.pid
+            st.since = time.monotonic()
+
+    def poll(self) -> list[ProcessStatus]:
+        for role, st in self.status.items():
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is not None:
+                st.returncode = proc.returncode
+                st.state, st.ready = "exited", False
+                st.detail = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                continue
+            body, code = _get_json(st.url + "/health")
+            if code is None:
+                # Not answering: not up yet, or too busy (loading a model holds the CPU); keep the last
+                # state a process reported rather than flapping back to "starting".
+                st.ready = False
+                if st.state == "starting":
+                    st.detail = "waiting for its HTTP port"
+                continue
+            pid = body.get("pid")
+            if proc is not None and pid != proc.pid:
+                # Someone else answers on this port (another deployment, possibly shutting down): never
+                # report it ready; our child is still starting (it will fail to bind and exit, named).
+                st.ready = False
+                st.state, st.detail = "foreign", f"port answered by pid {pid}, not the started pid {proc.pid}"
+                continue
+            new_state = "ready" if code == 200 else str(body.get("status") or code)
+            if new_state != st.state:
+                st.since = time.monotonic()
+            st.state, st.ready = new_state, code == 200
+            st.detail = str(body.get("detail") or "")
+        return list(self.status.values())
+
+    def failure(self) -> RuntimeFailure | None:
+        """The first process that exited, as an error naming it and why (log tail included)."""
+        for role in self.roles:
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is not None:
+                st = self.status[role]
+                why = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                tail = log_tail(st.log_path)
+                msg = f"{role} (pid {proc.pid}) exited with code {proc.returncode}: {why}"
+                if tail:
+                    msg += f"\n--- last lines of {st.log_path} ---\n{tail}"
+                return RuntimeFailure(msg, hint=f"full log: {st.log_path}")
+        return None
+
+    def check(self) -> None:
+        err = self.failure()
+        if err is not None:
+            raise err
+
+    def wait_ready(self, timeout_s: float = 300.0, on_status: Callable[[list[ProcessStatus]], None] | None = None,
+                   poll_s: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            statuses = self.poll()
+            if on_status is not None:
+                on_status(statuses)
+            self.check()
+            if all(s.ready for s in statuses):
+                return
+            if time.monotonic() > deadline:
+                waiting = ", ".join(f"{s.role} ({s.state}: {s.detail})" for s in statuses if not s.ready)
+                raise RuntimeFailure(f"not ready after {timeout_s:g}s: {waiting}",
+                                     hint=f"logs in {self.log_dir}")
+            time.sleep(poll_s)
+
+    def stop(self, grace_s: float = 10.0) -> dict[str, int | None]:
+        """SIGTERM every live process (router first, prefill last), then SIGKILL stragglers."""
+        if self._stopped:
+            return {r: p.returncode for r, p in self.procs.items()}
+        self._stopped = True
+        for role in reversed(self.roles):
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                proc.wait(left)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(5)
+        return {r: p.returncode for r, p in self.procs.items()}
+
+    def __enter__(self) -> Launcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be bound now, or None when it is free. SO_REUSEADDR as the servers use
+    it, so a port with only TIME_WAIT connections left counts as free and a listening one does not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def _get_json(url: str, timeout: float = 1.0) -> tuple[dict[str, Any], int | None]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback/configured URL
+            return _loads(r.read()), r.status
+    except urllib.error.HTTPError as exc:
+        return _loads(exc.read()), exc.code
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return {}, None
+
+
+def _loads(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
