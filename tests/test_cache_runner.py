@@ -13,15 +13,6 @@ KINDS = ("mamba", "swa", "full", "swa", "mamba")
 WINDOW = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models: thread hand-offs cost more than they save, and the CI machine has 2 shared cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory):
     return write_random_model(tmp_path_factory.mktemp("tiny") / "hybrid", layer_kinds=KINDS, sliding_window=WINDOW)

@@ -9,11 +9,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
@@ -23,14 +21,6 @@ from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
 
 PROMPT = "def fib(n):"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ inside a changing batch; the unconstrained greedy output is the reference for ev
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,6 @@ from specctl.engine.sequence import SequenceStatus
 from specctl.errors import InvalidInput
 
 PROMPTS = ["def f(x):", "import os\nimport sys\n", "a", "class Tree:\n    def __init__(self, left, right):"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # On a shared 2-core machine, torch's intra-op threads spin against other processes: one thread
-    # is an order of magnitude faster for these tiny models.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

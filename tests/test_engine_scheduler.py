@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model_runner import ForwardItem, ModelRunner
@@ -15,14 +13,6 @@ from specctl.engine.scheduler import Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
 
 PAGE = 4
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

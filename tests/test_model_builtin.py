@@ -3,7 +3,6 @@ are small enough to ship, and they have learned Python (loss far below the 5.56 
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -33,14 +32,6 @@ class Counter:
         self.count += n
         return self.count
 '''
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_weights_fit_the_size_budget():

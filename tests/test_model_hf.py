@@ -21,14 +21,6 @@ from specctl.errors import UsageError  # noqa: E402
 VOCAB = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def write_tokenizer(model_dir: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 

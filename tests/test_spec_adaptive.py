@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from specctl.engine.spec_decoder import RuntimeState
 from specctl.errors import RuntimeFailure
@@ -34,14 +33,6 @@ ADAPTIVE = {
 }
 RIGHT_PROMPT = list(b"def main():\n    ")
 WRONG_PROMPTS = [list(f"prompt {i}: ".encode()) for i in range(6)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

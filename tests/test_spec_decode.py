@@ -22,15 +22,6 @@ LENGTHS = [12, 9, 15, 5, 10, 13, 6, 8]
 SHORT = 4  # the draft-model runs use the first SHORT prompts (its forwards dominate test time)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The tests run many tiny forwards: extra intra-op threads only add contention on shared CI cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     torch.manual_seed(0)

@@ -4,6 +4,7 @@ registration (each field a distinct, named failure on both ends), pipelining, sh
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import msgspec
@@ -263,13 +264,14 @@ def test_receiver_timeout_names_no_request() -> None:
 
 
 def test_send_without_a_receiver_times_out() -> None:
-    probe = zmq.Context.instance().socket(zmq.ROUTER)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)
-    with TransferSender(f"tcp://127.0.0.1:{port}", timeout_s=0.5) as tx:
-        with pytest.raises(TransferTimeout) as err:
-            tx.send("lonely", _payload(2), length=2)
-        assert err.value.request_id == "lonely"
+    # Hold the port with a plain TCP listener that never speaks ZMTP: no receiver ever answers, and
+    # (unlike a closed port) no other process can take the port while the test runs.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        with TransferSender(f"tcp://127.0.0.1:{port}", timeout_s=0.5) as tx:
+            with pytest.raises(TransferTimeout) as err:
+                tx.send("lonely", _payload(2), length=2)
+            assert err.value.request_id == "lonely"
 
 
 def _my_segments() -> set[str]:
