@@ -34,7 +34,15 @@ import zmq
 import zmq.asyncio
 
 from specctl.engine import wire
-from specctl.engine.pd_protocol import PdAbort, PdGenerate, PdPrefill, PdPrefillDone, PdPrefillProgress, PdTokens
+from specctl.engine.pd_protocol import (
+    PdAbort,
+    PdGenerate,
+    PdPrefill,
+    PdPrefillDone,
+    PdPrefillProgress,
+    PdTokens,
+    serve_requests,
+)
 from specctl.engine.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.decode")
@@ -214,26 +222,8 @@ class DecodeBackend(EngineBackend):
 
     # router side ----------------------------------------------------------------------------------
     async def _router_loop(self) -> None:
-        sock = self._router_sock
-        assert sock is not None
-        while True:
-            if not await sock.poll(500, zmq.POLLIN):
-                continue
-            frames = await sock.recv_multipart(copy=False)
-            identity = frames[0].bytes
-            try:
-                env = wire.decode(frames[1:], as_torch=False, expect=(PdGenerate, PdAbort))
-            except wire.WireError as exc:
-                log.warning("bad message from the router: %s", exc)
-                continue
-            msg = env.msg
-            if isinstance(msg, PdAbort):
-                task = self._tasks.get(msg.req_id)
-                if task is not None:
-                    task.cancel()
-                continue
-            assert isinstance(msg, PdGenerate)
-            self._tasks[msg.req_id] = asyncio.create_task(self._generate(identity, msg))
+        assert self._router_sock is not None
+        await serve_requests(self._router_sock, PdGenerate, self._generate, self._tasks, what="the router")
 
     async def _to_router(self, identity: bytes, msg: PdTokens) -> None:
         assert self._router_sock is not None

@@ -36,7 +36,7 @@ import zmq.asyncio
 from specctl.engine import wire
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.metrics import ServingMetrics
-from specctl.engine.pd_protocol import PdAbort, PdPrefill, PdPrefillDone, PdPrefillProgress
+from specctl.engine.pd_protocol import PdPrefill, PdPrefillDone, PdPrefillProgress, serve_requests
 from specctl.engine.roles import RoleContext, encode_prompt, max_context_of, model_name_of, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
@@ -203,26 +203,8 @@ class PrefillBackend:
 
     # control socket -------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        while True:
-            if not await sock.poll(500, zmq.POLLIN):
-                continue
-            frames = await sock.recv_multipart(copy=False)
-            identity = frames[0].bytes
-            try:
-                env = wire.decode(frames[1:], as_torch=False, expect=(PdPrefill, PdAbort))
-            except wire.WireError as exc:
-                log.warning("bad control message: %s", exc)
-                continue
-            msg = env.msg
-            if isinstance(msg, PdAbort):
-                task = self._tasks.get(msg.req_id)
-                if task is not None:
-                    task.cancel()
-                continue
-            assert isinstance(msg, PdPrefill)
-            self._tasks[msg.req_id] = asyncio.create_task(self._handle(identity, msg))
+        assert self._sock is not None
+        await serve_requests(self._sock, PdPrefill, self._handle, self._tasks, what="decode")
 
     async def _reply(self, identity: bytes, msg: PdPrefillDone | PdPrefillProgress) -> None:
         if self._sock is None:

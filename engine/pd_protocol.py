@@ -15,9 +15,17 @@ Every receive of these has a timeout on the receiving side; `req_id` ties messag
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import zmq
+
+from specctl.engine import wire
 from specctl.engine.wire import Message
+
+log = logging.getLogger("specctl.pd")
 
 
 class PdGenerate(Message):
@@ -100,3 +108,36 @@ class PdPing(Message):
 class PdPong(Message):
     instance_id: str
     paired: bool
+
+
+async def serve_requests(
+    sock: Any,
+    request_type: type[Message],
+    handle: Callable[[bytes, Any], Awaitable[None]],
+    tasks: dict[str, asyncio.Task],
+    *,
+    what: str,
+) -> None:
+    """Receive loop of a ROUTER control socket (zmq.asyncio), shared by decode and prefill.
+
+    Each `request_type` message starts `handle(identity, msg)` as a task keyed by its `req_id`; a
+    `PdAbort` cancels that task (its handler frees what the request holds); a malformed frame is
+    logged and skipped, never fatal. Polls so that cancellation is seen within half a second.
+    """
+    while True:
+        if not await sock.poll(500, zmq.POLLIN):
+            continue
+        frames = await sock.recv_multipart(copy=False)
+        identity = frames[0].bytes
+        try:
+            env = wire.decode(frames[1:], as_torch=False, expect=(request_type, PdAbort))
+        except wire.WireError as exc:
+            log.warning("bad message from %s: %s", what, exc)
+            continue
+        msg = env.msg
+        if isinstance(msg, PdAbort):
+            task = tasks.get(msg.req_id)
+            if task is not None:
+                task.cancel()
+            continue
+        tasks[msg.req_id] = asyncio.create_task(handle(identity, msg))
