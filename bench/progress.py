@@ -1,17 +1,30 @@
 """Progress display while a bench runs, on stderr (diagnostics; results go to stdout).
 
-On a terminal: a Rich live bar per sweep point with done/total, errors, in-flight count and the
-running median TTFT, refreshed by Rich's own thread a few times a second (the request path only
-bumps counters). Elsewhere: one plain line per sweep point when it starts and ends.
+On a terminal: a Rich live bar per sweep point with done/total, errors and the running median
+TTFT, refreshed by Rich's own thread a few times a second (the request path only bumps counters;
+the render copies them into the display). Elsewhere: one plain line per sweep point when it starts
+and ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from specctl.bench.config import LoadPoint
 from specctl.bench.request import RequestResult
@@ -43,37 +56,69 @@ class PlainProgress:
         pass
 
 
+@dataclasses.dataclass
+class _PointCounts:
+    task: TaskID
+    done: int = 0
+    errors: int = 0
+    ttfts: list[float] = dataclasses.field(default_factory=list)
+
+
+class _SyncedProgress(Progress):
+    """A Rich `Progress` that pulls its numbers from `sync` whenever it renders (on Rich's thread)."""
+
+    def __init__(self, *columns: ProgressColumn, sync: Callable[[], None], **kwargs: Any) -> None:
+        self._sync = sync  # first: the base class may render while it initialises
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        self._sync()
+        yield from super().get_renderables()
+
+
 class LiveProgress:
+    """Why the split: at hundreds of requests a second, a Rich `update` (a lock, task bookkeeping) and
+    the running median per result would sit on the event loop thread, between the arrivals it paces.
+    So `on_result` (loop thread) only bumps counters; the render (Rich's refresh thread, 4x a second)
+    copies them into the task, with the median over the latest TTFTs."""
+
     def __init__(self, console: Console) -> None:
-        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                  console=console, transient=False, refresh_per_second=4)
-        self._task: int | None = None
-        self._errors = 0
-        self._ttfts: list[float] = []
-        self._p50 = ""
+        self._point: _PointCounts | None = None
+        self._progress = _SyncedProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                         MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                                         TimeElapsedColumn(), sync=self._sync, console=console, transient=False,
+                                         refresh_per_second=4)
         self._progress.start()
 
     def start_point(self, index: int, count: int, point: LoadPoint, total: int | None) -> None:
-        self._errors = 0
-        self._ttfts = []
-        self._p50 = ""
-        self._task = self._progress.add_task(f"[{index + 1}/{count}] {point.label()}", total=total, status="")
+        task = self._progress.add_task(f"[{index + 1}/{count}] {point.label()}", total=total, status="")
+        # One object per point, swapped whole: a render racing the swap sees one point's numbers.
+        self._point = _PointCounts(task)
 
     def on_result(self, result: RequestResult) -> None:
-        if self._task is None:
+        counts = self._point
+        if counts is None:
             return
+        counts.done += 1
         if result.ok and result.ttft is not None:
-            self._ttfts.append(result.ttft)
+            counts.ttfts.append(result.ttft)
+            if len(counts.ttfts) > 4096:
+                del counts.ttfts[:-256]  # only the latest 256 are shown
         else:
-            self._errors += 1
-        if self._ttfts and len(self._ttfts) % 16 == 1:
-            self._p50 = f"  p50 ttft {statistics.median(self._ttfts[-256:]) * 1000:.0f} ms"
-        self._progress.update(self._task, advance=1, status=f"errors {self._errors}{self._p50}")
+            counts.errors += 1
+
+    def _sync(self) -> None:
+        counts = self._point
+        if counts is None:
+            return
+        recent = counts.ttfts[-256:]  # a copy: the loop thread may append meanwhile
+        p50 = f"  p50 ttft {statistics.median(recent) * 1000:.0f} ms" if recent else ""
+        self._progress.update(counts.task, completed=counts.done, status=f"errors {counts.errors}{p50}")
 
     def end_point(self) -> None:
-        if self._task is not None:
-            self._progress.stop_task(self._task)
+        if self._point is not None:
+            self._sync()
+            self._progress.stop_task(self._point.task)
 
     def close(self) -> None:
         self._progress.stop()

@@ -10,6 +10,10 @@ latency the client itself adds is < 1 ms at p99.
 - specctl: the bench's own load path (`run_load`: absolute schedule, pacer thread).
 - naive: the same requests and Poisson schedule, paced the way many clients do it: create the task,
   then `await asyncio.sleep(gap)` (cumulative sleeps; each lateness adds up).
+- raw floor: the same schedule from a blocking raw socket in a thread (one keep-alive connection,
+  pre-built bytes, no HTTP library, no event loop). Its added latency is what loopback delivery and
+  the OS scheduler cost on this machine right now -- a floor no Python client goes below -- so the
+  specctl row can be read against it when the cores are shared.
 - client-added latency per request = client TTFT (from the scheduled time) - the stub's own TTFT
   (its first-chunk write minus its receive time, from `/stub/log`). It includes the client's send
   lateness, HTTP encoding and parsing and loopback delivery: everything that is not the server.
@@ -28,6 +32,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +63,37 @@ async def _naive(sender: RequestSender, prompts, bodies, rate: float, seed: int)
     return results
 
 
+def _floor(url: str, bodies: list[bytes], offsets, n: int) -> list[RequestResult]:
+    """The floor of this machine: a blocking raw socket, one keep-alive connection, pre-built bytes,
+    a thread sleeping to each absolute deadline. No HTTP library, no event loop: what is left of its
+    added latency is loopback delivery and the OS scheduler (the cores shared with the stub and with
+    whatever else runs), which no client can remove."""
+    host, port = url.removeprefix("http://").split(":")
+    reqs = [(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+             f"Content-Length: {len(b)}\r\n\r\n").encode() + b for b in bodies]
+    rid = re.compile(rb'"id": "([^"]+)"')
+    out: list[RequestResult] = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start = time.perf_counter() + 0.02
+        for i in range(n):
+            r = RequestResult(index=i, prompt_len=1, output_len=1, scheduled=start + offsets[i])
+            delay = r.scheduled - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            r.sent = time.perf_counter()
+            sock.sendall(reqs[i % len(reqs)])
+            buf = sock.recv(65536)
+            r.first_token = time.perf_counter()
+            while not buf.endswith(b"0\r\n\r\n"):
+                buf += sock.recv(65536)
+            r.end = time.perf_counter()
+            m = rid.search(buf)
+            r.response_id = m.group(1).decode() if m else None
+            out.append(r)
+    return out
+
+
 async def _measure(url: str, rate: float, n: int, seed: int) -> dict[str, object]:
     cfg = BenchConfig(url=url, workload=WorkloadConfig(num_prompts=n, random_input_len=32, random_output_len=1,
                                                        seed=seed), points=(LoadPoint(rate),), warmup_requests=0)
@@ -73,10 +110,13 @@ async def _measure(url: str, rate: float, n: int, seed: int) -> dict[str, object
         cpu1 = time.process_time()
         naive = await _naive(sender, prompts, bodies, rate, seed)
         cpu2 = time.process_time()
+        floor = await asyncio.to_thread(_floor, url, bodies, arrival_offsets(n, rate, seed=seed), n)
+        cpu3 = time.process_time()
         async with session.get(url + "/stub/log") as resp:
             log = {rec["id"]: rec for rec in await resp.json()}
     out: dict[str, object] = {}
-    for name, results, cpu in (("specctl", load.results, cpu1 - cpu0), ("naive", naive, cpu2 - cpu1)):
+    for name, results, cpu in (("specctl", load.results, cpu1 - cpu0), ("naive", naive, cpu2 - cpu1),
+                               ("floor", floor, cpu3 - cpu2)):
         sent = [r.sent for r in results]
         ok = [r for r in results if r.ok]
         added, wire_in, wire_out = [], [], []
@@ -93,6 +133,7 @@ async def _measure(url: str, rate: float, n: int, seed: int) -> dict[str, object
             "errors": len(results) - len(ok),
             "client_added_p50_ms": float(np.percentile(a, 50)),
             "client_added_p99_ms": float(np.percentile(a, 99)),
+            "send_delay_p50_ms": float(np.percentile([(r.sent - r.scheduled) * 1000 for r in results], 50)),
             "send_delay_p99_ms": float(np.percentile([(r.sent - r.scheduled) * 1000 for r in results], 99)),
             "to_stub_p99_ms": float(np.percentile(wire_in or [np.nan], 99)),
             "from_stub_p99_ms": float(np.percentile(wire_out or [np.nan], 99)),
@@ -195,7 +236,7 @@ def main() -> None:
         cpu0 = _proc_cpu_s(stub.pid)
         res = asyncio.run(_measure(url, args.rate, args.num, args.seed))
         # The stub served both variants (plus a 32-request warm-up): its CPU per request.
-        stub_cpu_ms = 1000.0 * (_proc_cpu_s(stub.pid) - cpu0) / (2 * args.num + 32)
+        stub_cpu_ms = 1000.0 * (_proc_cpu_s(stub.pid) - cpu0) / (3 * args.num + 32)
     finally:
         if stub.stdin:
             stub.stdin.close()
@@ -209,12 +250,13 @@ def main() -> None:
           f"loadavg={os.getloadavg()[0]:.2f}; {args.stub} stub in a separate process on the same cores")
     print(f"{'client':<10}{'achieved req/s':>16}{'x target':>10}{'added p50 ms':>14}{'added p99 ms':>14}"
           f"{'send p99 ms':>13}{'cpu ms/req':>12}{'errors':>8}")
-    for name, r in (("specctl", spec), ("naive", naive)):
+    for name, r in (("specctl", spec), ("naive", naive), ("raw floor", res["floor"])):
         print(f"{name:<10}{r['achieved_rate']:>16.2f}{r['achieved_rate'] / args.rate:>10.4f}"
               f"{r['client_added_p50_ms']:>14.3f}{r['client_added_p99_ms']:>14.3f}{r['send_delay_p99_ms']:>13.3f}"
               f"{r['cpu_ms_per_request']:>12.3f}{r['errors']:>8}")
     print(f"stub CPU per request {stub_cpu_ms:.3f} ms (competes for the same cores); "
           f"client {spec['cpu_ms_per_request']:.3f} ms")
+    print(f"send lateness p50 {spec['send_delay_p50_ms']:.3f} ms")
     print(f"legs of the added latency at p99 (ms): send lateness {spec['send_delay_p99_ms']:.3f}, "
           f"client send -> stub receive {spec['to_stub_p99_ms']:.3f}, "
           f"stub first write -> client first token {spec['from_stub_p99_ms']:.3f}")
@@ -223,7 +265,11 @@ def main() -> None:
         "loadavg_1m": round(os.getloadavg()[0], 2), "stub": args.stub, "stub_separate_process": True,
         "achieved_ratio": spec["achieved_rate"] / args.rate,
         "naive_achieved_ratio": naive["achieved_rate"] / args.rate,
+        "floor_achieved_ratio": res["floor"]["achieved_rate"] / args.rate,
+        "floor_added_p50_ms": res["floor"]["client_added_p50_ms"],
+        "floor_added_p99_ms": res["floor"]["client_added_p99_ms"],
         "client_added_p50_ms": spec["client_added_p50_ms"], "client_added_p99_ms": spec["client_added_p99_ms"],
+        "send_delay_p50_ms": spec["send_delay_p50_ms"],
         "send_delay_p99_ms": spec["send_delay_p99_ms"], "to_stub_p99_ms": spec["to_stub_p99_ms"],
         "from_stub_p99_ms": spec["from_stub_p99_ms"], "errors": spec["errors"],
         "client_cpu_ms_per_request": spec["cpu_ms_per_request"],

@@ -143,3 +143,51 @@ def test_duration_bounds_open_and_closed_loop(stub: StubServer) -> None:
     # Two workers, ~50 ms per request, no new request after 0.5 s: about 20 requests.
     assert 10 <= len(r) <= 22
     assert max(x.sent for x in r) - closed.load.start <= 0.5 + 0.01
+
+
+def test_cyclic_gc_is_off_during_a_run_and_restored_after(stub: StubServer) -> None:
+    import asyncio
+    import gc
+
+    import aiohttp
+
+    from specctl.bench.load import run_load
+    from specctl.bench.request import RequestSender
+    from specctl.bench.workload import build_workload
+
+    seen: list[bool] = []
+
+    async def go(point: LoadPoint) -> None:
+        cfg = BenchConfig(url=stub.url, workload=WorkloadConfig(num_prompts=6, random_input_len=8, random_output_len=2),
+                          points=(point,), warmup_requests=0)
+        async with aiohttp.ClientSession() as session:
+            sender = RequestSender(session, cfg, "stub-model")
+            prompts = build_workload(cfg.workload)
+            await run_load(sender, prompts, [sender.body(p) for p in prompts], point,
+                           on_result=lambda r: seen.append(gc.isenabled()))
+
+    stub.reset(StubBehaviour())
+    assert gc.isenabled()
+    for point in (LoadPoint(200.0), LoadPoint(math.inf, 2)):
+        asyncio.run(go(point))
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert seen == [False] * 12
+    gc.disable()
+    try:
+        asyncio.run(go(LoadPoint(200.0)))
+        assert not gc.isenabled()  # a collector the caller had turned off stays off
+    finally:
+        gc.enable()
+    # A failed run (unreachable server) restores the collector too.
+    bad = BenchConfig(url="http://127.0.0.1:1", workload=WorkloadConfig(num_prompts=2), points=(LoadPoint(100.0),),
+                      warmup_requests=0)
+
+    async def fail() -> None:
+        async with aiohttp.ClientSession() as session:
+            sender = RequestSender(session, bad, "m")
+            prompts = build_workload(bad.workload)
+            load = await run_load(sender, prompts, [sender.body(p) for p in prompts], LoadPoint(100.0))
+            assert all(r.error_kind == "connection" for r in load.results)
+
+    asyncio.run(fail())
+    assert gc.isenabled() and gc.get_freeze_count() == 0
