@@ -201,6 +201,28 @@ class _Detokenizer:
         return delta
 
 
+class _TokenClock:
+    """First-token time and inter-token latency of one response, fed each chunk of new tokens.
+
+    A chunk may carry several tokens (speculative decoding accepts a few at once): its gap is spread
+    over them, so ITL stays per token.
+    """
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def tokens(self, n: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        elif self.last is not None:
+            self.metrics.itl.observe((now - self.last) / n)
+        self.last = now
+        self.metrics.generation_tokens.inc(n)
+
+
 def usage_of(prompt_len: int, completion: int, accept_lengths: list[int]) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_len,
@@ -362,28 +384,22 @@ class OpenAIServer:
     async def _unary(self, ids: list[int], params: dict, *, rid: str, created: int, model: str,
                      chat: bool, return_ids: bool) -> web.Response:
         t0 = time.perf_counter()
-        first = last = None
+        clock = _TokenClock(self.metrics)
         out: list[int] = []
         final: RequestOutput | None = None
         async for item in self.backend.generate(ids, params):
             if item.token_ids:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                elif last is not None:
-                    self.metrics.itl.observe((now - last) / len(item.token_ids))
-                last = now
+                clock.tokens(len(item.token_ids))
                 out.extend(item.token_ids)
-                self.metrics.generation_tokens.inc(len(item.token_ids))
             if item.finished:
                 final = item
                 break
         if final is None or final.finish_reason == "error":
             message = (final.error if final else None) or "generation ended without a result"
-            self._record(t0=t0, first=first, ids=ids, final=None, status="error")
+            self._record(t0=t0, first=clock.first, ids=ids, final=None, status="error")
             self.metrics.http_errors.inc(code="503")
             return json_error(message, status=503)
-        self._record(t0=t0, first=first, ids=ids, final=final, status=final.finish_reason or "stop")
+        self._record(t0=t0, first=clock.first, ids=ids, final=final, status=final.finish_reason or "stop")
         text = final.text if final.text is not None else self.backend.decode(out)
         usage = usage_of(len(ids), len(out), final.accept_lengths)
         if chat:
@@ -423,7 +439,7 @@ class OpenAIServer:
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         t0 = time.perf_counter()
-        first = last = None
+        clock = _TokenClock(self.metrics)
         count = 0
         final: RequestOutput | None = None
         status = "error"
@@ -432,14 +448,8 @@ class OpenAIServer:
                 await send(chunk(None, None, role=True))
             async for item in self.backend.generate(ids, params):
                 if item.token_ids:
-                    now = time.perf_counter()
-                    if first is None:
-                        first = now
-                    elif last is not None:
-                        self.metrics.itl.observe((now - last) / len(item.token_ids))
-                    last = now
+                    clock.tokens(len(item.token_ids))
                     count += len(item.token_ids)
-                    self.metrics.generation_tokens.inc(len(item.token_ids))
                 text = detok.push(item.token_ids, final=item.finished, final_text=item.text)
                 if item.finished:
                     final = item
@@ -467,8 +477,8 @@ class OpenAIServer:
             status = "disconnected"  # the backend generator's finally aborted the request
             raise
         finally:
-            self._record(t0=t0, first=first, ids=ids, final=final if status not in {"error", "disconnected"} else None,
-                         status=status)
+            recorded = final if status not in {"error", "disconnected"} else None
+            self._record(t0=t0, first=clock.first, ids=ids, final=recorded, status=status)
         return resp
 
 
