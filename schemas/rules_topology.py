@@ -99,6 +99,8 @@ def listeners(ctx: RuleContext) -> list[tuple[str, str, int, str]]:
         if not isinstance(rcfg, dict):
             continue
         host = rcfg.get("host", "127.0.0.1")
+        if not isinstance(host, str):  # a schema error reports it; no collision check on garbage
+            continue
         base = child_path("$.roles", role)
         if isinstance(rcfg.get("port"), int):
             out.append((f"{role}.port", host, rcfg["port"], f"{base}.port"))
@@ -130,7 +132,7 @@ def check(ctx: RuleContext) -> list[Finding]:
     out: list[Finding] = []
     roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
     for role, rcfg in roles.items():
-        if not isinstance(rcfg, dict) or "host" not in rcfg:
+        if not isinstance(rcfg, dict) or not isinstance(rcfg.get("host"), str):
             continue
         if _host_key(rcfg["host"])[0] == "name":
             out.append(finding(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from validate_helpers import run_cli
 
@@ -62,6 +62,7 @@ def _validate_text(text: str) -> None:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=8))
+@example(data={"roles": {"version": {"host": []}}})  # found by this test: an unhashable host crashed TOP602
 def test_random_documents(data: dict) -> None:
     _validate_text(yaml.safe_dump(data, allow_unicode=True) if _dumpable(data) else "{}")
 
