@@ -28,6 +28,7 @@ import typer
 
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
+from specctl.cli.options import SetOption
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
@@ -326,9 +327,7 @@ def simulate_command(
     graph_batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--graph-batch-sizes", metavar="1,2,4,8", help="Batch sizes a batch is padded up to before bucket routing "
         "(default: the deployment's serve.graph_batch_sizes; none for SGLang JSON).", show_default=False)] = None,
-    set_values: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        "--set", metavar="KEY=VALUE", help="Override a deployment field (repeatable), as in validate.",
-        show_default=False)] = None,
+    set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
     """Replay recorded verify results through the adaptive step policy and print each decision."""

@@ -17,6 +17,7 @@ import typer
 
 from specctl.cli.common import OutputFormat, handle_errors, stderr_console, stdout_console
 from specctl.cli.main import app
+from specctl.cli.options import SetOption
 
 if TYPE_CHECKING:
     from specctl.bench.config import BenchConfig
@@ -33,7 +34,7 @@ def bench(
     ctx: typer.Context,
     url: Annotated[str | None, typer.Option("--url", help="Base URL of any OpenAI-compatible server.")] = None,
     config: Annotated[str | None, typer.Option("-c", "--config", help="Deployment file or preset to launch.")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a deployment field: a.b.c=value.")] = None,
+    set_: SetOption = None,
     endpoint: Annotated[str, typer.Option(help="completions (/v1/completions) or chat (/v1/chat/completions).")]
     = "completions",
     model: Annotated[str | None, typer.Option(help="Model name to send (default: first of /v1/models).")] = None,

@@ -21,6 +21,7 @@ import typer
 
 from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
 from specctl.cli.main import app
+from specctl.cli.options import ConfigOption, SetOption
 from specctl.errors import RuntimeFailure, SpecctlError
 
 
@@ -29,13 +30,6 @@ class Role(str, enum.Enum):
     decode = "decode"
     router = "router"
     colocated = "colocated"
-
-
-ConfigOpt = Annotated[str, typer.Option("-c", "--config", help="Deployment file, or a preset name (e.g. tiny-pd).")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a deployment value, helm-style: a.b.c=value (repeatable)."),
-]
 
 
 def _load(config: str, overrides: tuple[str, ...]) -> Any:
@@ -47,8 +41,8 @@ def _load(config: str, overrides: tuple[str, ...]) -> Any:
 @app.command()
 def serve(
     role: Annotated[Role, typer.Option("--role", help="Which process of the deployment to run.")],
-    config: ConfigOpt,
-    set_: SetOpt = None,
+    config: ConfigOption,
+    set_: SetOption = None,
 ) -> None:
     """Run one process of a deployment (prefill, decode, router or colocated) until Ctrl-C / SIGTERM."""
     with handle_errors():
@@ -77,8 +71,8 @@ def _fast_exit(code: int) -> None:
 
 @app.command()
 def up(
-    config: ConfigOpt,
-    set_: SetOpt = None,
+    config: ConfigOption,
+    set_: SetOption = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait until every process is ready.")] = 300.0,
     log_dir: Annotated[str | None, typer.Option("--log-dir", help="Where each process logs (default: a temp dir).")]
     = None,
