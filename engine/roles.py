@@ -127,16 +127,30 @@ def max_context_of(model_ref: str) -> int:
 # --------------------------------------------------------------------------------------------- engine-backed
 
 
-class EngineBackend:
+class TokenizingBackend:
+    """What every HTTP backend shares: the served model's name and context, and its tokenizer
+    (loaded by the subclass's `load()`), so every role tokenizes prompts the same way."""
+
+    def __init__(self, ctx: RoleContext, role: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.model_name = model_name_of(role)
+        self.max_context = max_context_of(self.model_name)
+        self.tokenizer: Any = None
+
+    def encode(self, text: str) -> list[int]:
+        return encode_prompt(self.tokenizer, text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+
+class EngineBackend(TokenizingBackend):
     """The HTTP backend over a local Engine (colocated role; decode reuses the engine half)."""
 
     def __init__(self, ctx: RoleContext) -> None:
-        self.ctx = ctx
-        self.model_name = model_name_of(ctx.role)
-        self.max_context = max_context_of(self.model_name)
+        super().__init__(ctx, ctx.role)
         self.engine: Any = None
         self.aengine: AsyncEngine | None = None
-        self.tokenizer: Any = None
 
     async def load(self) -> None:
         from specctl.engine.config import EngineConfig
@@ -148,12 +162,6 @@ class EngineBackend:
         self.aengine = AsyncEngine(self.engine, name=self.ctx.role_name).start()
 
     # Backend protocol -----------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
     def health(self) -> tuple[bool, dict[str, Any]]:
         ready, detail = self.ctx.state.health()
         if ready and (self.aengine is None or not self.aengine.alive):

@@ -26,7 +26,7 @@ from specctl.engine import wire
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.metrics import ServingMetrics
 from specctl.engine.pd_protocol import PdAbort, PdGenerate, PdTokens
-from specctl.engine.roles import HEALTH_POLL_S, RoleContext, encode_prompt, max_context_of, model_name_of, new_id
+from specctl.engine.roles import HEALTH_POLL_S, RoleContext, TokenizingBackend, new_id
 
 log = logging.getLogger("specctl.router")
 
@@ -47,17 +47,14 @@ class _Peer:
         return {"url": self.url, "ok": self.ok, "status": self.status, "detail": self.detail}
 
 
-class RouterBackend:
+class RouterBackend(TokenizingBackend):
     def __init__(self, ctx: RoleContext) -> None:
-        self.ctx = ctx
         dep = ctx.deployment
         pre, dec = dep.role("prefill"), dep.role("decode")
-        self.model_name = model_name_of(dec)
-        self.max_context = max_context_of(self.model_name)
+        super().__init__(ctx, dec)
         self.timeout_s = float((dec.get("transfer") or {}).get("timeout_s", 30))
         self.prefill = _Peer("prefill", f"http://{_http_host(pre)}:{pre['port']}")
         self.decode_peer = _Peer("decode", f"http://{_http_host(dec)}:{dec['port']}")
-        self.tokenizer: Any = None
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._endpoint: str | None = None
@@ -78,12 +75,6 @@ class RouterBackend:
         self.ctx.state.set("waiting", "waiting for prefill and decode")
 
     # Backend protocol -----------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
     def health(self) -> tuple[bool, dict[str, Any]]:
         ready, detail = self.ctx.state.health()
         detail = {**detail, "roles": {p.name: p.to_json() for p in (self.prefill, self.decode_peer)}}
