@@ -57,6 +57,9 @@ _WHEN = {
 
 # Fields compared only when both sides report them (SGLang skips its own check on None).
 _WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types"})
+# Model references compared as directories (`builtin:tiny-hybrid` is its package directory).
+_PATHS = frozenset({"model_path", "draft_model"})
+_SPECCTL_BACKENDS = frozenset({"zmq", "shm"})
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ def compare_pair(prefill: ServerFacts, decode: ServerFacts) -> list[Difference]:
         p, d = prefill.value(name), decode.value(name)
         if p == d or (name in _WHEN_BOTH_KNOWN and (p is None or d is None)):
             continue
+        if name in _PATHS and isinstance(p, str) and isinstance(d, str) and _same_model(p, d):
+            continue
         rows.append(Difference(name, p, d, _fix(name, "start both servers with the same value"),
                                detail=f"SGLang fails at {_WHEN[name]}" if name in _WHEN else ""))
     return rows
@@ -131,10 +136,12 @@ def compare_with_deployment(role: str, running: ServerFacts, asked: ServerFacts)
         want, got = asked.value(name), running.value(name)
         if want is None or want == got:
             continue
-        if name == "model_path" and isinstance(want, str) and isinstance(got, str) and _same_model(want, got):
+        if name in _PATHS and isinstance(want, str) and isinstance(got, str) and _same_model(want, got):
             continue
         if name == "state_types" and got is None:
             continue  # the server cannot say; the pair check covers what both report
+        if name == "transfer_backend" and running.engine == "sglang" and want in _SPECCTL_BACKENDS:
+            continue  # specctl's own backends; an SGLang server runs the one the export chose for it
         rows.append(Drift(role, name, want, got,
                           _fix(name, f"restart the {role} server with the deployment's value, or change "
                                      "the deployment to what the server resolved")))
@@ -142,9 +149,11 @@ def compare_with_deployment(role: str, running: ServerFacts, asked: ServerFacts)
 
 
 def _same_model(want: str, got: str) -> bool:
-    from pathlib import Path
+    """The same model directory, spelled differently (a `builtin:` name, `~`, a relative path)."""
+    from specctl.errors import SpecctlError
+    from specctl.schemas.model_facts import resolve_model_dir
 
     try:
-        return Path(want).expanduser().resolve() == Path(got).expanduser().resolve()
-    except OSError:
+        return resolve_model_dir(want).resolve() == resolve_model_dir(got).resolve()
+    except (OSError, SpecctlError):
         return False

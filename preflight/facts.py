@@ -269,7 +269,7 @@ def _from_sglang(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | 
     if adaptive is None and algorithm != "none":
         adaptive = False
     # SGLang ignores --speculative-adaptive-config without --speculative-adaptive.
-    adaptive_config = _adaptive_config_sglang(info) if adaptive else None
+    adaptive_config = _adaptive_config_sglang(info) if adaptive and algorithm != "none" else None
     no_swa = _bool(info.get("disable_hybrid_swa_memory"))
     model_path = _path(info.get("model_path"))
     state_types = _state_types(_first(info.get("state_types"), _at(info, "registration", "state_types")))
