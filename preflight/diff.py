@@ -56,7 +56,7 @@ _WHEN = {
 }
 
 # Fields compared only when both sides report them (SGLang skips its own check on None).
-_WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types"})
+_WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types", "version"})
 # Model references compared as directories (`builtin:tiny-hybrid` is its package directory).
 _PATHS = frozenset({"model_path", "draft_model"})
 _SPECCTL_BACKENDS = frozenset({"zmq", "shm"})
