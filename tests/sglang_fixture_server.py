@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-SGLANG_DATA = Path(__file__).parent / "data" / "sglang"
+SGLANG_DATA = Path(__file__).parent / "data" / "sglang_http"
 
 Answer = tuple[int, bytes, str]
 
