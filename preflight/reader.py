@@ -22,6 +22,14 @@ from specctl.errors import RuntimeFailure, UsageError
 # SGLang's "give me prefill's parallel info" query (disaggregation/common/conn.py): all ranks -1.
 ROUTE_QUERY = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 MAX_BODY = 16 * 2**20  # a /server_info is a few KB; anything this large is not one
+_ROUTE_HINTS = {
+    "HTTP": "503 means prefill has not registered all of its ranks yet: wait for prefill to finish loading, "
+            "or raise --timeout",
+    "connection refused": "nothing listens there: --bootstrap-port must be prefill's "
+                          "--disaggregation-bootstrap-port",
+    "timed out": "something accepted the connection but sent no HTTP answer: is --bootstrap-port an SGLang "
+                 "bootstrap? (today's specctl prefill pairs over ZeroMQ there: leave --bootstrap-port out)",
+}
 _RETRY_FIRST_S = 0.1
 _RETRY_MAX_S = 1.0
 
@@ -167,9 +175,9 @@ class ServerReader:
             if time.monotonic() + delay > deadline:
                 raise RuntimeFailure(
                     f"prefill bootstrap {url} did not answer within {timeout_s:g} s "
-                    f"({attempts} attempts; last: {last})",
-                    hint="503 means prefill has not registered all of its ranks yet: wait for prefill to finish "
-                         "loading, or raise --timeout; 'connection refused' means a wrong --bootstrap-port")
+                    f"({attempts} attempt{'s' if attempts > 1 else ''}; last: {last})",
+                    hint=_ROUTE_HINTS.get("HTTP" if last.startswith("HTTP") else last,
+                                          "check --bootstrap-port and that prefill is up"))
             time.sleep(delay)
             delay = min(_RETRY_MAX_S, delay * 2)
 

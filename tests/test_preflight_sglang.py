@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,3 +264,38 @@ def test_normalise_reads_specctl_extras_on_sglang_shape() -> None:
     facts = normalise("http://x", info)
     assert facts.state_types == ("mamba", "swa") and facts.state_types_source == "reported"
     assert facts.reported_fingerprint == "abc123"
+
+
+def test_bootstrap_port_with_nothing_listening_names_the_flag(pair_of: Any) -> None:
+    pair = pair_of()
+    res = runner.invoke(app, ["preflight", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
+                              "--bootstrap-port", str(_free_port()), "--timeout", "0.5"])
+    assert res.exit_code == 3
+    out = _out(res)
+    assert "connection refused" in out and "--disaggregation-bootstrap-port" in out
+
+
+def test_bootstrap_port_that_is_not_http_says_so(pair_of: Any) -> None:
+    # A socket that accepts connections (the kernel's backlog) and never answers: like specctl's
+    # ZeroMQ bootstrap, which is not an HTTP server.
+    pair = pair_of()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        res = runner.invoke(app, ["preflight", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
+                                  "--bootstrap-port", str(silent.getsockname()[1]), "--timeout", "0.6"])
+    assert res.exit_code == 3
+    out = _out(res)
+    assert "timed out" in out and "sent no HTTP answer" in out and "Traceback" not in out
+
+
+def test_preflight_does_not_import_torch(pair_of: Any) -> None:
+    pair = pair_of()
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom specctl.cli.main import app\n"
+            f"r = CliRunner().invoke(app, ['preflight', '--prefill', {pair.prefill.url!r}, '--decode', "
+            f"{pair.decode.url!r}, '--format', 'json'])\n"
+            "assert r.exit_code == 0, r.output\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
