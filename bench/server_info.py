@@ -84,7 +84,7 @@ def sglang_accept_lengths(info: Any) -> list[float]:
     if not isinstance(states, list):
         return []
     values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
-    return [float(v) for v in values if _is_number(v)]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def time_per_step(info: Any) -> dict[str, float] | float | None:

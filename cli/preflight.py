@@ -27,6 +27,9 @@ _EPILOG = (
     "Compares model and architecture, dtype, page size, KV-cache dtype and layout, TP/DP/PP/attention-TP, "
     "decode allocation policy, transfer backend, speculative algorithm, draft model, steps and adaptive "
     "settings, hybrid-memory flags, state_types and version. Works against SGLang servers and specctl's own.\n\n"
+    "Exit codes: 0 the pair matches (and matches the deployment, with -c); 2 usage error or unreadable "
+    "deployment; 3 any difference, or a server that is down, answers non-JSON, or whose bootstrap is still "
+    "not registered at --timeout.\n\n"
     "Example: specctl preflight --prefill http://10.0.0.1:30001 --bootstrap-port 8998 "
     "--decode http://10.0.0.2:30002 -c deploy.yaml"
 )
