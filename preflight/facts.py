@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 JsonDoc = Mapping[str, object]
@@ -371,8 +371,8 @@ def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
     so a running server compares against it field by field. Fields the deployment does not pin are None."""
     info = {"role": role.get("name"), "resolved_role": role}
     facts = _from_specctl(url, info, {}, None)
+    declared = _state_types(_at(role, "cache", "state_types"))
     # Not asked for by a deployment file: the engine decides these.
-    return ServerFacts(**{**asdict(facts), "version": None, "engine": None, "architecture": None,
-                          "tp_size": None, "dp_size": None, "pp_size": None, "attn_tp_size": None,
-                          "state_types": _state_types(_at(role, "cache", "state_types")) or facts.state_types,
-                          "notes": ()})
+    return replace(facts, version=None, engine=None, architecture=None, tp_size=None, dp_size=None,
+                   pp_size=None, attn_tp_size=None, notes=(),
+                   state_types=declared if declared is not None else facts.state_types)

@@ -196,3 +196,15 @@ def test_servers_compared_with_what_the_deployment_asked(servers: dict[str, str]
     rows = json.loads(res.stdout)["deployment_differences"]
     drift = {(r["role"], r["field"], r["asked"], r["running"]) for r in rows}
     assert drift == {("prefill", "page_size", 16, 4), ("decode", "page_size", 16, 4)}
+
+
+def test_bench_of_a_launched_deployment_binds_the_pair_preflight(servers: dict[str, str]) -> None:
+    # `specctl bench -c` calls this once the launched deployment is ready; here the running pair is it.
+    from specctl.bench.target import preflight_of
+    from specctl.schemas.deployment import load_deployment
+
+    got = preflight_of(load_deployment(servers["cfg"]))
+    assert got is not None and got["ok"] is True
+    report = run_preflight(servers["prefill"], servers["decode"], timeout_s=5)
+    assert got == {"ok": True, **report.fingerprints()}
+    assert preflight_of(load_deployment("tiny-colocated")) is None  # no PD pair: nothing to bind
