@@ -16,7 +16,7 @@ import typer
 from specctl.cli.common import OutputFormat, handle_errors, stdout_console
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
-from specctl.errors import RuntimeFailure, SpecctlError
+from specctl.errors import RuntimeFailure, SpecctlError, UsageError
 
 if TYPE_CHECKING:
     from specctl.preflight.check import PreflightReport
@@ -30,17 +30,19 @@ _EPILOG = (
     "Exit codes: 0 the pair matches (and matches the deployment, with -c); 2 usage error or unreadable "
     "deployment; 3 any difference, or a server that is down, answers non-JSON, or whose bootstrap is still "
     "not registered at --timeout.\n\n"
-    "Example: specctl preflight --prefill http://10.0.0.1:30001 --bootstrap-port 8998 "
-    "--decode http://10.0.0.2:30002 -c deploy.yaml"
+    "Examples: specctl preflight --prefill http://10.0.0.1:30001 --bootstrap-port 8998 "
+    "--decode http://10.0.0.2:30002 -c deploy.yaml; specctl preflight -c deploy.yaml (URLs from its roles)"
 )
 
 
 @app.command(epilog=_EPILOG)
 def preflight(
-    prefill: Annotated[str, typer.Option("--prefill", metavar="URL", help="The prefill server's HTTP URL.",
-                                         show_default=False)],
-    decode: Annotated[str, typer.Option("--decode", metavar="URL", help="The decode server's HTTP URL.",
-                                        show_default=False)],
+    prefill: Annotated[Optional[str], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
+        "--prefill", metavar="URL", help="The prefill server's HTTP URL (default: the deployment's prefill role).",
+        show_default=False)] = None,
+    decode: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--decode", metavar="URL", help="The decode server's HTTP URL (default: the deployment's decode role).",
+        show_default=False)] = None,
     bootstrap_port: Annotated[Optional[int], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
         "--bootstrap-port", min=1, max=65535, metavar="N",
         help="Prefill's --disaggregation-bootstrap-port (default: what an SGLang prefill reports).",
@@ -55,14 +57,24 @@ def preflight(
     fmt: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
     """Check that a running prefill and decode server agree (and match a deployment) before routing to them."""
-    from specctl.preflight.check import deployment_roles_of, run_preflight
+    from specctl.preflight.check import deployment_roles_of, pair_urls_of, run_preflight
 
     with handle_errors():
         roles = None
         if config is not None:
             from specctl.schemas.deployment import load_deployment
 
-            roles = deployment_roles_of(load_deployment(config, overrides=tuple(set_ or ())))
+            deployment = load_deployment(config, overrides=tuple(set_ or ()))
+            roles = deployment_roles_of(deployment)
+            if prefill is None or decode is None:
+                p_url, d_url, boot = pair_urls_of(deployment)
+                prefill, decode = prefill or p_url, decode or d_url
+                bootstrap_port = bootstrap_port if bootstrap_port is not None else boot
+        elif set_:
+            raise UsageError("--set applies to a deployment (-c)")
+        if prefill is None or decode is None:
+            raise UsageError("give --prefill URL and --decode URL, or -c DEPLOY whose roles say where they run",
+                             hint="e.g. specctl preflight --prefill http://10.0.0.1:30001 --decode http://10.0.0.2:30002")
         try:
             report = run_preflight(prefill, decode, bootstrap_port=bootstrap_port, deployment_roles=roles,
                                    timeout_s=timeout)

@@ -104,3 +104,28 @@ def deployment_roles_of(deployment: Deployment) -> dict[str, Mapping[str, object
         if source is not None:
             out[name] = deployment.role(source)
     return out
+
+
+def pair_urls_of(deployment: Deployment) -> tuple[str, str, int | None]:
+    """(prefill URL, decode URL, bootstrap port or None) of a deployment's roles, for `specctl preflight
+    -c DEPLOY` without URLs. The bootstrap port is SGLang's HTTP bootstrap only with `engine: sglang`
+    (the builtin engine's bootstrap is its ZeroMQ handshake). A role bound to every interface
+    (`0.0.0.0`, `::`) is reached on loopback."""
+    from specctl.errors import UsageError
+
+    missing = [r for r in ("prefill", "decode") if r not in deployment.roles]
+    if missing:
+        raise UsageError(f"deployment {deployment.name!r} declares no {' or '.join(missing)} role",
+                         hint="give --prefill URL --decode URL, or a deployment with prefill and decode roles")
+    urls = []
+    for name in ("prefill", "decode"):
+        role = deployment.role(name)
+        host, port = role.get("host"), role.get("port")
+        if not isinstance(port, int):
+            raise UsageError(f"deployment {deployment.name!r}: roles.{name} has no port",
+                             hint=f"set roles.{name}.port, or give --{name} URL")
+        host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else str(host)
+        urls.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+    boot = deployment.role("prefill").get("bootstrap_port")
+    bootstrap = boot if deployment.engine == "sglang" and isinstance(boot, int) else None
+    return urls[0], urls[1], bootstrap

@@ -299,3 +299,32 @@ def test_preflight_does_not_import_torch(pair_of: Any) -> None:
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_engine_sglang_deployment_gives_urls_and_bootstrap_port(pair_of: Any, tmp_path: Path) -> None:
+    # prefill's own report names a dead bootstrap port: passing proves the deployment's port was used.
+    pair = pair_of(prefill={"model_path": HYBRID})
+    pair.prefill.routes["/server_info"] = [json_answer({**fixture("server_info_prefill.json"),
+                                                        "model_path": HYBRID,
+                                                        "disaggregation_bootstrap_port": _free_port()})]
+    pair.decode.routes["/server_info"] = [json_answer({**fixture("server_info_decode.json"), "model_path": HYBRID})]
+    deploy = tmp_path / "sg.yaml"
+    deploy.write_text(
+        f"version: 1\nname: sg\nengine: sglang\nmodel: {{target: {HYBRID}, dtype: bfloat16}}\n"
+        "roles:\n"
+        f"  prefill: {{host: 127.0.0.1, port: {pair.prefill.port}, bootstrap_port: {pair.bootstrap.port}}}\n"
+        f"  decode: {{host: 127.0.0.1, port: {pair.decode.port}}}\n", encoding="utf-8")
+    res = runner.invoke(app, ["preflight", "-c", str(deploy), "--format", "json"])
+    doc = json.loads(res.stdout)
+    assert doc["differences"] == [] and doc["bootstrap_route"]["page_size"] == 64
+    assert pair.bootstrap.hits[ROUTE] == 1
+    # What the deployment left to defaults differs from what SGLang resolved: reported, exit 3.
+    assert res.exit_code == 3
+    assert {r["field"] for r in doc["deployment_differences"]} >= {"page_size", "speculative_algorithm"}
+
+
+def test_without_urls_or_a_deployment_is_a_usage_error() -> None:
+    res = runner.invoke(app, ["preflight", "--prefill", "http://127.0.0.1:1"])
+    assert res.exit_code == 2 and "give --prefill URL and --decode URL, or -c DEPLOY" in _out(res)
+    res = runner.invoke(app, ["preflight", "-c", "tiny-colocated"])
+    assert res.exit_code == 2 and "declares no prefill or decode role" in _out(res)

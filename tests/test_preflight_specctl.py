@@ -208,3 +208,11 @@ def test_bench_of_a_launched_deployment_binds_the_pair_preflight(servers: dict[s
     report = run_preflight(servers["prefill"], servers["decode"], timeout_s=5)
     assert got == {"ok": True, **report.fingerprints()}
     assert preflight_of(load_deployment("tiny-colocated")) is None  # no PD pair: nothing to bind
+
+
+def test_preflight_finds_the_pair_from_the_deployment_roles(servers: dict[str, str]) -> None:
+    res = runner.invoke(app, ["preflight", "-c", servers["cfg"], "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert (doc["prefill"]["url"], doc["decode"]["url"]) == (servers["prefill"], servers["decode"])
+    assert doc["bootstrap_route"] is None  # engine: builtin -- its bootstrap is the ZeroMQ handshake
