@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-SGLANG_DATA = Path(__file__).parent / "data" / "sglang_http"
+# Not under data/: every file there is read as a deployment or adaptive config by the validate tests.
+SGLANG_DATA = Path(__file__).parent / "sglang_http"
 
 Answer = tuple[int, bytes, str]
 

@@ -1,6 +1,6 @@
 """`specctl preflight` against SGLang 0.5.23's HTTP shapes, served by real aiohttp servers on 127.0.0.1.
 
-The fixtures (tests/data/sglang_http/, written from SGLang's source) describe a matched Qwen3-Next PD
+The fixtures (tests/sglang_http/, written from SGLang's source) describe a matched Qwen3-Next PD
 pair; each case changes one resolved argument on decode and checks that exactly the fields it
 drives are refused. The bootstrap `/route` is a separate server, as in SGLang.
 """
