@@ -33,6 +33,7 @@ REQUIRED_FIELDS = (
     "max_itl_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
     "goodput", "slo", "accept_length", "accept_length_source", "adaptive", "ttft_breakdown",
     "server_metrics", "fingerprint", "deployment", "config",
+    "preflight",  # the live preflight of the pair: {"ok", "prefill", "decode"} fingerprints, or null
 )
 
 

@@ -24,7 +24,7 @@ from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult, run_load
 from specctl.bench.metrics import summarize_load
 from specctl.bench.probe import ServerProbe, ServerSnapshot
-from specctl.bench.prometheus import metrics_delta
+from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
 from specctl.bench.workload import Prompt, build_workload
@@ -55,6 +55,8 @@ class Provenance:
 
     deployment: dict[str, Any] | None = None
     fingerprint: str | None = None
+    # The live preflight of the pair behind the URL: {"ok": bool, "prefill": fp, "decode": fp}.
+    preflight: dict[str, Any] | None = None
 
 
 def run_bench(config: BenchConfig, *, progress: ProgressSink | None = None,
@@ -120,7 +122,13 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
         "sharegpt_output_len": w.sharegpt_output_len, "seed": w.seed, "warmup_requests": config.warmup_requests,
     }
     rec.update(summarize_load(load, config.slo))
-    rec.update(summarize_acceptance(load.results, si.server_accept_length(after.server_info)))
+    server_accept = si.server_accept_length(after.server_info)
+    from_metrics = server_accept is None
+    if from_metrics:  # an SGLang router or server without acceptance in /server_info: its gauge
+        server_accept = spec_accept_length(after.metrics_text)
+    rec.update(summarize_acceptance(load.results, server_accept))
+    if from_metrics and rec.get("accept_length_source") == "server_info":
+        rec["accept_length_source"] = "metrics"
     switches = si.adaptive_switches(before.server_info, after.server_info)
     rec["adaptive"] = {
         "switches": _relative_times(switches, load),
@@ -129,6 +137,8 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
         "state": si.adaptive_state(after.server_info),
     } if after.server_info is not None else None
     rec["server_metrics"] = metrics_delta(before.metrics_text, after.metrics_text)
+    rec["sglang_metrics"] = sglang_metrics(after.metrics_text)
+    rec["preflight"] = provenance.preflight
     rec["fingerprint"] = provenance.fingerprint or si.fingerprint(after.server_info)
     rec["deployment"] = provenance.deployment
     rec["config"] = config.to_json()

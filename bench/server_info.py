@@ -5,8 +5,10 @@ JSON for a few known key names at any depth and returns None when it finds nothi
 says "n/a". Recognised keys:
 
 - fingerprint: `fingerprint`, `handshake_fingerprint`, `fingerprints` (a dict, e.g. per role)
-- server-wide acceptance (tokens per verify step, SGLang's convention): `avg_spec_accept_length`,
-  `avg_accept_length`, `accept_length`, `mean_tokens_per_verify`
+- server-wide acceptance (tokens per verify step, SGLang's convention): SGLang's
+  `internal_states[].avg_spec_accept_length` (one entry per DP rank: their mean; SGLang 0.5.23's
+  `/server_info`, averaged since the server started), else `avg_spec_accept_length`,
+  `avg_accept_length`, `accept_length`, `mean_tokens_per_verify` at any depth
 - steps in use: `batches_per_steps` (verify batches per step count; the run's share is the
   difference between the snapshots)
 - adaptive step timeline: a list under `switches` (or `step_switches`), items as dicts with
@@ -68,9 +70,21 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def server_accept_length(info: Any) -> float | None:
+    ranks = sglang_accept_lengths(info)
+    if ranks:
+        return sum(ranks) / len(ranks)
     value = find_key(info, ("avg_spec_accept_length", "avg_accept_length", "accept_length",
                             "mean_tokens_per_verify"))
     return float(value) if _is_number(value) else None
+
+
+def sglang_accept_lengths(info: Any) -> list[float]:
+    """`avg_spec_accept_length` of each DP rank in SGLang's `internal_states` (empty when absent)."""
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    if not isinstance(states, list):
+        return []
+    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def time_per_step(info: Any) -> dict[str, float] | float | None:

@@ -42,7 +42,24 @@ def launched(source: str, overrides: Sequence[str] = (), *,
         yield Target(url=url, provenance=Provenance(
             deployment={"name": getattr(deployment, "name", None), "path": getattr(deployment, "path", None),
                         "config": getattr(deployment, "raw", None)},
-            fingerprint=si.fingerprint(info)))
+            fingerprint=si.fingerprint(info), preflight=preflight_of(deployment)))
+
+
+def preflight_of(deployment: Any) -> dict[str, Any] | None:
+    """The live preflight of a launched deployment's prefill and decode (None without a PD pair, or
+    when a server cannot be read: provenance, never a precondition -- the launcher's handshake gates)."""
+    from specctl.errors import SpecctlError
+    from specctl.preflight.check import run_preflight
+
+    roles = getattr(deployment, "roles", ())
+    if "prefill" not in roles or "decode" not in roles:
+        return None
+    try:
+        p, d = deployment.role("prefill"), deployment.role("decode")
+        report = run_preflight(f"http://{p['host']}:{p['port']}", f"http://{d['host']}:{d['port']}", timeout_s=10)
+    except (SpecctlError, KeyError, TypeError):
+        return None
+    return {"ok": report.ok, **report.fingerprints()}
 
 
 @contextlib.contextmanager

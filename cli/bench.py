@@ -21,6 +21,7 @@ from specctl.cli.options import SetOption
 
 if TYPE_CHECKING:
     from specctl.bench.config import BenchConfig
+    from specctl.bench.runner import Provenance
 
 bench_app = typer.Typer(help="Load-test an OpenAI-compatible server or a deployment; compare results.",
                         invoke_without_command=True, no_args_is_help=False)
@@ -78,6 +79,10 @@ def bench(
                                                  help="Add per-request arrays (ttfts, itls, ...) to records.")]
     = False,
     progress: Annotated[bool, typer.Option(help="Show progress on stderr.")] = True,
+    preflight_pair: Annotated[tuple[str, str] | None, typer.Option(
+        "--preflight", metavar="PREFILL_URL DECODE_URL",
+        help="With --url: first preflight this prefill/decode pair (exit 3 on any difference) and bind both "
+             "fingerprints to the records.", show_default=False)] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="text or json.")] = OutputFormat.text,
 ) -> None:
     """Load-test a server (--url) or launch a deployment and load-test it (-c); report latency, throughput,
@@ -97,6 +102,8 @@ def bench(
             raise UsageError(f"--endpoint must be one of {', '.join(bc.ENDPOINTS)}, got {endpoint!r}")
         if set_ and config is None:
             raise UsageError("--set applies to a deployment (-c), not to --url")
+        if preflight_pair and config is not None:
+            raise UsageError("--preflight applies to --url; with -c the launched pair is preflighted itself")
         workload = bc.WorkloadConfig(
             dataset_name=dataset_name, dataset_path=dataset_path, num_prompts=num_prompts,
             random_input_len=random_input_len, random_output_len=random_output_len,
@@ -113,11 +120,27 @@ def bench(
             request_timeout_s=request_timeout, slo=bc.parse_slo(slo), stream=not disable_stream,
             ignore_eos=not disable_ignore_eos, temperature=temperature,
             extra_request_body=bc.parse_extra_body(extra_request_body), tag=tag, output_details=output_details)
-        _run(cfg, config, set_ or [], output=output, plot=plot, fmt=format, show_progress=progress)
+        _run(cfg, config, set_ or [], output=output, plot=plot, fmt=format, show_progress=progress,
+             preflight_pair=preflight_pair)
+
+
+def _preflight_provenance(pair: tuple[str, str] | None) -> Provenance:
+    from specctl.bench.runner import Provenance
+    from specctl.errors import RuntimeFailure
+    from specctl.preflight.check import run_preflight
+
+    if pair is None:
+        return Provenance()
+    report = run_preflight(pair[0], pair[1])
+    if not report.ok:
+        rows = "; ".join(f"{d.field}: prefill={d.prefill!r} decode={d.decode!r}" for d in report.differences)
+        raise RuntimeFailure(f"preflight refused the pair: {rows}",
+                             hint=f"run `specctl preflight --prefill {pair[0]} --decode {pair[1]}` for the fixes")
+    return Provenance(preflight={"ok": True, **report.fingerprints()})
 
 
 def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: Path | None, plot: Path | None,
-         fmt: OutputFormat, show_progress: bool) -> None:
+         fmt: OutputFormat, show_progress: bool, preflight_pair: tuple[str, str] | None = None) -> None:
     from specctl.bench.progress import make_progress
     from specctl.bench.record import append_jsonl, json_safe
     from specctl.bench.report import render_record, render_sweep
@@ -129,7 +152,7 @@ def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: 
     sink = make_progress(err, enabled=show_progress)
     try:
         if deploy is None:
-            runs = run_bench(cfg, progress=sink)
+            runs = run_bench(cfg, progress=sink, provenance=_preflight_provenance(preflight_pair))
         else:
             last: list[str] = [""]
 

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "generate",  # generate (offline engine)
     "serve",  # serve, up
     "bench",  # bench, bench compare
+    "preflight",  # preflight (live prefill/decode comparison)
 )
 
 for _name in COMMAND_MODULES:

@@ -28,6 +28,8 @@ SECTIONS = ("model", "speculative", "cache", "serve", "transfer")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_COLOCATED_PORT = 30000
 DEFAULT_NUM_STEPS = 3
+ENGINES = ("builtin", "sglang")
+DEFAULT_ENGINE = "builtin"
 
 # Defaults of the schema (`default` keywords); tests assert the two agree.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -176,6 +178,11 @@ class Deployment:
                 hint=f"declared roles: {', '.join(self.roles)}",
             )
         return merge_role(self.raw, name)
+
+    @property
+    def engine(self) -> str:
+        """`builtin` (specctl's torch engine, the default) or `sglang` (SGLang servers)."""
+        return str(self.raw.get("engine") or DEFAULT_ENGINE)
 
     @property
     def engine_roles(self) -> tuple[str, ...]:

@@ -1,0 +1,378 @@
+"""ServerFacts: what one running server will do, normalised from whatever shape it describes itself in.
+
+Two shapes are read (the shape is recognised by content, never configured):
+
+- **SGLang 0.5.23**: `GET /server_info` is every resolved server argument, flat
+  (`model_path`, `dtype`, `page_size`, `kv_cache_dtype`, `tp_size`, `disaggregation_mode`,
+  `speculative_algorithm`, ...), plus `internal_states` (one dict per DP rank) and `version`;
+  `GET /model_info` adds `architectures`; prefill's bootstrap `GET /route?...=-1` adds what decode
+  would learn only at its first request (`page_size`, `kv_cache_dtype`, `kv_layout`,
+  `attn_tp_size`, `decode_allocation_policy` ...).
+- **specctl today**: `/server_info` carries `role`, `resolved_role` (the merged deployment role),
+  `fingerprints` and, on PD roles, `registration` (the handshake's RegistrationInfo). When
+  specctl's servers move to SGLang's shape their extra keys (`registration`, `fingerprints`) are
+  still read on top of it.
+
+Values are normalised so the two engines compare: speculative algorithm names in specctl's
+vocabulary (`none`, `draft` for SGLang's STANDALONE, `ngram`, `eagle`, ...), `kv_cache_dtype`
+`auto` resolved to the model dtype, `torch.` prefixes dropped, paths without a trailing slash.
+`state_types` is what the server reports (specctl's registration) or else predicted from the
+model's `config.json` by `specctl.schemas.model_facts` and the resolved hybrid-memory flags.
+A field a server cannot express (`kv_layout` on specctl, hybrid-memory flags) is None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+JsonDoc = Mapping[str, object]
+
+# The fields two servers of one PD pair must agree on, in report order (each has a fix in `diff`).
+PAIR_FIELDS = (
+    "model_path", "architecture", "dtype", "page_size", "kv_cache_dtype", "kv_layout",
+    "tp_size", "dp_size", "pp_size", "attn_tp_size", "decode_allocation_policy", "transfer_backend",
+    "speculative_algorithm", "draft_model", "num_steps", "eagle_topk", "num_draft_tokens",
+    "adaptive", "adaptive_config", "disable_hybrid_swa_memory", "mamba_full_memory_ratio",
+    "mamba_ssm_dtype", "swa_full_tokens_ratio", "state_types", "engine", "version",
+)
+
+# SGLang's `--speculative-algorithm` choices in specctl's words; unknown names are lowercased.
+_SGLANG_ALGORITHMS = {"STANDALONE": "draft", "NGRAM": "ngram", "EAGLE": "eagle", "EAGLE3": "eagle3",
+                      "NEXTN": "eagle"}
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """One server, normalised. Every field may be None where the server does not say."""
+
+    url: str
+    shape: str  # "sglang" | "specctl"
+    role: str | None  # prefill | decode | colocated
+    engine: str | None  # sglang | specctl
+    version: str | None
+    model_path: str | None
+    architecture: str | None
+    dtype: str | None
+    kv_cache_dtype: str | None
+    page_size: int | None
+    kv_layout: str | None
+    tp_size: int | None
+    dp_size: int | None
+    pp_size: int | None
+    attn_tp_size: int | None
+    decode_allocation_policy: str | None
+    transfer_backend: str | None
+    speculative_algorithm: str | None
+    draft_model: str | None
+    num_steps: int | None
+    eagle_topk: int | None
+    num_draft_tokens: int | None
+    adaptive: bool | None
+    adaptive_config: str | None  # canonical JSON of the config, or its path when unreadable here
+    disable_hybrid_swa_memory: bool | None
+    mamba_full_memory_ratio: float | None
+    mamba_ssm_dtype: str | None
+    swa_full_tokens_ratio: float | None
+    state_types: tuple[str, ...] | None
+    state_types_source: str | None  # "reported" | "predicted"
+    max_running_requests: int | None
+    bootstrap_port: int | None
+    reported_fingerprint: str | None  # specctl's registration fingerprint, when the server has one
+    accept_length: float | None  # server-wide, for the record; never compared
+    notes: tuple[str, ...] = field(default=())
+
+    def value(self, name: str) -> object:
+        return getattr(self, name)
+
+    def fingerprint(self) -> str:
+        """Short hash of every pair field: two servers with equal fingerprints passed the same checks."""
+        doc = {name: _jsonable(getattr(self, name)) for name in PAIR_FIELDS}
+        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {k: _jsonable(v) for k, v in asdict(self).items()}
+        out["fingerprint"] = self.fingerprint()
+        return out
+
+
+def _jsonable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+# ------------------------------------------------------------------------------------------ readers
+
+
+def _at(doc: object, *keys: str) -> object:
+    node = doc
+    for key in keys:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _str(value: object) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    text = str(value)
+    return text if text and text != "None" else None
+
+
+def _bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _first(*values: object) -> object:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _dtype(value: object) -> str | None:
+    text = _str(value)
+    return text.removeprefix("torch.") if text is not None else None
+
+
+def _path(value: object) -> str | None:
+    text = _str(value)
+    if text is None:
+        return None
+    return text.rstrip("/") or text
+
+
+def canonical_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _state_types(value: object) -> tuple[str, ...] | None:
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(str(v) for v in value)
+    return None
+
+
+def predict_state_types(model_path: str | None, *, disable_hybrid_swa_memory: bool | None) -> \
+        tuple[tuple[str, ...] | None, str | None]:
+    """(state_types, why-not) predicted from the model's config.json (readable on this host) and the
+    resolved flags, by the same `specctl.schemas.model_facts` that validate uses. SGLang backs
+    sliding-window layers with full-attention KV under `--disable-hybrid-swa-memory`, so `swa` is
+    not a state component then."""
+    if model_path is None:
+        return None, "the server reports no model path"
+    from specctl.errors import SpecctlError
+    from specctl.schemas.model_facts import load_model_facts, model_available
+
+    if not model_available(model_path):
+        return None, f"state_types not predicted: {model_path}/config.json is not readable on this host"
+    try:
+        facts = load_model_facts(model_path)
+    except SpecctlError as exc:
+        return None, f"state_types not predicted: {exc}"
+    types = facts.state_types
+    if disable_hybrid_swa_memory:
+        types = tuple(t for t in types if t != "swa")
+    return types, None
+
+
+# ------------------------------------------------------------------------------------------ shapes
+
+
+def shape_of(server_info: JsonDoc) -> str:
+    """"sglang" when the document has SGLang's flat resolved arguments, else "specctl"."""
+    if "model_path" in server_info and ("internal_states" in server_info or "disaggregation_mode" in server_info):
+        return "sglang"
+    if "resolved_role" in server_info or "registration" in server_info or "fingerprints" in server_info:
+        return "specctl"
+    return "unknown"
+
+
+def normalise(url: str, server_info: JsonDoc, model_info: JsonDoc | None = None,
+              route: JsonDoc | None = None) -> ServerFacts:
+    """ServerFacts from one server's documents (any of SGLang's or specctl's shape).
+
+    Raises ValueError when `server_info` is neither shape (the caller turns it into a clear error)."""
+    shape = shape_of(server_info)
+    if shape == "sglang":
+        return _from_sglang(url, server_info, model_info or {}, route)
+    if shape == "specctl":
+        return _from_specctl(url, server_info, model_info or {}, route)
+    keys = ", ".join(sorted(server_info)[:8]) or "none"
+    raise ValueError(f"its /server_info is neither SGLang's nor specctl's (top-level keys: {keys})")
+
+
+def _adaptive_config_sglang(info: JsonDoc) -> str | None:
+    path = _str(info.get("speculative_adaptive_config"))
+    if path is None:
+        return None
+    try:
+        # A path readable here (same host, shared filesystem): compare contents, not spellings.
+        return canonical_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return path
+
+
+def _accept_length(info: JsonDoc) -> float | None:
+    states = info.get("internal_states")
+    values = []
+    if isinstance(states, list):
+        for state in states:
+            v = _float(_at(state, "avg_spec_accept_length"))
+            if v is not None:
+                values.append(v)
+    if values:
+        return sum(values) / len(values)
+    return _float(_first(info.get("avg_spec_accept_length"), _at(info, "adaptive", "mean_tokens_per_verify")))
+
+
+def _from_sglang(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | None) -> ServerFacts:
+    r: JsonDoc = route or {}
+    notes: list[str] = []
+    mode = _str(info.get("disaggregation_mode"))
+    role = "colocated" if mode in (None, "null") else mode
+    dtype = _dtype(info.get("dtype"))
+    kv_dtype = _dtype(_first(r.get("kv_cache_dtype"), info.get("kv_cache_dtype")))
+    if kv_dtype in (None, "auto"):
+        kv_dtype = dtype  # SGLang: `auto` = the model's dtype
+    algorithm_raw = _str(info.get("speculative_algorithm"))
+    algorithm = "none" if algorithm_raw is None else _SGLANG_ALGORITHMS.get(algorithm_raw.upper(),
+                                                                            algorithm_raw.lower())
+    tp = _int(info.get("tp_size"))
+    attn_dp = _int(info.get("attn_dp_size"))
+    if attn_dp is None:
+        attn_dp = _int(info.get("dp_size")) if info.get("enable_dp_attention") else 1
+    attn_cp = _int(info.get("attn_cp_size")) or 1
+    attn_tp = _int(_first(r.get("attn_tp_size"), info.get("attn_tp_size")))
+    if attn_tp is None and tp is not None and attn_dp:
+        attn_tp = max(1, tp // attn_dp // attn_cp)
+    adaptive = _bool(info.get("speculative_adaptive"))
+    if adaptive is None and algorithm != "none":
+        adaptive = False
+    # SGLang ignores --speculative-adaptive-config without --speculative-adaptive.
+    adaptive_config = _adaptive_config_sglang(info) if adaptive and algorithm != "none" else None
+    no_swa = _bool(info.get("disable_hybrid_swa_memory"))
+    model_path = _path(info.get("model_path"))
+    state_types = _state_types(_first(info.get("state_types"), _at(info, "registration", "state_types")))
+    source: str | None = "reported"
+    if state_types is None:
+        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=no_swa)
+        source = "predicted" if state_types is not None else None
+        if why:
+            notes.append(why)
+    archs = model_info.get("architectures")
+    architecture = _str(archs[0]) if isinstance(archs, list) and archs else _str(model_info.get("model_type"))
+    return ServerFacts(
+        url=url, shape="sglang", role=role, engine=_str(info.get("engine")) or "sglang",
+        version=_str(info.get("version")), model_path=model_path, architecture=architecture,
+        dtype=dtype, kv_cache_dtype=kv_dtype, page_size=_int(_first(r.get("page_size"), info.get("page_size"))),
+        kv_layout=_str(_first(r.get("kv_layout"), info.get("kv_layout"))),
+        tp_size=tp, dp_size=_int(info.get("dp_size")), pp_size=_int(_first(r.get("pp_size"), info.get("pp_size"))),
+        attn_tp_size=attn_tp,
+        decode_allocation_policy=_str(_first(r.get("decode_allocation_policy"),
+                                             info.get("disaggregation_decode_allocation_policy"))),
+        transfer_backend=_str(info.get("disaggregation_transfer_backend")),
+        speculative_algorithm=algorithm,
+        draft_model=_path(info.get("speculative_draft_model_path")) if algorithm != "none" else None,
+        num_steps=_int(info.get("speculative_num_steps")) if algorithm != "none" else None,
+        eagle_topk=_int(info.get("speculative_eagle_topk")) if algorithm != "none" else None,
+        num_draft_tokens=_int(info.get("speculative_num_draft_tokens")) if algorithm != "none" else None,
+        adaptive=adaptive if algorithm != "none" else None, adaptive_config=adaptive_config,
+        disable_hybrid_swa_memory=no_swa, mamba_full_memory_ratio=_float(info.get("mamba_full_memory_ratio")),
+        mamba_ssm_dtype=_dtype(info.get("mamba_ssm_dtype")),
+        swa_full_tokens_ratio=_float(info.get("swa_full_tokens_ratio")),
+        state_types=state_types, state_types_source=source,
+        max_running_requests=_int(info.get("max_running_requests")),
+        bootstrap_port=_int(info.get("disaggregation_bootstrap_port")),
+        reported_fingerprint=_str(_at(info, "fingerprints", "registration")),
+        accept_length=_accept_length(info), notes=tuple(notes),
+    )
+
+
+def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | None) -> ServerFacts:
+    role_cfg = info.get("resolved_role")
+    cfg: JsonDoc = role_cfg if isinstance(role_cfg, Mapping) else {}
+    reg_doc = info.get("registration")
+    reg: JsonDoc = reg_doc if isinstance(reg_doc, Mapping) else {}
+    target_fp = _at(info, "fingerprints", "target")
+    fp: JsonDoc = target_fp if isinstance(target_fp, Mapping) else {}
+    r: JsonDoc = route or {}
+    spec = cfg.get("speculative")
+    s: JsonDoc = spec if isinstance(spec, Mapping) else {}
+    algorithm = _str(_first(s.get("algorithm"), reg.get("speculative_algorithm"))) or "none"
+    speculating = algorithm != "none"
+    steps = _int(s.get("num_steps")) if speculating else None
+    adaptive_cfg = s.get("adaptive")
+    dtype = _dtype(_first(_at(cfg, "model", "dtype"), _at(reg, "model", "dtype"), fp.get("dtype")))
+    state_types = _state_types(_first(reg.get("state_types"), fp.get("state_types")))
+    notes: list[str] = []
+    source: str | None = "reported" if state_types is not None else None
+    model_path = _path(_first(_at(cfg, "model", "target"), model_info.get("model_path")))
+    if state_types is None:
+        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=None)
+        source = "predicted" if state_types is not None else None
+        if why:
+            notes.append(why)
+    fingerprints = info.get("fingerprints")
+    reg_fp = _str(_at(fingerprints, "registration")) if isinstance(fingerprints, Mapping) else None
+    role = _str(info.get("role"))
+    return ServerFacts(
+        url=url, shape="specctl", role=role, engine="specctl",
+        version=_str(_first(reg.get("engine_version"), info.get("specctl_version"), info.get("version"))),
+        model_path=model_path,
+        architecture=_str(_first(_at(reg, "model", "architecture"), fp.get("architecture"))),
+        dtype=dtype,
+        # specctl's KV cache is held in the model dtype.
+        kv_cache_dtype=_dtype(_first(r.get("kv_cache_dtype"), dtype)),
+        page_size=_int(_first(r.get("page_size"), reg.get("page_size"), _at(cfg, "cache", "page_size"),
+                              fp.get("page_size"), _at(info, "engine", "page_size"))),
+        kv_layout=_str(r.get("kv_layout")),
+        # specctl's engine runs one process per role: no tensor, data or pipeline parallelism.
+        tp_size=1, dp_size=1, pp_size=1, attn_tp_size=1,
+        decode_allocation_policy=_str(r.get("decode_allocation_policy")),
+        transfer_backend=_str(_first(reg.get("transfer_backend"), _at(cfg, "transfer", "backend"))),
+        speculative_algorithm=algorithm,
+        draft_model=_path(s.get("draft")) if algorithm == "draft" else None,
+        num_steps=steps,
+        eagle_topk=_int(s.get("topk")) if speculating else None,
+        num_draft_tokens=steps + 1 if steps is not None else None,
+        adaptive=isinstance(adaptive_cfg, Mapping) if speculating else None,
+        adaptive_config=canonical_json(adaptive_cfg) if speculating and isinstance(adaptive_cfg, Mapping) else None,
+        disable_hybrid_swa_memory=None, mamba_full_memory_ratio=None, mamba_ssm_dtype=None,
+        swa_full_tokens_ratio=None,
+        state_types=state_types, state_types_source=source,
+        max_running_requests=_int(_at(cfg, "serve", "max_batch_size")),
+        bootstrap_port=_int(cfg.get("bootstrap_port")),
+        reported_fingerprint=reg_fp, accept_length=_accept_length(info), notes=tuple(notes),
+    )
+
+
+def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
+    """The facts a deployment role asks for (a `Deployment.role(name)` dict), in the same vocabulary,
+    so a running server compares against it field by field. Fields the deployment does not pin are None."""
+    info = {"role": role.get("name"), "resolved_role": role}
+    facts = _from_specctl(url, info, {}, None)
+    declared = _state_types(_at(role, "cache", "state_types"))
+    # Not asked for by a deployment file: the engine decides these.
+    return replace(facts, version=None, engine=None, architecture=None, tp_size=None, dp_size=None,
+                   pp_size=None, attn_tp_size=None, notes=(),
+                   state_types=declared if declared is not None else facts.state_types)
