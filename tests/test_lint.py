@@ -54,6 +54,12 @@ STRICT = (
     "cli/options.py",
     "cli/serve.py",
     "cli/validate.py",
+    "cli/preflight.py",
+    "preflight/__init__.py",
+    "preflight/facts.py",
+    "preflight/diff.py",
+    "preflight/reader.py",
+    "preflight/check.py",
 )
 
 
