@@ -1,0 +1,525 @@
+"""One SGLang launch command read from a file: shell words with their lines, then SGLang's flags.
+
+Contract: `parse_command_text(text, name=..., base_dir=...)` returns an `SGLangCommand` and never
+raises for bad content: every problem is a `Finding` (SGL0xx) pointing at the file's line and, where
+there is one, at the flag (the finding's path is the flag's full name, e.g. `--page-size`).
+Accepted: `python[3[.N]] [-u ...] -m sglang.launch_server ARGS`, `sglang serve ARGS`, leading
+`VAR=value` assignments (and `env`, `exec`), `\\` continuations, `#` comments, single/double quotes.
+`--config FILE` (SGLang's YAML of flag values; command-line flags win) is read relative to the
+command file's directory with the loader's caps. Flags are checked against the generated table
+(`flags.py`) like argparse would, but all at once: unknown (with the closest name), abbreviated
+(SGLang accepts unique prefixes: a warning naming the full flag), missing or wrong values, choices.
+
+`looks_like_command(text)` tells a shell command file from a YAML/JSON document by content.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specctl.schemas.catalog import RuleDoc, register
+from specctl.schemas.findings import Finding
+from specctl.schemas.sglang.flags import Flag, convert, table
+
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_YAMLISH = re.compile(r"^\s*(?:[\"']?[\w.$-]+[\"']?\s*:(?:\s|$)|[{\[]|-\s)")
+SEPARATORS = (";", "&&", "||", "|", "&")
+
+_SGL = "SGLang's server exits at start-up with an argparse usage error"
+for _code, _title, _sev, _summary, _runtime, _fix, _before, _after in (
+    ("SGL000", "not one SGLang launch command", "error",
+     "A command file must hold exactly one SGLang launch command (`python -m sglang.launch_server ...` or "
+     "`sglang serve ...`), optionally with VAR=value prefixes, `\\` continuations and comments. Unbalanced "
+     "quotes, two commands, or a different program are refused.",
+     "The shell runs something else, or two servers, or fails on the unbalanced quote.",
+     "Keep one launch command per file (one file for prefill, one for decode).",
+     "python -m sglang.launch_server --model-path /m; python -m sglang.launch_server --model-path /m",
+     "python -m sglang.launch_server --model-path /m"),
+    ("SGL001", "unknown SGLang flag", "error",
+     "The flag is not one SGLang's server parser declares (table generated from SGLang's ServerArgs).",
+     _SGL + ": `launch_server: error: unrecognized arguments: --speculative-num-step 3`.",
+     "Use the flag's full name; the finding names the closest known flag.",
+     "--speculative-num-step 3", "--speculative-num-steps 3"),
+    ("SGL002", "abbreviated SGLang flag", "warning",
+     "SGLang's parser accepts a unique prefix of a flag (argparse allow_abbrev); the command works today but "
+     "breaks as soon as SGLang adds a flag sharing the prefix, and `allow_abbrev=False` tools refuse it.",
+     "Nothing today; `ambiguous option` after an SGLang upgrade.",
+     "Write the flag's full name.", "--speculative-algo EAGLE", "--speculative-algorithm EAGLE"),
+    ("SGL003", "wrong SGLang flag value", "error",
+     "A flag's value does not convert to its type, is not one of its choices, is missing, or a switch was "
+     "given a value; or a flag is given twice (the last wins), or a required flag (--model-path) is missing.",
+     _SGL + ": `argument --page-size: invalid int value: 'sixteen'`.",
+     "Give the flag a value of its type (the message quotes argparse's wording).",
+     "--page-size sixteen", "--page-size 16"),
+    ("SGL004", "SGLang --config file problem", "error",
+     "`--config FILE` (SGLang's YAML of flag values) is resolved relative to the command file. It must exist, "
+     "be a YAML mapping with a .yaml/.yml name, and must not name another config (SGLang allows one).",
+     "SGLang: `Config file not found` / `Multiple config files specified! Only one allowed.` at start-up.",
+     "Point --config at an existing YAML file next to the command file.",
+     "--config missing.yaml", "--config server.yaml"),
+    ("SGL005", "flag table of another SGLang version", "info",
+     "The flag table shipped with specctl was generated from one SGLang version; the installed SGLang differs, "
+     "so flags added or removed since may be reported wrongly.",
+     "None by itself.", "Regenerate the table: python scripts/gen_sglang_flags.py.", "", ""),
+):
+    register(RuleDoc(_code, _title, _sev, _summary, _runtime, _fix, _before, _after))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    line: int
+    col: int
+
+
+@dataclass
+class Option:
+    """One flag as given: resolved flag, value (converted), where it was written."""
+
+    flag: Flag
+    spelled: str
+    value: Any
+    line: int | None
+    col: int | None
+    from_config: str | None = None  # the --config file it came from
+
+
+@dataclass
+class SGLangCommand:
+    name: str
+    launcher: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Option] = field(default_factory=dict)  # by dest; the last occurrence wins
+    findings: list[Finding] = field(default_factory=list)
+    first_line: int = 1
+    config_path: str | None = None
+    base_dir: Path = Path(".")
+    recognised: bool = False  # an SGLang launch command was found (flags may still be wrong)
+
+    def value(self, dest: str) -> Any:
+        """The value SGLang parses for `dest`: given, else the parser's default."""
+        opt = self.options.get(dest)
+        if opt is not None:
+            return opt.value
+        flag = table().by_dest.get(dest)
+        return flag.default if flag is not None else None
+
+    def given(self, dest: str) -> bool:
+        return dest in self.options
+
+    def flag_name(self, dest: str) -> str:
+        flag = table().by_dest.get(dest)
+        return flag.name if flag is not None else "--" + dest.replace("_", "-")
+
+    def where(self, dest: str) -> tuple[int | None, int | None]:
+        opt = self.options.get(dest)
+        if opt is None:
+            return self.first_line, None
+        return opt.line, opt.col
+
+    @property
+    def role(self) -> str:
+        mode = self.value("disaggregation_mode")
+        return mode if mode in ("prefill", "decode") else "colocated"
+
+    def add(self, code: str, severity: str, path: str, message: str, fix: str,
+            line: int | None = None, col: int | None = None) -> None:
+        self.findings.append(Finding(code, severity, path, message, fix,  # type: ignore[arg-type]
+                                     line if line is not None else self.first_line, col))
+
+
+class ShellError(Exception):
+    def __init__(self, message: str, line: int, col: int) -> None:
+        super().__init__(message)
+        self.line = line
+        self.col = col
+
+
+def shell_words(text: str) -> list[list[Word]]:
+    """POSIX-shell words grouped into commands (split at unquoted newlines and `;`, `&&`, `|` ...).
+
+    Handles single quotes, double quotes (with `\\` escapes of `$`, `` ` ``, `"`, `\\`, newline),
+    backslash escapes and `\\`-newline continuations, and `#` comments at the start of a word.
+    Variables are not expanded. Raises ShellError (line, column) for an unbalanced quote.
+    """
+    commands: list[list[Word]] = []
+    cur: list[Word] = []
+    buf: list[str] = []
+    in_word = False
+    start = (1, 1)
+    line, col = 1, 1
+    i, n = 0, len(text)
+
+    def end_word() -> None:
+        nonlocal in_word
+        if in_word:
+            cur.append(Word("".join(buf), *start))
+            buf.clear()
+            in_word = False
+
+    def end_command() -> None:
+        nonlocal cur
+        end_word()
+        if cur:
+            commands.append(cur)
+        cur = []
+
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            if i + 1 < n and text[i + 1] == "\n":  # continuation
+                i += 2
+                line, col = line + 1, 1
+                continue
+            if not in_word:
+                in_word, start = True, (line, col)
+            if i + 1 < n:
+                buf.append(text[i + 1])
+            i += 2
+            col += 2
+            continue
+        if c in "'\"":
+            if not in_word:
+                in_word, start = True, (line, col)
+            qline, qcol = line, col
+            j = i + 1
+            col += 1
+            while True:
+                if j >= n:
+                    raise ShellError(f"unbalanced {'single' if c == chr(39) else 'double'} quote", qline, qcol)
+                d = text[j]
+                if d == c:
+                    break
+                if c == '"' and d == "\\" and j + 1 < n and text[j + 1] in '$`"\\\n':
+                    if text[j + 1] != "\n":
+                        buf.append(text[j + 1])
+                    else:
+                        line, col = line + 1, 0
+                    j += 2
+                    col += 2
+                    continue
+                buf.append(d)
+                if d == "\n":
+                    line, col = line + 1, 1
+                else:
+                    col += 1
+                j += 1
+            i = j + 1
+            col += 1
+            continue
+        if c == "#" and not in_word:
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if c == "\n":
+            end_command()
+            i += 1
+            line, col = line + 1, 1
+            continue
+        if c in " \t\r":
+            end_word()
+            i += 1
+            col += 1
+            continue
+        if c in ";&|":
+            end_word()
+            op = text[i:i + 2] if text[i:i + 2] in ("&&", "||") else c
+            cur.append(Word(op, line, col))
+            i += len(op)
+            col += len(op)
+            continue
+        if not in_word:
+            in_word, start = True, (line, col)
+        buf.append(c)
+        i += 1
+        col += 1
+    end_command()
+    # split on control operators too
+    out: list[list[Word]] = []
+    for cmd in commands:
+        part: list[Word] = []
+        for w in cmd:
+            if w.text in SEPARATORS:
+                if part:
+                    out.append(part)
+                part = []
+            else:
+                part.append(w)
+        if part:
+            out.append(part)
+    return out
+
+
+def looks_like_command(text: str) -> bool:
+    """True when the text is a shell command (a launch script), not a YAML/JSON document."""
+    for raw in text.splitlines():
+        s = raw.strip()
+        if not s:
+            continue
+        if s.startswith("#!"):
+            return True
+        if s.startswith("#"):
+            continue
+        if s.startswith("---") or _YAMLISH.match(s):
+            return False
+        return "sglang" in text or " --" in text or s.endswith("\\")
+    return False
+
+
+def _launcher(words: list[Word]) -> tuple[str, int, dict[str, str]] | None:
+    """(launcher text, index of the first argument, env assignments) when `words` run SGLang's server."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        w = words[i].text
+        if _ASSIGN.match(w):
+            k, _, v = w.partition("=")
+            env[k] = v
+            i += 1
+        elif w in ("env", "exec", "nohup") and i + 1 < len(words):
+            i += 1
+        else:
+            break
+    if i >= len(words):
+        return None
+    prog = words[i].text
+    if prog == "sglang" and i + 1 < len(words) and words[i + 1].text == "serve":
+        return "sglang serve", i + 2, env
+    if _PYTHON.match(prog):
+        j = i + 1
+        while j < len(words) and words[j].text.startswith("-") and words[j].text != "-m":
+            j += 2 if words[j].text in ("-X", "-W") else 1
+        if j + 1 < len(words) and words[j].text == "-m":
+            mod = words[j + 1].text
+            if mod == "sglang.launch_server":
+                return f"{Path(prog).name} -m sglang.launch_server", j + 2, env
+            if mod == "sglang" and j + 2 < len(words) and words[j + 2].text == "serve":
+                return f"{Path(prog).name} -m sglang serve", j + 3, env
+    return None
+
+
+def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) -> SGLangCommand:
+    cmd = SGLangCommand(name=name, base_dir=base_dir or Path(name).parent)
+    try:
+        commands = shell_words(text)
+    except ShellError as exc:
+        cmd.add("SGL000", "error", "$", f"{exc}; the command cannot be read",
+                "close the quote (shell quoting: '...' or \"...\")", exc.line, exc.col)
+        return cmd
+    if not commands:
+        cmd.add("SGL000", "error", "$", "no command in the file",
+                "write one SGLang launch command: python -m sglang.launch_server --model-path DIR ...")
+        return cmd
+    launch = [(c, _launcher(c)) for c in commands]
+    sglang_cmds = [(c, x) for c, x in launch if x is not None]
+    if not sglang_cmds:
+        first = commands[0]
+        shown = " ".join(w.text for w in first[:3])
+        cmd.first_line = first[0].line
+        cmd.add("SGL000", "error", "$", f"not an SGLang launch command: `{shown} ...`",
+                "expected `python -m sglang.launch_server ...` or `sglang serve ...` (one per file)", first[0].line)
+        return cmd
+    if len(commands) > 1:
+        lines = ", ".join(str(c[0].line) for c in commands)
+        cmd.add("SGL000", "error", "$", f"the file holds {len(commands)} commands (at lines {lines}); "
+                "only the first SGLang launch command is checked",
+                "keep one launch command per file (one file for prefill, one for decode)", commands[1][0].line)
+    words, (launcher, start, env) = sglang_cmds[0]
+    cmd.launcher, cmd.env, cmd.first_line, cmd.recognised = launcher, env, words[0].line, True
+    parse_args(cmd, words[start:])
+    return cmd
+
+
+def _is_option(text: str) -> bool:
+    return text.startswith("-") and not _NUMBER.match(text) and text != "-"
+
+
+def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None = None) -> None:
+    """argparse's reading of SGLang's flags, every error collected."""
+    tab = table()
+    i = 0
+    config_words: list[Word] = []
+    while i < len(args):
+        w = args[i]
+        i += 1
+        if not _is_option(w.text):
+            cmd.add("SGL003", "error", "$", f"unexpected argument {w.text!r} (SGLang takes flags only: "
+                    f"`unrecognized arguments: {w.text}`)", "remove it, or give the flag it belongs to", w.line, w.col)
+            continue
+        spelled, eq, inline = w.text.partition("=")
+        if spelled == "--config" and from_config is None:
+            config_words.append(w)
+            if eq:
+                config_words.append(Word(inline, w.line, w.col))
+            elif i < len(args) and not _is_option(args[i].text):
+                config_words.append(args[i])
+                i += 1
+            else:
+                cmd.add("SGL004", "error", "--config", "--config needs a file name", "--config server.yaml",
+                        w.line, w.col)
+            continue
+        hit = tab.lookup(spelled) if spelled.startswith("--") else None
+        if hit is None:
+            amb = tab.ambiguous(spelled)
+            if len(amb) > 1:
+                cmd.add("SGL001", "error", spelled, f"ambiguous flag {spelled}: it abbreviates "
+                        f"{', '.join(amb[:5])}{' ...' if len(amb) > 5 else ''}",
+                        "write the full name of the flag you mean", w.line, w.col)
+            else:
+                close = tab.closest(spelled)
+                cmd.add("SGL001", "error", spelled, f"unknown SGLang flag {spelled} (SGLang {tab.sglang_version})",
+                        f"did you mean {close}?" if close else "see `python -m sglang.launch_server --help`",
+                        w.line, w.col)
+            # skip its values, so they are not reported as stray arguments
+            while i < len(args) and not _is_option(args[i].text) and not eq:
+                i += 1
+            continue
+        flag, how = hit
+        path = flag.name
+        if how == "prefix":
+            cmd.add("SGL002", "warning", path, f"{spelled} is an abbreviation of {flag.name}", f"write {flag.name}",
+                    w.line, w.col)
+        value: Any
+        if not flag.takes_value:
+            if eq:
+                cmd.add("SGL003", "error", path, f"argument {flag.name}: ignored explicit argument {inline!r}",
+                        f"write {flag.name} alone (a switch takes no value)", w.line, w.col)
+                continue
+            if flag.kind == "bool_optional":
+                value = not (spelled.startswith("--no-") and not flag.name.startswith("--no-"))
+            elif flag.kind == "store_false":
+                value = False
+            else:
+                value = True
+        else:
+            raw: list[str] = []
+            if eq:
+                raw = [inline]
+            elif flag.is_list or flag.nargs == "?":
+                while i < len(args) and not _is_option(args[i].text):
+                    raw.append(args[i].text)
+                    i += 1
+                    if flag.nargs == "?":
+                        break
+            elif i < len(args) and not _is_option(args[i].text):
+                raw = [args[i].text]
+                i += 1
+            if not raw and flag.nargs not in ("*", "?"):
+                want = "at least one argument" if flag.nargs == "+" else "one argument"
+                cmd.add("SGL003", "error", path, f"argument {flag.name}: expected {want}",
+                        f"give {flag.name} its value", w.line, w.col)
+                continue
+            values = []
+            bad = False
+            for r in raw:
+                v, err = convert(flag, r)
+                if err is not None:
+                    cmd.add("SGL003", "error", path, err, _value_fix(flag), w.line, w.col)
+                    bad = True
+                values.append(v)
+            if bad:
+                continue
+            value = values if (flag.is_list or flag.nargs == "*") else (values[0] if values else None)
+        if flag.dest in cmd.options and cmd.options[flag.dest].from_config is None and from_config is None:
+            prev = cmd.options[flag.dest]
+            cmd.add("SGL003", "warning", path, f"{flag.name} is given twice (line {prev.line} and {w.line}); "
+                    "the last value wins", "remove one of them", w.line, w.col)
+        if flag.deprecated:
+            cmd.add("SGL003", "warning", path, f"{flag.name} is deprecated in SGLang {tab.sglang_version}",
+                    "see `python -m sglang.launch_server --help` for its replacement", w.line, w.col)
+        if from_config is not None and flag.dest in cmd.options:
+            continue  # the command line wins over --config
+        cmd.options[flag.dest] = Option(flag, spelled, value, w.line, w.col, from_config)
+    if config_words and from_config is None:
+        if len(config_words) > 2:
+            cmd.add("SGL004", "error", "--config", "--config is given more than once (SGLang: 'Multiple config "
+                    "files specified! Only one allowed.')", "keep one --config", config_words[2].line)
+        if len(config_words) >= 2:
+            _read_config(cmd, config_words[0], config_words[1])
+    if from_config is None and "model_path" not in cmd.options:
+        cmd.add("SGL003", "error", "--model-path", "--model-path is missing (SGLang: 'the following arguments "
+                "are required: --model-path/--model')", "add --model-path DIR (a local model directory)")
+
+
+def _value_fix(flag: Flag) -> str:
+    if flag.choices is not None:
+        return f"use one of: {', '.join(str(c) for c in flag.choices)}"
+    return f"give {flag.name} a value of type {flag.type}"
+
+
+def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
+    from specctl.errors import UsageError
+    from specctl.schemas.loader import load_document
+
+    path = Path(file_word.text)
+    if not path.is_absolute():
+        path = cmd.base_dir / path
+    cmd.config_path = str(path)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        cmd.add("SGL004", "error", "--config", f"--config {file_word.text}: SGLang reads only .yaml/.yml config "
+                f"files ('Config file must be YAML format, got: {path.suffix}')", "rename it to .yaml",
+                opt.line, opt.col)
+        return
+    try:
+        doc = load_document(path)
+    except UsageError as exc:
+        cmd.add("SGL004", "error", "--config", f"--config {file_word.text} (resolved relative to the command "
+                f"file: {path}): {exc}", exc.hint or "point --config at an existing YAML file", opt.line, opt.col)
+        return
+    words: list[Word] = []
+    tab = table()
+    for key, value in doc.data.items():
+        norm = key.replace("-", "_")
+        pos = doc.positions.get(f"$.{key}") or (opt.line, 1)
+        where = f"{path.name}:{pos[0]}"
+        if norm == "config":
+            cmd.add("SGL004", "error", "--config", f"{where}: the config file names another config "
+                    f"({value!r}); SGLang allows one ('Multiple config files specified! Only one allowed.'), "
+                    "and a config naming itself would loop", "write the flags into one config file",
+                    opt.line, opt.col)
+            continue
+        flag = tab.by_dest.get(norm) or tab.by_option.get("--" + key.replace("_", "-"))
+        if flag is None:
+            close = tab.closest("--" + key.replace("_", "-"))
+            cmd.add("SGL001", "error", "--" + key.replace("_", "-"), f"{where}: unknown SGLang flag {key!r} in "
+                    "the --config file", f"did you mean {close[2:] if close else '?'}", opt.line, opt.col)
+            continue
+        if isinstance(value, bool):
+            if value and not flag.takes_value:
+                words.append(Word(flag.name, opt.line, opt.col))
+            elif flag.takes_value:
+                words += [Word(flag.name, opt.line, opt.col), Word(str(value), opt.line, opt.col)]
+            continue
+        words.append(Word(flag.name, opt.line, opt.col))
+        if isinstance(value, list):
+            words += [Word(str(v), opt.line, opt.col) for v in value]
+        elif isinstance(value, dict):
+            import json
+
+            words.append(Word(json.dumps(value), opt.line, opt.col))
+        elif value is not None:
+            words.append(Word(str(value), opt.line, opt.col))
+    parse_args(cmd, words, from_config=str(path))
+
+
+def installed_version_note(cmd: SGLangCommand) -> None:
+    """SGL005 when an installed SGLang differs from the table's version (metadata only: no import)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return
+    try:
+        installed = version("sglang")
+    except PackageNotFoundError:
+        return
+    except Exception:  # noqa: BLE001 - broken metadata must not break validation
+        return
+    tab = table()
+    if installed != tab.sglang_version:
+        cmd.add("SGL005", "info", "$", f"flags checked against SGLang {tab.sglang_version}'s table; the installed "
+                f"SGLang is {installed}", "regenerate it with python scripts/gen_sglang_flags.py")
