@@ -37,10 +37,10 @@ from specctl.errors import UsageError
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.deployment import ENGINE_ROLES, SECTIONS, declared_roles, merge_roles
 from specctl.schemas.findings import Finding
-from specctl.schemas.loader import Document, child_path, load_document
+from specctl.schemas.loader import Document, child_path, fast_data, parse_document, read_text
 from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
 
-KINDS = ("auto", "deployment", "sglang")
+KINDS = ("auto", "deployment", "sglang", "sglang-command")
 
 register(RuleDoc(
     "SCH000", "file cannot be read", "error",
@@ -144,6 +144,8 @@ class Report:
 
     @property
     def exit_code(self) -> int:
+        if any(getattr(f.load_error, "exit_code", 2) == 3 for f in self.files):
+            return 3  # an internal error: never reported as "your input is invalid"
         if any(f.load_error is not None for f in self.files):
             return 2
         return 0 if self.ok else 1
@@ -163,6 +165,7 @@ class _State:
     reachable: dict[str, Any] | None = None
     reachable_text: str | None = None
     load_error: UsageError | None = None
+    sglang: Any = None  # (SGLangCommand, Mapped, SGLangModel | None) for an SGLang launch command
 
 
 class Validator:
@@ -213,9 +216,32 @@ class Validator:
     # -- per file ----------------------------------------------------------------------------------
 
     def _validate_one(self, path: str | Path) -> _State:
+        """One file's findings; never raises: an internal error becomes an SCH000 finding (exit 3 via
+        `Report.exit_code`), so the other files' report survives."""
+        try:
+            return self._validate_one_unguarded(path)
+        except Exception as exc:  # noqa: BLE001 - one bad file must never lose the others' report
+            import traceback
+
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            msg = f"internal error while validating this file: {type(exc).__name__}: {exc} " \
+                  f"({Path(where.filename).name}:{where.lineno})"
+            err = InternalError(msg)
+            f = Finding("SCH000", "error", "$", msg, "this is a bug in specctl; please report it with the file")
+            return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=err)
+
+    def _validate_one_unguarded(self, path: str | Path) -> _State:
         path = _resolve(path)
         try:
-            doc = load_document(path, lazy_positions=True)
+            text = read_text(path)
+            if self.kind in ("auto", "sglang-command"):
+                from specctl.schemas.sglang.command import looks_like_command
+
+                if self.kind == "sglang-command" or looks_like_command(text):
+                    return self._sglang_command(path, text)
+            data = fast_data(text)
+            doc = Document(str(path), data, None, source=text) if data is not None \
+                else parse_document(text, name=str(path))
         except UsageError as exc:
             m = re.match(r"^.*?:(\d+)(?::(\d+))?: ", str(exc))
             line = int(m.group(1)) if m else None
@@ -231,7 +257,39 @@ class Validator:
             return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=exc)
         return self._validate_doc(doc)
 
-    def _validate_doc(self, doc: Document) -> _State:
+    def _sglang_command(self, path: str | Path, text: str) -> _State:
+        """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
+        from specctl.schemas.model_facts import ModelFacts
+        from specctl.schemas.sglang.command import installed_version_note, parse_command_text
+        from specctl.schemas.sglang.families import FamilyError, sglang_model
+        from specctl.schemas.sglang.mapping import to_deployment
+        from specctl.schemas.sglang.rules import check_command
+
+        cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent)
+        installed_version_note(cmd)
+        if not cmd.recognised or "model_path" not in cmd.options:
+            doc = Document(name=str(path), data={}, positions={"$": (cmd.first_line, 1)})
+            return _State(doc=doc, findings=list(cmd.findings), kind="sglang-command")
+        ref = cmd.value("model_path")
+        got = self.facts.get(ref) if isinstance(ref, str) and ref else None
+        model = None
+        config_dtype = None
+        if isinstance(got, ModelFacts):
+            try:
+                model = sglang_model(got.config)
+            except FamilyError:
+                model = None
+            config_dtype = model.torch_dtype if model is not None else None
+        mapped = to_deployment(cmd, config_dtype=config_dtype)
+        doc = Document(name=str(path), data=mapped.data, positions=mapped.positions)
+        state = self._validate_doc(doc, kind="deployment")
+        state.kind = "sglang-command"
+        state.findings[:0] = list(cmd.findings) + mapped.adaptive_findings
+        state.findings.extend(check_command(cmd, model))
+        state.sglang = (cmd, mapped, model)
+        return state
+
+    def _validate_doc(self, doc: Document, *, kind: str | None = None) -> _State:
         findings: list[Finding] = [
             Finding("SCH005", "error", path, f"duplicate key {path.rsplit('.', 1)[-1]!r}; the later value wins",
                     "remove one of the two keys", line, col)
@@ -239,7 +297,9 @@ class Validator:
         ]
         if self.overrides:
             doc = _overridden(doc, self.overrides)
-        kind = self.kind
+        kind = kind or self.kind
+        if kind == "sglang-command":
+            kind = "deployment"
         if kind == "auto":
             from specctl.schemas.adaptive import looks_like_sglang_adaptive
 
@@ -357,6 +417,10 @@ class Validator:
                 continue  # a side failed the schema; its findings say why
             pr, dr = RoleRef(p.ctx, "prefill"), RoleRef(d.ctx, "decode")
             d.findings.extend(rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr))
+            if p.sglang is not None and d.sglang is not None:
+                from specctl.schemas.sglang.rules import check_pair as sglang_pair
+
+                d.findings.extend(sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2]))
         n = min(len(prefills), len(decodes))
         for s, own, other in [(s, "prefill", "decode") for s in prefills[n:]] + [
             (s, "decode", "prefill") for s in decodes[n:]
@@ -371,6 +435,8 @@ class Validator:
         seen: set[tuple[str, str, str]] = set()
         out: list[Finding] = []
         for f in s.findings:
+            if s.sglang is not None and f.path.startswith("$"):
+                f = _on_flag(f, s)
             key = (f.code, f.path, f.message)
             if key in seen:
                 continue
@@ -391,6 +457,24 @@ class Validator:
             load_error=s.load_error,
             roles=s.ctx.all_roles if s.ctx is not None else (),
         )
+
+
+class InternalError(UsageError):
+    """A bug met while validating one file: reported as that file's finding, exit 3."""
+
+    exit_code = 3
+
+
+def _on_flag(f: Finding, s: _State) -> Finding:
+    """A rule's finding on a mapped SGLang command, moved onto the SGLang flag behind its JSON path."""
+    cmd, mapped, _ = s.sglang
+    flag = mapped.flag_for(f.path, cmd)
+    if flag is None:
+        return f
+    pos = s.doc.position(f.path)
+    return replace(f, path=flag, fix=f"{f.fix} (SGLang flag: {flag})",
+                   line=f.line if f.line is not None else (pos[0] if pos else None),
+                   column=f.column if f.column is not None else (pos[1] if pos else None))
 
 
 @contextlib.contextmanager
