@@ -35,6 +35,8 @@ COMMAND_MODULES = (
     "generate",  # generate (offline engine)
     "serve",  # serve, up
     "bench",  # bench, bench compare
+    "model",  # model (config.json facts for SGLang)
+    "sglang_io",  # import sglang, export sglang
 )
 
 for _name in COMMAND_MODULES:

@@ -315,6 +315,19 @@ def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) ->
         cmd.add("SGL000", "error", "$", "no command in the file",
                 "write one SGLang launch command: python -m sglang.launch_server --model-path DIR ...")
         return cmd
+    # `export VAR=value` / `VAR=value` lines only set the environment (launch scripts do this)
+    env_lines = [c for c in commands if all(_ASSIGN.match(w.text) for w in (c[1:] if c[0].text == "export" else c))
+                 and (c[0].text != "export" or len(c) > 1)]
+    for c in env_lines:
+        for w in c:
+            if _ASSIGN.match(w.text):
+                k, _, v = w.text.partition("=")
+                cmd.env[k] = v
+    commands = [c for c in commands if c not in env_lines]
+    if not commands:
+        cmd.add("SGL000", "error", "$", "no command in the file, only environment settings",
+                "write one SGLang launch command: python -m sglang.launch_server --model-path DIR ...")
+        return cmd
     launch = [(c, _launcher(c)) for c in commands]
     sglang_cmds = [(c, x) for c, x in launch if x is not None]
     if not sglang_cmds:
@@ -330,7 +343,8 @@ def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) ->
                 "only the first SGLang launch command is checked",
                 "keep one launch command per file (one file for prefill, one for decode)", commands[1][0].line)
     words, (launcher, start, env) = sglang_cmds[0]
-    cmd.launcher, cmd.env, cmd.first_line, cmd.recognised = launcher, env, words[0].line, True
+    cmd.launcher, cmd.first_line, cmd.recognised = launcher, words[0].line, True
+    cmd.env.update(env)
     parse_args(cmd, words[start:])
     return cmd
 

@@ -134,10 +134,16 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
     data: dict[str, Any] = {"version": 1, "name": _name(cmd)}
     model: dict[str, Any] = {"target": str(cmd.value("model_path") or "")}
     model["dtype"] = model_dtype(cmd, config_dtype)
+    device = cmd.value("device")
+    if cmd.given("base_gpu_id") and device in (None, "cuda"):
+        model["device"] = f"cuda:{cmd.value('base_gpu_id')}"
+    elif device in ("cpu", "cuda"):
+        model["device"] = device
     data["model"] = model
     at("$.model", "model_path")
     at("$.model.target", "model_path")
     at("$.model.dtype", "dtype")
+    at("$.model.device", "base_gpu_id" if cmd.given("base_gpu_id") else "device")
 
     algo = cmd.value("speculative_algorithm")
     spec: dict[str, Any] = {}
