@@ -77,6 +77,8 @@ class Mapped:
     adaptive_source: str | None = None
 
     def flag_for(self, path: str, cmd: SGLangCommand) -> str | None:
+        if re.match(r"^\$\.roles(\.\w+)?$", path):
+            return cmd.flag_name("disaggregation_mode")
         for prefix in sorted(FLAG_OF_PATH, key=len, reverse=True):
             if prefix.startswith("$"):
                 if path == prefix or path.startswith(prefix + "."):

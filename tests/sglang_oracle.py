@@ -1,0 +1,77 @@
+"""SGLang's own parser as a test oracle, run in a child process (the test process never imports sglang).
+
+Reads one JSON request list on stdin, writes one JSON answer list on stdout. Requests:
+- {"op": "parse", "argv": [...], "abbrev": false}: `ServerArgs.add_cli_args` on a parser with
+  `allow_abbrev` as given (SGLang's launch_server uses the argparse default, True), `parse_args`, then
+  `ServerArgs.from_cli_args`; answer {"ok": bool, "error": str, "values": {dest: value} of the flags given}.
+- {"op": "adaptive_reason", "argv": [...]}: `adaptive_unsupported_reason(ServerArgs)` (SGLang's list of
+  silent adaptive downgrades); answer {"ok": bool, "reason": str | null}.
+- {"op": "table"}: answer {"ok": true, "table": build_table()} (scripts/gen_sglang_flags.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from gen_sglang_flags import build_table, install_triton_stub, sglang_parser  # noqa: E402
+
+
+class _ParseError(Exception):
+    pass
+
+
+def _parser(abbrev: bool) -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    class P(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # argparse would print and exit(2)
+            raise _ParseError(message)
+
+    p = P(allow_abbrev=abbrev)
+    ServerArgs.add_cli_args(p)
+    return p
+
+
+def main() -> int:
+    install_triton_stub()
+    with contextlib.redirect_stdout(io.StringIO()):
+        sglang_parser()  # imports sglang once (its import logs to stdout/stderr)
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+
+    parsers = {True: _parser(True), False: _parser(False)}
+    out: list[dict[str, Any]] = []
+    for req in json.loads(sys.stdin.read()):
+        op = req["op"]
+        try:
+            if op == "table":
+                out.append({"ok": True, "table": build_table()})
+                continue
+            ns = parsers[bool(req.get("abbrev", False))].parse_args(req["argv"])
+            sa = ServerArgs.from_cli_args(ns)
+            if op == "parse":
+                vals = {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+                out.append({"ok": True, "error": "", "values": vals})
+            else:
+                out.append({"ok": True, "reason": adaptive_unsupported_reason(sa)})
+        except _ParseError as exc:
+            out.append({"ok": False, "error": str(exc)})
+        except SystemExit as exc:
+            out.append({"ok": False, "error": f"exit {exc.code}"})
+    sys.stdout.write(json.dumps(out, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
