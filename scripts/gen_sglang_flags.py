@@ -123,7 +123,9 @@ def build_table() -> dict[str, Any]:
             "type": None if kind in ("store_true", "store_false", "store_const", "bool_optional")
             else _type_name(action.type),
             "nargs": action.nargs if isinstance(action.nargs, (str, int, type(None))) else str(action.nargs),
-            "choices": [_json_default(c) for c in action.choices] if action.choices is not None else None,
+            # sorted: some choice lists come from registries filled in import order, which varies by process
+            "choices": sorted((_json_default(c) for c in action.choices), key=str)
+            if action.choices is not None else None,
             "default": _json_default(action.default),
             "required": bool(action.required),
             "deprecated": "Deprecated" in type(action).__name__,

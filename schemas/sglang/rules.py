@@ -105,7 +105,11 @@ for _d in _DOCS:
 DOWNGRADE_REASONS: tuple[tuple[str, Callable[[SGLangCommand], bool], str], ...] = (
     ("speculative_eagle_topk", lambda c: isinstance(c.value("speculative_eagle_topk"), int)
      and c.value("speculative_eagle_topk") != 1, "only topk=1 is supported"),
-    ("enable_dp_attention", lambda c: bool(c.value("enable_dp_attention")), "attention DP is not supported"),
+    # attention DP: attn_dp_size > 1 once resolved (--attn-dp-size, or --enable-dp-attention with --dp-size > 1)
+    ("attn_dp_size", lambda c: isinstance(c.value("attn_dp_size"), int) and c.value("attn_dp_size") > 1,
+     "attention DP is not supported"),
+    ("enable_dp_attention", lambda c: bool(c.value("enable_dp_attention")) and isinstance(c.value("dp_size"), int)
+     and c.value("dp_size") > 1, "attention DP is not supported"),
     ("enable_multi_layer_eagle", lambda c: bool(c.value("enable_multi_layer_eagle")),
      "enable_multi_layer_eagle=True is not supported"),
     ("enable_two_batch_overlap", lambda c: bool(c.value("enable_two_batch_overlap")),
