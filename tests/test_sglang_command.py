@@ -1,0 +1,115 @@
+"""Reading one SGLang launch command: shell words, launchers, --config, flag errors, version note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specctl.schemas.sglang.command import looks_like_command, parse_command_text, shell_words
+
+
+def _cmd(text: str, tmp: Path | None = None):  # noqa: ANN202 - test helper
+    name = str((tmp or Path("/nonexistent")) / "cmd.sh")
+    return parse_command_text(text, name=name, base_dir=tmp or Path("/nonexistent"))
+
+
+def _codes(cmd) -> list[tuple[str, str]]:  # noqa: ANN001
+    return [(f.code, f.path) for f in cmd.findings]
+
+
+def test_shell_words_handle_quotes_escapes_continuations_and_comments() -> None:
+    text = "A=1 python -m x \\\n  --a 'b c' \"d \\\"e\\\"\" f\\ g # comment 'unbalanced\n"
+    (words,) = shell_words(text)
+    assert [w.text for w in words] == ["A=1", "python", "-m", "x", "--a", "b c", 'd "e"', "f g"]
+    assert [w.line for w in words][-4:] == [2, 2, 2, 2]
+    assert len(shell_words("a; b && c | d\ne")) == 5
+
+
+@pytest.mark.parametrize("launcher", [
+    "python -m sglang.launch_server", "python3 -m sglang.launch_server",
+    "/usr/bin/python3.11 -u -m sglang.launch_server",
+    "sglang serve", "CUDA_VISIBLE_DEVICES=0,1 HF_HUB_OFFLINE=1 python -m sglang.launch_server",
+    "env A=1 exec python3 -m sglang.launch_server", "python -m sglang serve",
+])
+def test_launchers_are_recognised(launcher: str) -> None:
+    cmd = _cmd(f"{launcher} --model-path /m --page-size 16\n")
+    assert cmd.recognised and cmd.findings == []
+    assert cmd.value("page_size") == 16 and cmd.value("model_path") == "/m"
+
+
+def test_env_assignments_and_export_lines_are_the_environment() -> None:
+    cmd = _cmd("#!/bin/sh\nexport HF_HUB_OFFLINE=1\nX=2\nCUDA_VISIBLE_DEVICES=3 python -m sglang.launch_server "
+               "--model-path /m\n")
+    assert cmd.findings == [] and cmd.env == {"HF_HUB_OFFLINE": "1", "X": "2", "CUDA_VISIBLE_DEVICES": "3"}
+    assert cmd.first_line == 4
+
+
+def test_every_flag_error_at_once_with_argparse_wording() -> None:
+    cmd = _cmd("python -m sglang.launch_server --model-path /m --page-size x --dtype bf --tp-size 2.5 "
+               "--disable-radix-cache=1 --speculative-num-stepz 3 --speculative-algo EAGLE stray --port\n")
+    assert _codes(cmd) == [
+        ("SGL003", "--page-size"), ("SGL003", "--dtype"), ("SGL003", "--tp-size"), ("SGL003", "--disable-radix-cache"),
+        ("SGL001", "--speculative-num-stepz"), ("SGL002", "--speculative-algorithm"), ("SGL003", "$"),
+        ("SGL003", "--port"),
+    ]
+    msgs = [f.message for f in cmd.findings]
+    assert "argument --page-size: invalid int value: 'x'" in msgs[0]
+    assert "did you mean --speculative-num-steps?" in cmd.findings[4].fix
+    assert cmd.value("speculative_algorithm") == "EAGLE"  # an abbreviation still reads its value
+
+
+def test_ambiguous_prefix_is_an_error_naming_the_candidates() -> None:
+    cmd = _cmd("python -m sglang.launch_server --model-path /m --speculative-draft 3\n")
+    (f,) = cmd.findings
+    assert f.code == "SGL001" and "ambiguous" in f.message and "--speculative-draft-model-path" in f.message
+
+
+def test_bad_files_are_findings_never_exceptions() -> None:
+    assert _codes(_cmd("")) == [("SGL000", "$")]
+    assert _codes(_cmd("python -m sglang.launch_server --model-path '/m\n")) == [("SGL000", "$")]
+    assert _codes(_cmd("vllm serve /m\n")) == [("SGL000", "$")]
+    two = _cmd("python -m sglang.launch_server --model-path /m\npython -m sglang.launch_server --model-path /n\n")
+    assert _codes(two) == [("SGL000", "$")] and two.findings[0].line == 2
+    assert _codes(_cmd("python -m sglang.launch_server --port 1\n")) == [("SGL003", "--model-path")]
+
+
+def test_config_yaml_is_read_relative_to_the_command_file_and_the_command_line_wins(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("page-size: 32\ndtype: bfloat16\ndisable_radix_cache: true\n"
+                                     "cuda-graph-bs-decode: [1, 2, 4]\n")
+    cmd = _cmd("python -m sglang.launch_server --model-path /m --config c.yaml --page-size 64\n", tmp_path)
+    assert cmd.findings == []
+    assert cmd.value("page_size") == 64 and cmd.value("dtype") == "bfloat16"
+    assert cmd.value("disable_radix_cache") is True and cmd.value("cuda_graph_bs_decode") == [1, 2, 4]
+    assert cmd.options["dtype"].from_config == str(tmp_path / "c.yaml")
+
+
+def test_config_problems(tmp_path: Path) -> None:
+    (tmp_path / "loop.yaml").write_text("config: loop.yaml\n")
+    (tmp_path / "bad.yaml").write_text("page-sise: 3\n")
+    (tmp_path / "c.json").write_text("{}")
+    for arg, code in [("loop.yaml", "SGL004"), ("nope.yaml", "SGL004"), ("c.json", "SGL004"), ("bad.yaml", "SGL001")]:
+        cmd = _cmd(f"python -m sglang.launch_server --model-path /m --config {arg}\n", tmp_path)
+        assert [f.code for f in cmd.findings] == [code], (arg, cmd.findings)
+    twice = _cmd("python -m sglang.launch_server --model-path /m --config loop.yaml --config nope.yaml\n", tmp_path)
+    assert "Multiple config files" in twice.findings[0].message
+
+
+def test_looks_like_command() -> None:
+    assert looks_like_command("#!/bin/bash\nexec foo\n")
+    assert looks_like_command("# prefill\npython -m sglang.launch_server --model-path /m \\\n  --port 1\n")
+    assert not looks_like_command("version: 1\nmodel: {target: x}\n")
+    assert not looks_like_command('{"1": {"candidate_steps": [1]}}')
+    assert not looks_like_command("# a comment\n- a\n- b\n")
+
+
+def test_installed_version_differs_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from specctl.schemas.sglang.command import installed_version_note
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.9.9")
+    cmd = _cmd("python -m sglang.launch_server --model-path /m\n")
+    installed_version_note(cmd)
+    (f,) = cmd.findings
+    assert f.code == "SGL005" and f.severity == "info" and "9.9.9" in f.message and "0.5.23" in f.message
