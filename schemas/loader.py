@@ -188,6 +188,8 @@ def read_text(path: str | Path) -> str:
             raise UsageError(f"{str(p)[:80]}...: the path is too long ({len(str(p))} characters)") from None
         if exc.errno == errno.ELOOP:
             raise UsageError(f"{p}: too many levels of symbolic links (a link loop?)") from None
+        if exc.errno == errno.ENXIO:  # opening a UNIX socket (or a device without a driver)
+            raise UsageError(f"{p}: is a socket or a special file, not a regular file; not read") from None
         raise UsageError(f"{p}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:  # a NUL byte in the path
         raise UsageError(f"{p!r}: not a usable path: {exc}") from None

@@ -145,7 +145,8 @@ def read_config_json(path: Path, *, label: str = "") -> dict[str, Any]:
         raise UsageError(f"{name}: no config.json at {path}") from None
     except OSError as exc:
         why = {errno.ENAMETOOLONG: "the path is too long", errno.ELOOP: "too many levels of symbolic links",
-               errno.EACCES: "permission denied", errno.EISDIR: "is a directory"}.get(exc.errno or 0,
+               errno.EACCES: "permission denied", errno.EISDIR: "is a directory",
+               errno.ENXIO: "is a socket or a special file, not a regular file"}.get(exc.errno or 0,
                                                                                      exc.strerror or str(exc))
         raise UsageError(f"{name}: cannot read {path}: {why}") from None
     except ValueError as exc:  # a NUL byte in the path
@@ -182,6 +183,25 @@ def read_config_json(path: Path, *, label: str = "") -> dict[str, Any]:
     return cfg
 
 
+MAX_LAYERS = 10_000  # far above any real model; keeps a hostile config from allocating per-layer lists
+_MAX_FIELD = 1 << 40
+
+
+def config_int(ref: str, cfg: dict[str, Any], key: str, *, default: int | None = None, lo: int = 1,
+               hi: int = _MAX_FIELD) -> int:
+    """An integer field of config.json within [lo, hi]; UsageError naming the field otherwise."""
+    v = cfg.get(key, default)
+    if v is None and default is not None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, int):
+        if v is None:
+            raise UsageError(f"{ref}: config.json lacks the {key!r} field")
+        raise UsageError(f"{ref}: config.json field {key!r} must be an integer, got {json.dumps(v)[:60]}")
+    if not lo <= v <= hi:
+        raise UsageError(f"{ref}: config.json field {key!r} is {v}; expected {lo}..{hi}")
+    return v
+
+
 def facts_from_config(ref: str, cfg: dict[str, Any], *, engine: bool = True) -> ModelFacts:
     """Derive `ModelFacts` from a parsed config.json; UsageError naming the field when unusable.
 
@@ -198,22 +218,21 @@ def facts_from_config(ref: str, cfg: dict[str, Any], *, engine: bool = True) -> 
                 hint=f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}",
             )
         return _sglang_facts(ref, cfg)
-    try:
-        num_layers = int(cfg["num_hidden_layers"])
-        hidden = int(cfg["hidden_size"])
-        vocab = int(cfg["vocab_size"])
-        heads = int(cfg["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{ref}: config.json lacks a usable {exc} field") from None
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    num_layers = config_int(ref, cfg, "num_hidden_layers", hi=MAX_LAYERS)
+    hidden = config_int(ref, cfg, "hidden_size")
+    vocab = config_int(ref, cfg, "vocab_size")
+    heads = config_int(ref, cfg, "num_attention_heads")
+    kv_heads = config_int(ref, cfg, "num_key_value_heads", default=heads)
+    head_dim = config_int(ref, cfg, "head_dim", default=max(1, hidden // heads))
     window = cfg.get("sliding_window")
+    if window is not None:
+        window = config_int(ref, cfg, "sliding_window")
     kinds: list[str]
     if isinstance(cfg.get("layer_types"), list):
         kinds = []
         for k in cfg["layer_types"]:
             # Hugging Face spells these "full_attention" / "sliding_attention" in newer configs.
-            k = {"full_attention": "full", "sliding_attention": "swa"}.get(k, k)
+            k = {"full_attention": "full", "sliding_attention": "swa"}.get(k, k) if isinstance(k, str) else k
             if k not in LAYER_KINDS:
                 raise UsageError(f"{ref}: unknown layer type {k!r} in layer_types", hint=f"one of {LAYER_KINDS}")
             kinds.append(k)
@@ -221,7 +240,7 @@ def facts_from_config(ref: str, cfg: dict[str, Any], *, engine: bool = True) -> 
             raise UsageError(f"{ref}: layer_types has {len(kinds)} entries but num_hidden_layers={num_layers}")
     elif arch == "Qwen2ForCausalLM" and cfg.get("use_sliding_window"):
         # Qwen2: layers at index >= max_window_layers use sliding-window attention.
-        mwl = int(cfg.get("max_window_layers", num_layers))
+        mwl = config_int(ref, cfg, "max_window_layers", default=num_layers, lo=0)
         kinds = ["swa" if i >= mwl else "full" for i in range(num_layers)]
     else:
         kinds = ["full"] * num_layers

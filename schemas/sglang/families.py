@@ -101,10 +101,13 @@ class SGLangModel:
         return self.pool
 
 
-def _int(cfg: dict[str, Any], key: str) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise FamilyError(f"config.json field {key!r} must be a non-negative integer, got {v!r}")
+MAX_LAYERS = 10_000
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None, *, lo: int = 0, hi: int = MAX_LAYERS) -> int:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise FamilyError(f"config.json field {key!r} must be an integer in {lo}..{hi}, got {str(v)[:40]!r}")
     return v
 
 
@@ -124,7 +127,7 @@ def _layer_types(cfg: dict[str, Any], n: int) -> tuple[str, ...] | None:
     kinds = []
     for k in lt:
         if not isinstance(k, str) or k not in _HF_KIND:
-            raise FamilyError(f"config.json layer_types holds {k!r}; expected one of {sorted(_HF_KIND)}")
+            raise FamilyError(f"config.json layer_types holds {str(k)[:40]!r}; expected one of {sorted(_HF_KIND)}")
         kinds.append(_HF_KIND[k])
     if len(kinds) != n:
         raise FamilyError(f"config.json layer_types has {len(kinds)} entries but num_hidden_layers={n}")
@@ -142,7 +145,7 @@ def _kinds_qwen3_next(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     if lt is not None:
         return lt
     # Qwen3NextConfig.layers_block_type: every full_attention_interval-th layer is full attention
-    return _every(n, int(cfg.get("full_attention_interval", 4)), "full", "linear")
+    return _every(n, _int(cfg, "full_attention_interval", 4, lo=1), "full", "linear")
 
 
 def _kinds_nemotron_h(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
@@ -157,7 +160,7 @@ def _kinds_gemma3(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     if lt is not None:
         return lt
     # Gemma 3: every sliding_window_pattern-th layer is global (full) attention
-    return _every(n, int(cfg.get("sliding_window_pattern", 6)), "full", "swa")
+    return _every(n, _int(cfg, "sliding_window_pattern", 6, lo=1), "full", "swa")
 
 
 def _kinds_gpt_oss(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
