@@ -105,3 +105,25 @@ def test_one_bad_file_never_hides_the_others() -> None:
                          "sglang/invalid/sgl001-unknown-flag.sh")
     assert [f["ok"] for f in doc["files"]] == [False, True, False]
     assert code == 1
+
+
+def test_validating_sglang_commands_never_imports_torch_or_sglang(data_root: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from specctl.cli.main import app\n"
+        "try:\n"
+        "    app(['validate', 'sglang/pairs/ok/prefill.sh', 'sglang/pairs/ok/decode.sh', '--format', 'json'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'transformers'))\n"
+        "print('HEAVY', bad, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=data_root,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stderr
