@@ -266,7 +266,8 @@ def _sglang_facts(ref: str, cfg: dict[str, Any]) -> ModelFacts:
         m = sglang_model(cfg)
     except FamilyError as exc:
         raise UsageError(f"{ref}: {exc}") from None
-    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text_config = cfg.get("text_config")
+    tc: dict[str, Any] = text_config if isinstance(text_config, dict) else cfg
 
     def num(key: str, default: int = 0) -> int:
         v = tc.get(key, default)

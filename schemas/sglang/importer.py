@@ -82,7 +82,7 @@ def import_commands(paths: list[str], *, name: str | None = None) -> Imported:
 
 
 def to_yaml(data: dict[str, Any]) -> str:
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
-    return "# imported from SGLang launch commands by `specctl import sglang`\n" + yaml.safe_dump(
-        data, sort_keys=False, default_flow_style=None, width=110)
+    text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
+    return "# imported from SGLang launch commands by `specctl import sglang`\n" + text
