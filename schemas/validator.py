@@ -471,8 +471,13 @@ def _on_flag(f: Finding, s: _State) -> Finding:
     flag = mapped.flag_for(f.path, cmd)
     if flag is None:
         return f
+    from specctl.schemas.sglang.rules import SGLANG_WHEN
+
     pos = s.doc.position(f.path)
-    return replace(f, path=flag, fix=f"{f.fix} (SGLang flag: {flag})",
+    when = SGLANG_WHEN.get(f.code)
+    message = f"{f.message}; SGLang fails {when}" if when and not when.startswith("never") else \
+        (f"{f.message}; {when}" if when else f.message)
+    return replace(f, path=flag, message=message, fix=f"{f.fix} (SGLang flag: {flag})",
                    line=f.line if f.line is not None else (pos[0] if pos else None),
                    column=f.column if f.column is not None else (pos[1] if pos else None))
 

@@ -98,6 +98,17 @@ _DOCS = (
      "hidden states that decode's drafter continues from.",
      _FIRST_XFER + ": missing draft KV / hidden states on decode (or a draft run without its prefix)",
      "pass the same --speculative-algorithm and --speculative-draft-model-path to both servers", "", ""),
+    ("SGL209", "decode allocation policies differ", "error",
+     "--disaggregation-decode-allocation-policy is registered by prefill and compared by decode per request; "
+     "`prefill_complete` also requires prefill at attention TP1/CP1/PP1.",
+     _FIRST_REQ + ": 'Disaggregation decode allocation policy mismatch: prefill=..., decode=.... Set "
+     "--disaggregation-decode-allocation-policy identically on both roles.' (the request fails)",
+     "pass the same --disaggregation-decode-allocation-policy to both servers", "", ""),
+    ("SGL210", "KV layouts differ", "error",
+     "--dsv4-attn-backend selects the KV layout of DeepSeek-V4 pools; prefill and decode must agree.",
+     _FIRST_REQ + ": 'KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=.... "
+     "Both servers must use the same --dsv4-attn-backend and SGLANG_DSV4_KV_LAYOUT.'",
+     "pass the same --dsv4-attn-backend to both servers", "", ""),
 )
 for _d in _DOCS:
     register(RuleDoc(*_d))  # type: ignore[arg-type]
@@ -170,6 +181,19 @@ def check_command(cmd: SGLangCommand, model: SGLangModel | None) -> list[Finding
     return out
 
 
+# When SGLang would hit what specctl's general PD rules find, for findings on SGLang commands.
+SGLANG_WHEN: dict[str, str] = {
+    "PD501": "never fails: SGLang does not compare the models; decode silently continues another model's KV",
+    "PD502": _FIRST_XFER + ": KV item lengths differ ('... item length mismatch')",
+    "PD503": _FIRST_REQ + ": 'Page size mismatch: prefill server has page_size=..., but decode server has "
+             "page_size=.... Both servers must use the same --page-size value.'",
+    "PD504": _FIRST_XFER + ": 'state component count mismatch' / item length mismatch",
+    "PD505": _FIRST_XFER + ": 'state component count mismatch (local=N, remote=M)'",
+    "PD506": _FIRST_XFER + ": 'Prefill/Decode Mamba slot size mismatch' / state item length mismatch",
+    "PD507": _FIRST_XFER + ": the draft's KV is missing on decode",
+}
+
+
 def _state_cause(p: SGLangCommand, d: SGLangCommand) -> str:
     for dest in ("kv_cache_dtype", "disable_hybrid_swa_memory"):
         if p.value(dest) != d.value(dest):
@@ -206,6 +230,18 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
            "KV cache dtype mismatch: prefill server has kv_cache_dtype=...")
     differ("SGL203", "disaggregation_transfer_backend", "transfer backends differ", _FIRST_REQ,
            "no error names it: the two transfer engines never connect and requests time out")
+    differ("SGL209", "disaggregation_decode_allocation_policy", "decode allocation policies differ", _FIRST_REQ,
+           "Disaggregation decode allocation policy mismatch: prefill=..., decode=...")
+    if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and not out and any(
+            isinstance(p.value(k), int) and p.value(k) > 1 for k in ("tp_size", "attn_cp_size", "pp_size")):
+        out.append(_f(d, "SGL209", "error", "disaggregation_decode_allocation_policy",
+                      f"--disaggregation-decode-allocation-policy prefill_complete needs prefill at attention "
+                      f"TP1/CP1/PP1, but prefill has --tp-size {p.value('tp_size')}; SGLang fails {_FIRST_REQ}: "
+                      "'prefill_complete requires peer attention TP1/CP1/PP1'",
+                      "use the early policy on both sides, or run prefill at TP1"))
+    if pm is None or pm.architecture.startswith("DeepseekV4"):  # only DeepSeek-V4 pools report a kv_layout
+        differ("SGL210", "dsv4_attn_backend", "KV layouts differ", _FIRST_REQ,
+               "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=...")
     hybrid = pm is not None and pm.is_hybrid and pm.pool != POOL_MLA
     if hybrid:
         differ("SGL204", "tp_size", "TP sizes differ on a hybrid non-MLA model", _FIRST_XFER,
