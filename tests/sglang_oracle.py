@@ -6,6 +6,9 @@ Reads one JSON request list on stdin, writes one JSON answer list on stdout. Req
   `ServerArgs.from_cli_args`; answer {"ok": bool, "error": str, "values": {dest: value} of the flags given}.
 - {"op": "adaptive_reason", "argv": [...]}: `adaptive_unsupported_reason(ServerArgs)` (SGLang's list of
   silent adaptive downgrades); answer {"ok": bool, "reason": str | null}.
+- {"op": "adaptive_init", "argv": [...]}: what SGLang resolves for adaptive speculation on CPU: the
+  downgrade reason, then (when none) `speculative_hook._init_adaptive_speculative_params`; answer
+  {"ok": bool, "reason", "error", "num_draft_tokens", "num_steps", "adaptive"}.
 - {"op": "table"}: answer {"ok": true, "table": build_table()} (scripts/gen_sglang_flags.py).
 """
 
@@ -43,6 +46,22 @@ def _parser(abbrev: bool) -> argparse.ArgumentParser:
     return p
 
 
+def _adaptive_init(sa: Any, unsupported: Any) -> dict[str, Any]:
+    from sglang.srt.arg_groups import speculative_hook
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    reason = unsupported(sa) if sa.speculative_adaptive else None
+    error = None
+    if sa.speculative_adaptive and reason is None:
+        try:
+            speculative_hook._init_adaptive_speculative_params(sa)
+        except ValueError as exc:
+            error = str(exc)
+    view = resolving_view(sa)
+    return {"ok": True, "reason": reason, "error": error, "adaptive": bool(sa.speculative_adaptive),
+            "num_draft_tokens": view.speculative_num_draft_tokens, "num_steps": view.speculative_num_steps}
+
+
 def main() -> int:
     install_triton_stub()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -60,6 +79,9 @@ def main() -> int:
                 continue
             ns = parsers[bool(req.get("abbrev", False))].parse_args(req["argv"])
             sa = ServerArgs.from_cli_args(ns)
+            if op == "adaptive_init":
+                out.append(_adaptive_init(sa, adaptive_unsupported_reason))
+                continue
             if op == "parse":
                 vals = {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, bool, list, type(None)))}
                 out.append({"ok": True, "error": "", "values": vals})

@@ -7,7 +7,9 @@ scripts/setup.sh; run in a child process, tests/sglang_oracle.py, so no test pro
 - on a derandomized corpus of mutated commands, `specctl validate` reports a flag error exactly when
   SGLang's parser (as launch_server builds it, abbreviations allowed) refuses the command, and reads the
   same values when it accepts;
-- SGL102's silent adaptive downgrades are exactly SGLang's `adaptive_unsupported_reason`.
+- SGL102's silent adaptive downgrades are exactly SGLang's `adaptive_unsupported_reason`;
+- each adaptive-trap example (tests/data/sglang/invalid: SGL101, SGL102, SGL103, ADP101) really is what
+  SGLang resolves on CPU (`_init_adaptive_speculative_params`), and the valid example resolves cleanly.
 """
 
 from __future__ import annotations
@@ -97,6 +99,26 @@ def _mutations(seed: int, n: int) -> list[list[str]]:
     return out
 
 
+SGL_DATA = ROOT / "tests" / "data" / "sglang"
+TRAP_EXAMPLES = [SGL_DATA / "invalid" / n for n in (
+    "sgl101-config-without-adaptive.sh", "sgl102-adaptive-topk.sh", "sgl102-adaptive-ngram.sh",
+    "sgl102-adaptive-tbo.sh", "sgl103-num-draft-tokens.sh", "adp101-initial-not-candidate.sh")] + [
+    SGL_DATA / "valid" / "sgl-adaptive.sh"]
+
+
+def _example_argv(path: Path) -> list[str]:
+    """The flags of an example command file as SGLang would receive them (config path made absolute)."""
+    from specctl.schemas.sglang.command import _launcher, shell_words
+
+    (words,) = shell_words(path.read_text())
+    found = _launcher(words)
+    assert found is not None
+    argv = [w.text for w in words[found[1]:]]
+    i = argv.index("--speculative-adaptive-config")
+    argv[i + 1] = str(path.parent / argv[i + 1])
+    return argv
+
+
 def _mine(argv: list[str]) -> SGLangCommand:
     cmd = SGLangCommand(name="t.sh")
     parse_args(cmd, [Word(a, 1, 1) for a in argv])
@@ -119,6 +141,8 @@ def oracle() -> dict[str, Any]:
     adaptive = [["--model-path", "/models/m", "--speculative-algorithm", "EAGLE", "--speculative-adaptive", *c]
                 for c in ADAPTIVE_CASES]
     requests += [{"op": "adaptive_reason", "argv": a} for a in adaptive]
+    traps = [(p, _example_argv(p)) for p in TRAP_EXAMPLES]
+    requests += [{"op": "adaptive_init", "argv": a} for _, a in traps]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sglang_oracle.py")], input=json.dumps(requests),
                           capture_output=True, text=True, timeout=240, env=env)
@@ -127,7 +151,9 @@ def oracle() -> dict[str, Any]:
     n = len(exported)
     return {"table": answers[0]["table"], "exported": list(zip(exported, answers[1:1 + n], strict=True)),
             "mutated": list(zip(mutated, answers[1 + n:1 + n + len(mutated)], strict=True)),
-            "adaptive": list(zip(adaptive, answers[1 + n + len(mutated):], strict=True))}
+            "adaptive": list(zip(adaptive, answers[1 + n + len(mutated):1 + n + len(mutated) + len(adaptive)],
+                                 strict=True)),
+            "traps": list(zip(traps, answers[1 + n + len(mutated) + len(adaptive):], strict=True))}
 
 
 def test_shipped_flag_table_equals_sglangs_parser(oracle: dict[str, Any]) -> None:
@@ -176,3 +202,22 @@ def test_silent_adaptive_downgrades_are_sglangs(oracle: dict[str, Any]) -> None:
         assert (mine is None) == (theirs is None), (argv, mine, theirs)
         if mine is not None and "=" in theirs.split(" ")[0]:
             assert mine[1].split(" ")[0] == theirs.split(" ")[0], (mine, theirs)
+
+
+def test_adaptive_trap_examples_are_what_sglang_resolves(oracle: dict[str, Any]) -> None:
+    from validate_helpers import expectations
+
+    for (path, argv), answer in oracle["traps"]:
+        codes = {c for c, _ in expectations(path)[1]} if path.parent.name == "invalid" else set()
+        assert answer["ok"], (path.name, answer)
+        if "SGL101" in codes:  # the config is given, adaptive is off: SGLang never reads the file
+            assert answer["adaptive"] is False and "--speculative-adaptive-config" in argv
+        elif "SGL102" in codes:
+            assert answer["reason"] is not None, path.name
+        elif "SGL103" in codes:
+            given = int(argv[argv.index("--speculative-num-draft-tokens") + 1])
+            assert answer["reason"] is None and answer["num_draft_tokens"] == answer["num_steps"] + 1 != given
+        elif "ADP101" in codes:
+            assert "is not in the adaptive config candidate_steps" in (answer["error"] or "")
+        else:  # the valid example: adaptive stays on and resolves
+            assert answer["reason"] is None and answer["error"] is None and answer["adaptive"] is True
