@@ -9,7 +9,13 @@ yes/no check first, `jsonschema` only for documents that fail it) -> merged
 roles -> semantic rules on the roles whose sections passed the schema -> step coverage per engine
 role (engineer A's `check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
 (detected by shape, or `kind="sglang"`) goes through `parse_sglang_config` + `step_coverage` with the
-given initial steps and graph batch sizes. Then files declaring only prefill are paired, in order,
+given initial steps and graph batch sizes. An SGLang launch command (recognised by content:
+`sglang.command.looks_like_command`, or `kind="sglang-command"`) is read flag by flag (SGL0xx),
+mapped onto a deployment document (`sglang.mapping`) that goes through every rule above, with its
+findings moved onto the flag behind each JSON path, plus the SGLang-only rules (SGL1xx); a prefill
+and a decode command are also compared by `sglang.rules.check_pair` (SGL2xx). An exception while
+validating one file becomes that file's SCH000 finding and exit 3, so the other files' report survives.
+Then files declaring only prefill are paired, in order,
 with files declaring only decode and cross-checked (rule 5 and cross-file topology); findings of a
 pair land in the decode file, naming the prefill file.
 
