@@ -9,6 +9,8 @@ Reads one JSON request list on stdin, writes one JSON answer list on stdout. Req
 - {"op": "adaptive_init", "argv": [...]}: what SGLang resolves for adaptive speculation on CPU: the
   downgrade reason, then (when none) `speculative_hook._init_adaptive_speculative_params`; answer
   {"ok": bool, "reason", "error", "num_draft_tokens", "num_steps", "adaptive"}.
+- {"op": "graph_sizes", "argv": [...], "max_bs": N}: SGLang's decode CUDA-graph batch sizes up to N
+  (`cuda_graph_hook.generate_decode_cuda_graph_batch_sizes`); answer {"ok": true, "sizes": [...]}.
 - {"op": "table"}: answer {"ok": true, "table": build_table()} (scripts/gen_sglang_flags.py).
 """
 
@@ -79,6 +81,11 @@ def main() -> int:
                 continue
             ns = parsers[bool(req.get("abbrev", False))].parse_args(req["argv"])
             sa = ServerArgs.from_cli_args(ns)
+            if op == "graph_sizes":
+                from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
+
+                out.append({"ok": True, "sizes": generate_decode_cuda_graph_batch_sizes(sa, int(req["max_bs"]))})
+                continue
             if op == "adaptive_init":
                 out.append(_adaptive_init(sa, adaptive_unsupported_reason))
                 continue

@@ -130,3 +130,13 @@ def test_import_needs_one_prefill_and_one_decode(tmp_path: Path) -> None:
                                           "--disaggregation-mode prefill\n")
     result = run_cli("import", "sglang", str(tmp_path / "a.sh"), str(tmp_path / "b.sh"))
     assert result.exit_code == 2 and "one prefill and one decode" in result.stderr
+
+
+def test_import_of_one_server_is_a_colocated_deployment(tmp_path: Path) -> None:
+    (tmp_path / "s.sh").write_text("sglang serve --model-path /models/x --port 31301 --page-size 32 "
+                                   "--cuda-graph-max-bs-decode 16 --max-running-requests 16\n")
+    result = run_cli("import", "sglang", str(tmp_path / "s.sh"))
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(result.stdout)
+    assert data["roles"] == {"colocated": {"host": "127.0.0.1", "port": 31301}}
+    assert data["cache"]["page_size"] == 32 and data["serve"]["graph_batch_sizes"] == [1, 2, 4, 8, 12, 16]

@@ -99,6 +99,7 @@ def _mutations(seed: int, n: int) -> list[list[str]]:
     return out
 
 
+GRAPH_CASES = [[], ["--speculative-algorithm", "EAGLE"], ["--disable-cuda-graph-padding"]]
 SGL_DATA = ROOT / "tests" / "data" / "sglang"
 TRAP_EXAMPLES = [SGL_DATA / "invalid" / n for n in (
     "sgl101-config-without-adaptive.sh", "sgl102-adaptive-topk.sh", "sgl102-adaptive-ngram.sh",
@@ -143,6 +144,8 @@ def oracle() -> dict[str, Any]:
     requests += [{"op": "adaptive_reason", "argv": a} for a in adaptive]
     traps = [(p, _example_argv(p)) for p in TRAP_EXAMPLES]
     requests += [{"op": "adaptive_init", "argv": a} for _, a in traps]
+    graphs = [(extra, max_bs) for extra in GRAPH_CASES for max_bs in (1, 7, 48, 160, 600)]
+    requests += [{"op": "graph_sizes", "argv": ["--model-path", "/m", *e], "max_bs": m} for e, m in graphs]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sglang_oracle.py")], input=json.dumps(requests),
                           capture_output=True, text=True, timeout=240, env=env)
@@ -153,7 +156,8 @@ def oracle() -> dict[str, Any]:
             "mutated": list(zip(mutated, answers[1 + n:1 + n + len(mutated)], strict=True)),
             "adaptive": list(zip(adaptive, answers[1 + n + len(mutated):1 + n + len(mutated) + len(adaptive)],
                                  strict=True)),
-            "traps": list(zip(traps, answers[1 + n + len(mutated) + len(adaptive):], strict=True))}
+            "traps": list(zip(traps, answers[1 + n + len(mutated) + len(adaptive):-len(graphs)], strict=True)),
+            "graphs": list(zip(graphs, answers[-len(graphs):], strict=True))}
 
 
 def test_shipped_flag_table_equals_sglangs_parser(oracle: dict[str, Any]) -> None:
@@ -221,3 +225,12 @@ def test_adaptive_trap_examples_are_what_sglang_resolves(oracle: dict[str, Any])
             assert "is not in the adaptive config candidate_steps" in (answer["error"] or "")
         else:  # the valid example: adaptive stays on and resolves
             assert answer["reason"] is None and answer["error"] is None and answer["adaptive"] is True
+
+
+def test_graph_batch_sizes_from_max_bs_are_sglangs(oracle: dict[str, Any]) -> None:
+    from specctl.schemas.sglang.mapping import generate_decode_graph_sizes
+
+    for (extra, max_bs), answer in oracle["graphs"]:
+        mine = generate_decode_graph_sizes(max_bs, speculative=bool(extra and extra[0].startswith("--spec")),
+                                           no_padding="--disable-cuda-graph-padding" in extra)
+        assert mine == answer["sizes"], (extra, max_bs)
