@@ -44,7 +44,10 @@ def import_sglang(
             sys.stderr.write(f"{where}: {f.code} {f.path}: {f.severity}: {f.message}\n    fix: {f.fix}\n")
         if not imported.ok or not imported.data:
             raise typer.Exit(1)
-        text = to_yaml(imported.data)
+        for role, flags in imported.unmapped.items():
+            sys.stderr.write(f"note: {role}: not represented in the deployment (kept as a comment): "
+                             f"{' '.join(flags)}\n")
+        text = to_yaml(imported.data, imported.unmapped)
         if out:
             Path(out).write_text(text, encoding="utf-8")
             sys.stderr.write(f"wrote {out}; check it with: specctl validate {out}\n")

@@ -140,3 +140,15 @@ def test_import_of_one_server_is_a_colocated_deployment(tmp_path: Path) -> None:
     data = yaml.safe_load(result.stdout)
     assert data["roles"] == {"colocated": {"host": "127.0.0.1", "port": 31301}}
     assert data["cache"]["page_size"] == 32 and data["serve"]["graph_batch_sizes"] == [1, 2, 4, 8, 12, 16]
+
+
+def test_import_says_which_flags_the_deployment_cannot_hold(tmp_path: Path) -> None:
+    base = "python -m sglang.launch_server --model-path /models/x --page-size 16 --tp-size 2 "
+    (tmp_path / "p.sh").write_text(base + "--disaggregation-mode prefill --kv-cache-dtype fp8_e4m3\n")
+    (tmp_path / "d.sh").write_text(base + "--disaggregation-mode decode --port 31302 --disable-radix-cache\n")
+    result = run_cli("import", "sglang", str(tmp_path / "p.sh"), str(tmp_path / "d.sh"))
+    assert result.exit_code == 0, result.output
+    assert "prefill: not represented in the deployment (kept as a comment): --tp-size 2 --kv-cache-dtype fp8_e4m3" \
+        in result.stderr
+    assert "# decode: SGLang flags with no field in a deployment (pass them yourself): --tp-size 2" in result.stdout
+    assert "--disable-radix-cache" not in result.stdout  # implied by the export of a decode role

@@ -18,7 +18,7 @@ from specctl.errors import UsageError
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import read_text
 from specctl.schemas.sglang.command import SGLangCommand, parse_command_text
-from specctl.schemas.sglang.mapping import to_deployment
+from specctl.schemas.sglang.mapping import to_deployment, unmapped_flags
 
 SECTIONS = ("model", "speculative", "cache", "serve", "transfer")
 
@@ -27,6 +27,8 @@ SECTIONS = ("model", "speculative", "cache", "serve", "transfer")
 class Imported:
     data: dict[str, Any]
     findings: list[tuple[str, Finding]] = field(default_factory=list)  # (file, finding)
+    # role -> flags the deployment model cannot hold (reported, and kept as a comment in the YAML)
+    unmapped: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,11 +80,15 @@ def import_commands(paths: list[str], *, name: str | None = None) -> Imported:
                 entry[sec] = {k: v for k, v in m[sec].items() if base[sec].get(k) != v}
         roles_out[role] = entry
     data["roles"] = roles_out
-    return Imported(data, findings)
+    unmapped = {c.role: flags for c in cmds if (flags := unmapped_flags(c))}
+    return Imported(data, findings, unmapped)
 
 
-def to_yaml(data: dict[str, Any]) -> str:
+def to_yaml(data: dict[str, Any], unmapped: dict[str, list[str]] | None = None) -> str:
     import yaml  # type: ignore[import-untyped, unused-ignore]
 
     text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
-    return "# imported from SGLang launch commands by `specctl import sglang`\n" + text
+    head = "# imported from SGLang launch commands by `specctl import sglang`\n"
+    for role, flags in (unmapped or {}).items():
+        head += f"# {role}: SGLang flags with no field in a deployment (pass them yourself): {' '.join(flags)}\n"
+    return head + text

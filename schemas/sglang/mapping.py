@@ -53,6 +53,34 @@ FLAG_OF_PATH: dict[str, str] = {
 }
 
 
+# Flags `to_deployment` reads (everything else has no field in the deployment model).
+CONSUMED = frozenset({
+    "model_path", "dtype", "device", "base_gpu_id", "speculative_algorithm", "speculative_draft_model_path",
+    "speculative_num_steps", "speculative_eagle_topk", "speculative_adaptive", "speculative_adaptive_config",
+    "page_size", "max_total_tokens", "max_running_requests", "cuda_graph_bs_decode", "cuda_graph_max_bs_decode",
+    "disable_cuda_graph", "disable_decode_cuda_graph", "disable_cuda_graph_padding", "host", "port",
+    "disaggregation_mode", "disaggregation_bootstrap_port",
+})
+# Flags whose value the deployment model implies on export (not lost on a round trip when left at it).
+IMPLIED = {"disaggregation_transfer_backend": "mooncake", "disable_radix_cache": True,
+           "speculative_num_draft_tokens": None}
+
+
+def unmapped_flags(cmd: SGLangCommand) -> list[str]:
+    """The flags of `cmd` the deployment model cannot hold, as written (for import to say so)."""
+    out = []
+    for dest, opt in cmd.options.items():
+        if dest in CONSUMED or (dest in IMPLIED and (IMPLIED[dest] is None or IMPLIED[dest] == opt.value)):
+            continue
+        if opt.flag.takes_value:
+            vals = opt.value if isinstance(opt.value, list) else [opt.value]
+            out.append(" ".join([opt.flag.name, *(str(v) for v in vals)]))
+        else:
+            out.append(opt.flag.name if opt.value or opt.flag.kind != "bool_optional"
+                       else opt.flag.aliases[0] if opt.flag.aliases else opt.flag.name)
+    return out
+
+
 def generate_decode_graph_sizes(max_bs: int, *, speculative: bool, no_padding: bool = False) -> list[int]:
     """SGLang's decode CUDA-graph batch sizes up to `max_bs` (arg_groups/cuda_graph_hook.py)."""
     if no_padding:
