@@ -127,3 +127,14 @@ def test_validating_sglang_commands_never_imports_torch_or_sglang(data_root: Pat
                          env=env)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stderr
+
+
+def test_values_sglang_sizes_at_run_time_trigger_no_rule(tmp_path: Path) -> None:
+    # no --max-total-tokens / --max-running-requests: SGLang sizes them from GPU memory, specctl cannot know
+    (tmp_path / "a.json").write_text('{"1": {"candidate_steps": [1, 3]}, "256": {"candidate_steps": [0, 1]}}')
+    (tmp_path / "s.sh").write_text("python -m sglang.launch_server --model-path /models/x --page-size 3 "
+                                   "--speculative-algorithm EAGLE --speculative-draft-model-path /models/d "
+                                   "--speculative-adaptive --speculative-adaptive-config a.json\n")
+    code, doc = run_json("--strict", "--no-table", str(tmp_path / "s.sh"))
+    assert [f["code"] for f in doc["files"][0]["findings"] if f["severity"] != "info"] == []
+    assert code == 0

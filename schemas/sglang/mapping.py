@@ -229,7 +229,10 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
     page = cmd.value("page_size")
     cache: dict[str, Any] = {"page_size": page if isinstance(page, int) and page > 0 else 1}
     mt = cmd.value("max_total_tokens")
-    cache["max_tokens"] = mt if isinstance(mt, int) and mt > 0 else 1 << 30  # sized from GPU memory otherwise
+    # unknown (SGLang sizes the pool from GPU memory): the largest multiple of the page the schema allows,
+    # so no capacity or page-multiple rule fires on a value the user never wrote
+    unit = cache["page_size"]
+    cache["max_tokens"] = mt if isinstance(mt, int) and mt > 0 else max(unit, unit * ((1 << 30) // unit))
     data["cache"] = cache
     at("$.cache", "page_size")
     at("$.cache.page_size", "page_size")
@@ -254,7 +257,7 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
     elif graph_list:
         serve["max_batch_size"] = max(graph_list)  # unknown: no bigger batch than the graphs assumed
     else:
-        serve["max_batch_size"] = 65536 if not speculative else 64
+        serve["max_batch_size"] = 65536  # unknown (sized from GPU memory): no bucket is unreachable
     serve["graph_batch_sizes"] = [g for g in graph_list if g <= 65536]
     data["serve"] = serve
     at("$.serve", "max_running_requests")
