@@ -63,7 +63,7 @@ def export_sglang(
         "--out", metavar="DIR", help="Write prefill.sh, decode.sh, router.sh (or server.sh) and adaptive.json here.",
         show_default=False)] = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Output format: text (shell) or json "
-                                                 '({"prefill": [argv], "decode": [...], "router": [...], '
+                                                 '({"prefill": [...], "decode": [...], "router": [...], '
                                                  '"files": {...}}).')] = OutputFormat.text,
 ) -> None:
     """Print the SGLang server and sglang-router commands of a deployment (full flag names only)."""
