@@ -70,6 +70,10 @@ def import_commands(paths: list[str], *, name: str | None = None) -> Imported:
     base_role = "decode" if "decode" in mapped else next(iter(mapped))
     base = mapped[base_role]
     data: dict[str, Any] = {"version": 1, "name": name or "sglang-import"}
+    from specctl.schemas.validator import schema
+
+    if "engine" in schema().get("properties", {}):  # `engine: sglang` (once the schema has the field)
+        data["engine"] = "sglang"
     for sec in SECTIONS:
         data[sec] = base[sec]
     roles_out: dict[str, Any] = {}
