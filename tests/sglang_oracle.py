@@ -2,8 +2,9 @@
 
 Reads one JSON request list on stdin, writes one JSON answer list on stdout. Requests:
 - {"op": "parse", "argv": [...], "abbrev": false}: `ServerArgs.add_cli_args` on a parser with
-  `allow_abbrev` as given (SGLang's launch_server uses the argparse default, True), `parse_args`, then
-  `ServerArgs.from_cli_args`; answer {"ok": bool, "error": str, "values": {dest: value} of the flags given}.
+  `allow_abbrev` as given (SGLang's launch_server uses the argparse default, True), `--config` merged
+  by `ConfigArgumentMerger` as `prepare_server_args` does, `parse_args`, then `ServerArgs.from_cli_args`;
+  answer {"ok": bool, "error": str, "values": {dest: value}}.
 - {"op": "adaptive_reason", "argv": [...]}: `adaptive_unsupported_reason(ServerArgs)` (SGLang's list of
   silent adaptive downgrades); answer {"ok": bool, "reason": str | null}.
 - {"op": "adaptive_init", "argv": [...]}: what SGLang resolves for adaptive speculation on CPU: the
@@ -79,7 +80,13 @@ def main() -> int:
             if op == "table":
                 out.append({"ok": True, "table": build_table()})
                 continue
-            ns = parsers[bool(req.get("abbrev", False))].parse_args(req["argv"])
+            parser = parsers[bool(req.get("abbrev", False))]
+            argv = req["argv"]
+            if "--config" in argv:  # as prepare_server_args does
+                from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            ns = parser.parse_args(argv)
             sa = ServerArgs.from_cli_args(ns)
             if op == "graph_sizes":
                 from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
@@ -94,7 +101,7 @@ def main() -> int:
                 out.append({"ok": True, "error": "", "values": vals})
             else:
                 out.append({"ok": True, "reason": adaptive_unsupported_reason(sa)})
-        except _ParseError as exc:
+        except (_ParseError, ValueError) as exc:  # ValueError: ConfigArgumentMerger's refusals
             out.append({"ok": False, "error": str(exc)})
         except SystemExit as exc:
             out.append({"ok": False, "error": f"exit {exc.code}"})

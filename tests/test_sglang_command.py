@@ -75,7 +75,7 @@ def test_bad_files_are_findings_never_exceptions() -> None:
 
 
 def test_config_yaml_is_read_relative_to_the_command_file_and_the_command_line_wins(tmp_path: Path) -> None:
-    (tmp_path / "c.yaml").write_text("page-size: 32\ndtype: bfloat16\ndisable_radix_cache: true\n"
+    (tmp_path / "c.yaml").write_text("page-size: 32\ndtype: bfloat16\ndisable-radix-cache: true\n"
                                      "cuda-graph-bs-decode: [1, 2, 4]\n")
     cmd = _cmd("python -m sglang.launch_server --model-path /m --config c.yaml --page-size 64\n", tmp_path)
     assert cmd.findings == []
@@ -84,14 +84,31 @@ def test_config_yaml_is_read_relative_to_the_command_file_and_the_command_line_w
     assert cmd.options["dtype"].from_config == str(tmp_path / "c.yaml")
 
 
+def test_config_keys_are_flags_as_sglang_merges_them(tmp_path: Path) -> None:
+    # SGLang turns each key into `--KEY` as written: underscores are not flag spellings, switches that are
+    # not store_true cannot be set, `--config=FILE` is never merged, a nested config is never read
+    (tmp_path / "c.yaml").write_text("tp_size: 2\nenable-tf32-matmul: true\nconfig: c.yaml\npage-s: 8\n")
+    cmd = _cmd("python -m sglang.launch_server --model-path /m --config c.yaml\n", tmp_path)
+    got = {(f.code, f.path, f.severity) for f in cmd.findings}
+    assert got == {("SGL001", "--tp_size", "error"), ("SGL004", "--enable-tf32-matmul", "error"),
+                   ("SGL004", "--config", "warning"), ("SGL002", "--page-size", "warning")}
+    assert any("in --config c.yaml" in f.message and "did you mean --tp-size" in f.fix for f in cmd.findings)
+    assert cmd.value("page_size") == 8
+    eq = _cmd("python -m sglang.launch_server --model-path /m --config=c.yaml\n", tmp_path)
+    assert [(f.code, f.severity) for f in eq.findings] == [("SGL004", "warning")] and eq.value("tp_size") == 1
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    assert _cmd("python -m sglang.launch_server --model-path /m --config empty.yaml\n", tmp_path).findings == []
+
+
 def test_config_problems(tmp_path: Path) -> None:
     (tmp_path / "loop.yaml").write_text("config: loop.yaml\n")
     (tmp_path / "bad.yaml").write_text("page-sise: 3\n")
     (tmp_path / "c.json").write_text("{}")
     for arg, code in [("loop.yaml", "SGL004"), ("nope.yaml", "SGL004"), ("c.json", "SGL004"), ("bad.yaml", "SGL001")]:
+        # (loop.yaml: a warning: SGLang never reads a config named inside a config)
         cmd = _cmd(f"python -m sglang.launch_server --model-path /m --config {arg}\n", tmp_path)
         assert [f.code for f in cmd.findings] == [code], (arg, cmd.findings)
-    twice = _cmd("python -m sglang.launch_server --model-path /m --config loop.yaml --config nope.yaml\n", tmp_path)
+    twice = _cmd("python -m sglang.launch_server --model-path /m --config c.json --config nope.yaml\n", tmp_path)
     assert "Multiple config files" in twice.findings[0].message
 
 

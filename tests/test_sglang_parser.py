@@ -99,6 +99,28 @@ def _mutations(seed: int, n: int) -> list[list[str]]:
     return out
 
 
+def _config_cases(folder: Path, seed: int, n: int) -> list[list[str]]:
+    """Commands with a --config YAML of random keys (flag spellings, underscores, prefixes, unknown, nested
+    config, switches) and random values (bools, ints, strings, lists, maps, null); derandomized."""
+    import yaml
+
+    from specctl.schemas.sglang.flags import table
+
+    rng = random.Random(seed)
+    flags = [f for f in table().flags if f.name != "--config"]
+    out = []
+    for k in range(n):
+        cfg: dict[str, Any] = {}
+        for _ in range(rng.randint(1, 4)):
+            f = rng.choice(flags)
+            key = rng.choice([f.name[2:], f.name[2:], f.dest, f.name[2:-2], "frobnicate", "config"])
+            cfg[key] = rng.choice([True, False, 0, 16, -1, "x", "auto", [1, 2], [], {"a": 1}, None, 2.5])
+        p = folder / f"c{k}.yaml"
+        p.write_text(yaml.safe_dump(cfg))
+        out.append(["--model-path", "/models/m", "--port", "31010", "--config", str(p)])
+    return out
+
+
 GRAPH_CASES = [[], ["--speculative-algorithm", "EAGLE"], ["--disable-cuda-graph-padding"]]
 SGL_DATA = ROOT / "tests" / "data" / "sglang"
 TRAP_EXAMPLES = [SGL_DATA / "invalid" / n for n in (
@@ -127,7 +149,7 @@ def _mine(argv: list[str]) -> SGLangCommand:
 
 
 @pytest.fixture(scope="module")
-def oracle() -> dict[str, Any]:
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """All requests of this module answered by one SGLang child process (importing sglang takes seconds)."""
     requests: list[dict[str, Any]] = [{"op": "table"}]
     exported = []
@@ -144,6 +166,8 @@ def oracle() -> dict[str, Any]:
     requests += [{"op": "adaptive_reason", "argv": a} for a in adaptive]
     traps = [(p, _example_argv(p)) for p in TRAP_EXAMPLES]
     requests += [{"op": "adaptive_init", "argv": a} for _, a in traps]
+    configs = _config_cases(tmp_path_factory.mktemp("sglang-configs"), 11, 80)
+    requests += [{"op": "parse", "argv": a, "abbrev": True} for a in configs]
     graphs = [(extra, max_bs) for extra in GRAPH_CASES for max_bs in (1, 7, 48, 160, 600)]
     requests += [{"op": "graph_sizes", "argv": ["--model-path", "/m", *e], "max_bs": m} for e, m in graphs]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -156,7 +180,9 @@ def oracle() -> dict[str, Any]:
             "mutated": list(zip(mutated, answers[1 + n:1 + n + len(mutated)], strict=True)),
             "adaptive": list(zip(adaptive, answers[1 + n + len(mutated):1 + n + len(mutated) + len(adaptive)],
                                  strict=True)),
-            "traps": list(zip(traps, answers[1 + n + len(mutated) + len(adaptive):-len(graphs)], strict=True)),
+            "traps": list(zip(traps, answers[1 + n + len(mutated) + len(adaptive):-len(graphs) - len(configs)],
+                              strict=True)),
+            "configs": list(zip(configs, answers[-len(graphs) - len(configs):-len(graphs)], strict=True)),
             "graphs": list(zip(graphs, answers[-len(graphs):], strict=True))}
 
 
@@ -234,3 +260,18 @@ def test_graph_batch_sizes_from_max_bs_are_sglangs(oracle: dict[str, Any]) -> No
         mine = generate_decode_graph_sizes(max_bs, speculative=bool(extra and extra[0].startswith("--spec")),
                                            no_padding="--disable-cuda-graph-padding" in extra)
         assert mine == answer["sizes"], (extra, max_bs)
+
+
+def test_config_files_are_merged_like_sglang(oracle: dict[str, Any]) -> None:
+    disagree = []
+    for argv, answer in oracle["configs"]:
+        cmd = _mine(argv)
+        mine_refuses = any(f.severity == "error" for f in cmd.findings)
+        if mine_refuses != (not answer["ok"]):
+            disagree.append((Path(argv[-1]).read_text(), answer.get("error"), [f.message for f in cmd.findings]))
+        elif answer["ok"]:
+            for dest, opt in cmd.options.items():
+                if answer["values"].get(dest) != opt.value:
+                    disagree.append((Path(argv[-1]).read_text(), dest, answer["values"].get(dest), opt.value))
+    assert disagree == []
+    assert 10 < sum(not a["ok"] for _, a in oracle["configs"]) < len(oracle["configs"]) - 10

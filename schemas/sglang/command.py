@@ -15,6 +15,7 @@ command file's directory with the loader's caps. Flags are checked against the g
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,15 +368,18 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
             continue
         spelled, eq, inline = w.text.partition("=")
         if spelled == "--config" and from_config is None:
+            if eq:  # prepare_server_args merges only the exact token "--config"
+                cmd.add("SGL004", "warning", "--config", f"--config={inline}: SGLang merges a config file only when "
+                        f"written as two words; this one is never read (silently)", f"write --config {inline}",
+                        w.line, w.col)
+                continue
             config_words.append(w)
-            if eq:
-                config_words.append(Word(inline, w.line, w.col))
-            elif i < len(args) and not _is_option(args[i].text):
+            if i < len(args) and not _is_option(args[i].text):
                 config_words.append(args[i])
                 i += 1
             else:
-                cmd.add("SGL004", "error", "--config", "--config needs a file name", "--config server.yaml",
-                        w.line, w.col)
+                cmd.add("SGL004", "error", "--config", "--config needs a file name (SGLang: 'No config file "
+                        "specified after --config flag!')", "--config server.yaml", w.line, w.col)
             continue
         hit = tab.lookup(spelled) if spelled.startswith("--") else None
         if hit is None:
@@ -449,12 +453,12 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
         if from_config is not None and flag.dest in cmd.options:
             continue  # the command line wins over --config
         cmd.options[flag.dest] = Option(flag, spelled, value, w.line, w.col, from_config)
-    if config_words and from_config is None:
-        if len(config_words) > 2:
-            cmd.add("SGL004", "error", "--config", "--config is given more than once (SGLang: 'Multiple config "
-                    "files specified! Only one allowed.')", "keep one --config", config_words[2].line)
-        if len(config_words) >= 2:
-            _read_config(cmd, config_words[0], config_words[1])
+    opts = [w for w in config_words if w.text == "--config"]
+    if len(opts) > 1:
+        cmd.add("SGL004", "error", "--config", "--config is given more than once (SGLang: 'Multiple config "
+                "files specified! Only one allowed.')", "keep one --config", opts[1].line, opts[1].col)
+    elif len(config_words) == 2:
+        _read_config(cmd, config_words[0], config_words[1])
     if from_config is None and "model_path" not in cmd.options:
         cmd.add("SGL003", "error", "--model-path", "--model-path is missing (SGLang: 'the following arguments "
                 "are required: --model-path/--model')", "add --model-path DIR (a local model directory)")
@@ -466,9 +470,32 @@ def _value_fix(flag: Flag) -> str:
     return f"give {flag.name} a value of type {flag.type}"
 
 
+def _config_keys(flag: Flag) -> set[str]:
+    """The YAML keys SGLang's ConfigArgumentMerger associates with a flag (dest and every long spelling)."""
+    return {flag.dest} | {o[2:].replace("-", "_") for o in (flag.name, *flag.aliases)}
+
+
+@functools.lru_cache(maxsize=1)
+def _config_key_kinds() -> tuple[frozenset[str], dict[str, Flag]]:
+    """(keys of store_true flags, keys of flags a config file cannot set) as ConfigArgumentMerger builds them:
+    it supports store_true and one-value store actions; BooleanOptional and const actions are refused."""
+    flags = table().flags
+    store_true = frozenset(k for f in flags if f.kind == "store_true" for k in _config_keys(f))
+    supported = {k for f in flags if f.kind in ("store_true", "store", "append") for k in _config_keys(f)}
+    unsupported = {k: f for f in flags if f.kind not in ("store_true", "store", "append") and f.name != "--config"
+                   for k in _config_keys(f) if k not in supported}
+    return store_true, unsupported
+
+
 def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
+    """`--config FILE` merged the way SGLang's ConfigArgumentMerger does (utils/server_args_config_parser.py):
+    each YAML key becomes `--KEY` exactly as written (so `tp_size:` is `--tp_size`, which SGLang's parser
+    refuses), True store_true flags become the bare flag, other booleans `--KEY true|false`, lists their
+    items, mappings JSON, and the command line wins. FILE is resolved relative to the command file."""
+    import json
+
     from specctl.errors import UsageError
-    from specctl.schemas.loader import load_document
+    from specctl.schemas.loader import parse_document, read_text
 
     path = Path(file_word.text)
     if not path.is_absolute():
@@ -480,45 +507,62 @@ def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
                 opt.line, opt.col)
         return
     try:
-        doc = load_document(path)
+        text = read_text(path)
+        if all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+            return  # SGLang reads an empty config as {}
+        doc = parse_document(text, name=str(path))
     except UsageError as exc:
         cmd.add("SGL004", "error", "--config", f"--config {file_word.text} (resolved relative to the command "
                 f"file: {path}): {exc}", exc.hint or "point --config at an existing YAML file", opt.line, opt.col)
         return
+    store_true, unsupported = _config_key_kinds()
     words: list[Word] = []
-    tab = table()
     for key, value in doc.data.items():
         norm = key.replace("-", "_")
-        pos = doc.positions.get(f"$.{key}") or (opt.line, 1)
+        pos = doc.positions.get(child_path_of(key)) or (opt.line, 1)
         where = f"{path.name}:{pos[0]}"
+
+        def word(t: str) -> Word:
+            return Word(t, opt.line, opt.col)
+
         if norm == "config":
-            cmd.add("SGL004", "error", "--config", f"{where}: the config file names another config "
-                    f"({value!r}); SGLang allows one ('Multiple config files specified! Only one allowed.'), "
-                    "and a config naming itself would loop", "write the flags into one config file",
-                    opt.line, opt.col)
+            cmd.add("SGL004", "warning", "--config", f"{where}: the config file names another config "
+                    f"({value!r}); SGLang never reads a second config file (silently ignored; a config naming "
+                    "itself does not loop)", "write the flags into this config file", opt.line, opt.col)
             continue
-        flag = tab.by_dest.get(norm) or tab.by_option.get("--" + key.replace("_", "-"))
-        if flag is None:
-            close = tab.closest("--" + key.replace("_", "-"))
-            cmd.add("SGL001", "error", "--" + key.replace("_", "-"), f"{where}: unknown SGLang flag {key!r} in "
-                    "the --config file", f"did you mean {close[2:] if close else '?'}", opt.line, opt.col)
+        if norm in unsupported:
+            cmd.add("SGL004", "error", unsupported[norm].name, f"{where}: {key!r} cannot be set in a config file "
+                    f"(SGLang: \"Unsupported config option '{norm}'\")", f"pass {unsupported[norm].name} on the "
+                    "command line", opt.line, opt.col)
             continue
         if isinstance(value, bool):
-            if value and not flag.takes_value:
-                words.append(Word(flag.name, opt.line, opt.col))
-            elif flag.takes_value:
-                words += [Word(flag.name, opt.line, opt.col), Word(str(value), opt.line, opt.col)]
-            continue
-        words.append(Word(flag.name, opt.line, opt.col))
-        if isinstance(value, list):
-            words += [Word(str(v), opt.line, opt.col) for v in value]
+            if norm in store_true:
+                words += [word(f"--{key}")] if value else []
+            else:
+                words += [word(f"--{key}"), word(str(value).lower())]
+        elif isinstance(value, list):
+            if value:
+                words += [word(f"--{key}"), *(word(_py_str(v)) for v in value)]
         elif isinstance(value, dict):
-            import json
-
-            words.append(Word(json.dumps(value), opt.line, opt.col))
-        elif value is not None:
-            words.append(Word(str(value), opt.line, opt.col))
+            words += [word(f"--{key}"), word(json.dumps(value))]
+        else:
+            words += [word(f"--{key}"), word(_py_str(value))]
+    n = len(cmd.findings)
     parse_args(cmd, words, from_config=str(path))
+    from dataclasses import replace
+
+    cmd.findings[n:] = [replace(f, message=f"in --config {path.name}: {f.message}") for f in cmd.findings[n:]]
+
+
+def child_path_of(key: str) -> str:
+    from specctl.schemas.loader import child_path
+
+    return child_path("$", key)
+
+
+def _py_str(v: object) -> str:
+    """`str(value)` as Python prints a YAML scalar (SGLang passes `str(value)` to its parser)."""
+    return str(v)
 
 
 def installed_version_note(cmd: SGLangCommand) -> None:
