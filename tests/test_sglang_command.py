@@ -23,7 +23,8 @@ def test_shell_words_handle_quotes_escapes_continuations_and_comments() -> None:
     (words,) = shell_words(text)
     assert [w.text for w in words] == ["A=1", "python", "-m", "x", "--a", "b c", 'd "e"', "f g"]
     assert [w.line for w in words][-4:] == [2, 2, 2, 2]
-    assert len(shell_words("a; b && c | d\ne")) == 5
+    # a later pipeline stage (`| tee log`) is not a second command
+    assert [[w.text for w in c] for c in shell_words("a; b && c | d\ne")] == [["a"], ["b"], ["c"], ["e"]]
 
 
 @pytest.mark.parametrize("launcher", [
@@ -130,3 +131,18 @@ def test_installed_version_differs_is_noted(monkeypatch: pytest.MonkeyPatch) -> 
     installed_version_note(cmd)
     (f,) = cmd.findings
     assert f.code == "SGL005" and f.severity == "info" and "9.9.9" in f.message and "0.5.23" in f.message
+
+
+def test_launch_scripts_as_people_write_them() -> None:
+    text = ("#!/bin/bash\nset -euo pipefail\nulimit -n 65536\nexport HF_HUB_OFFLINE=1\n"
+            "nohup python3 -m sglang.launch_server --model-path /m --page-size 16 --served-model-name 'a;b' \\\n"
+            "  > prefill.log 2>&1 &\nwait\n")
+    cmd = _cmd(text)
+    assert cmd.recognised and cmd.findings == []
+    assert cmd.value("page_size") == 16 and cmd.value("served_model_name") == "a;b"  # a quoted ; is a word
+    piped = _cmd("python -m sglang.launch_server --model-path /m 2>&1 | tee log.txt\n")
+    assert piped.findings == [] and piped.value("model_path") == "/m"
+    cd = _cmd("cd /srv && python -m sglang.launch_server --model-path /m\n")
+    assert [(f.code, f.severity) for f in cd.findings] == [("SGL000", "info")]
+    two = _cmd("python train.py --epochs 3\npython -m sglang.launch_server --model-path /m\n")
+    assert [(f.code, f.severity) for f in two.findings] == [("SGL000", "error")]

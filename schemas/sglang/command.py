@@ -29,7 +29,10 @@ _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 _YAMLISH = re.compile(r"^\s*(?:[\"']?[\w.$-]+[\"']?\s*:(?:\s|$)|[{\[]|-\s)")
-SEPARATORS = (";", "&&", "||", "|", "&")
+# Shell statements a launch script may hold besides the launch itself: they start no server.
+HARMLESS = frozenset({"set", "ulimit", "umask", "echo", "printf", "unset", "true", ":", "shopt", "trap", "wait",
+                      "sleep", "mkdir", "nvidia-smi"})
+PATH_CHANGING = frozenset({"cd", "pushd", "source", "."})
 
 _SGL = "SGLang's server exits at start-up with an argparse usage error"
 for _code, _title, _sev, _summary, _runtime, _fix, _before, _after in (
@@ -76,6 +79,7 @@ class Word:
     text: str
     line: int
     col: int
+    op: str = ""  # a shell operator (";", "&&", "||", "&", "|", "redir", "redir+target"), not a word
 
 
 @dataclass
@@ -227,10 +231,27 @@ def shell_words(text: str) -> list[list[Word]]:
             i += 1
             col += 1
             continue
+        if c in "<>" or (c == "&" and text[i + 1:i + 2] == ">"):
+            # a redirection (`> log`, `2>&1`, `&>> log`, `< in`): not an argument of the command
+            if in_word and "".join(buf).isdigit():
+                buf.clear()
+                in_word = False  # the fd number belongs to the operator
+            end_word()
+            j = i + 1
+            while j < n and text[j] in "<>&|":
+                j += 1
+            op_text = text[i:j]
+            dup = op_text.endswith("&") and j < n and (text[j].isdigit() or text[j] == "-")
+            while dup and j < n and (text[j].isdigit() or text[j] == "-"):
+                j += 1
+            cur.append(Word(text[i:j], line, col, "redir" if dup else "redir+target"))
+            col += j - i
+            i = j
+            continue
         if c in ";&|":
             end_word()
             op = text[i:i + 2] if text[i:i + 2] in ("&&", "||") else c
-            cur.append(Word(op, line, col))
+            cur.append(Word(op, line, col, op))
             i += len(op)
             col += len(op)
             continue
@@ -240,16 +261,23 @@ def shell_words(text: str) -> list[list[Word]]:
         i += 1
         col += 1
     end_command()
-    # split on control operators too
+    # split on control operators; drop redirections (and their targets) and later pipeline stages (`| tee log`)
     out: list[list[Word]] = []
     for cmd in commands:
         part: list[Word] = []
+        skip_target = piped = False
         for w in cmd:
-            if w.text in SEPARATORS:
+            if w.op in (";", "&&", "||", "&"):
                 if part:
                     out.append(part)
-                part = []
-            else:
+                part, skip_target, piped = [], False, False
+            elif w.op == "|":
+                piped = True
+            elif w.op.startswith("redir"):
+                skip_target = w.op == "redir+target"
+            elif skip_target:
+                skip_target = False
+            elif not piped:
                 part.append(w)
         if part:
             out.append(part)
@@ -325,6 +353,12 @@ def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) ->
                 k, _, v = w.text.partition("=")
                 cmd.env[k] = v
     commands = [c for c in commands if c not in env_lines]
+    for c in [c for c in commands if c[0].text in PATH_CHANGING]:
+        cmd.add("SGL000", "info", "$", f"`{' '.join(w.text for w in c)}` is not followed: relative --config and "
+                "--speculative-adaptive-config paths are resolved against the command file's folder, "
+                "--model-path against the working directory", "use absolute paths if the script changes "
+                "directory", c[0].line, c[0].col)
+    commands = [c for c in commands if c[0].text not in HARMLESS and c[0].text not in PATH_CHANGING]
     if not commands:
         cmd.add("SGL000", "error", "$", "no command in the file, only environment settings",
                 "write one SGLang launch command: python -m sglang.launch_server --model-path DIR ...")
