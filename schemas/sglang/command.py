@@ -4,7 +4,9 @@ Contract: `parse_command_text(text, name=..., base_dir=...)` returns an `SGLangC
 raises for bad content: every problem is a `Finding` (SGL0xx) pointing at the file's line and, where
 there is one, at the flag (the finding's path is the flag's full name, e.g. `--page-size`).
 Accepted: `python[3[.N]] [-u ...] -m sglang.launch_server ARGS`, `sglang serve ARGS`, leading
-`VAR=value` assignments (and `env`, `exec`), `\\` continuations, `#` comments, single/double quotes.
+`VAR=value` assignments (and `env`, `exec`, `nohup`), `\\` continuations, `#` comments, single/double
+quotes, redirections and `| tee ...` (dropped), `export VAR=value` and harmless setup lines (`set -e`,
+`ulimit` ...); any other second command is an SGL000 error.
 `--config FILE` (SGLang's YAML of flag values; command-line flags win) is read relative to the
 command file's directory with the loader's caps. Flags are checked against the generated table
 (`flags.py`) like argparse would, but all at once: unknown (with the closest name), abbreviated
