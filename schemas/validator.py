@@ -10,7 +10,7 @@ roles -> semantic rules on the roles whose sections passed the schema -> step co
 role (engineer A's `check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
 (detected by shape, or `kind="sglang"`) goes through `parse_sglang_config` + `step_coverage` with the
 given initial steps and graph batch sizes. An SGLang launch command (recognised by content:
-`sglang.command.looks_like_command`, or `kind="sglang-command"`) is read flag by flag (SGL0xx),
+`sglang.sniff.looks_like_command`, or `kind="sglang-command"`) is read flag by flag (SGL0xx),
 mapped onto a deployment document (`sglang.mapping`) that goes through every rule above, with its
 findings moved onto the flag behind each JSON path, plus the SGLang-only rules (SGL1xx); a prefill
 and a decode command are also compared by `sglang.rules.check_pair` (SGL2xx). An exception while
@@ -241,7 +241,7 @@ class Validator:
         try:
             text = read_text(path)
             if self.kind in ("auto", "sglang-command"):
-                from specctl.schemas.sglang.command import looks_like_command
+                from specctl.schemas.sglang.sniff import looks_like_command
 
                 if self.kind == "sglang-command" or looks_like_command(text):
                     return self._sglang_command(path, text)

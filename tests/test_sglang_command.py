@@ -121,14 +121,17 @@ def test_looks_like_command() -> None:
     assert not looks_like_command("# a comment\n- a\n- b\n")
 
 
-def test_installed_version_differs_is_noted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.metadata
+def test_installed_version_differs_is_noted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
 
-    from specctl.schemas.sglang.command import installed_version_note
+    from specctl.schemas.sglang import command
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.9.9")
+    (tmp_path / "sglang-9.9.9.dist-info").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    command.installed_sglang_version.cache_clear()
     cmd = _cmd("python -m sglang.launch_server --model-path /m\n")
-    installed_version_note(cmd)
+    command.installed_version_note(cmd)
+    command.installed_sglang_version.cache_clear()
     (f,) = cmd.findings
     assert f.code == "SGL005" and f.severity == "info" and "9.9.9" in f.message and "0.5.23" in f.message
 

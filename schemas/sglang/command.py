@@ -12,7 +12,7 @@ command file's directory with the loader's caps. Flags are checked against the g
 (`flags.py`) like argparse would, but all at once: unknown (with the closest name), abbreviated
 (SGLang accepts unique prefixes: a warning naming the full flag), missing or wrong values, choices.
 
-`looks_like_command(text)` tells a shell command file from a YAML/JSON document by content.
+`looks_like_command(text)` (from `sniff`) tells a shell command file from a YAML/JSON document.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.sglang.flags import Flag, convert, table
+from specctl.schemas.sglang.sniff import looks_like_command  # noqa: F401 - re-exported for callers
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-_YAMLISH = re.compile(r"^\s*(?:[\"']?[\w.$-]+[\"']?\s*:(?:\s|$)|[{\[]|-\s)")
 # Shell statements a launch script may hold besides the launch itself: they start no server.
 HARMLESS = frozenset({"set", "ulimit", "umask", "echo", "printf", "unset", "true", ":", "shopt", "trap", "wait",
                       "sleep", "mkdir", "nvidia-smi"})
@@ -284,22 +284,6 @@ def shell_words(text: str) -> list[list[Word]]:
         if part:
             out.append(part)
     return out
-
-
-def looks_like_command(text: str) -> bool:
-    """True when the text is a shell command (a launch script), not a YAML/JSON document."""
-    for raw in text.splitlines():
-        s = raw.strip()
-        if not s:
-            continue
-        if s.startswith("#!"):
-            return True
-        if s.startswith("#"):
-            continue
-        if s.startswith("---") or _YAMLISH.match(s):
-            return False
-        return "sglang" in text or " --" in text or s.endswith("\\")
-    return False
 
 
 def _launcher(words: list[Word]) -> tuple[str, int, dict[str, str]] | None:
@@ -601,19 +585,31 @@ def _py_str(v: object) -> str:
     return str(v)
 
 
+@functools.lru_cache(maxsize=1)
+def installed_sglang_version() -> str | None:
+    """The version of an installed SGLang from its `sglang-X.dist-info` folder name, or None.
+
+    Scanning sys.path's folders is ~10x cheaper than `importlib.metadata` (which costs validate ~6 ms of
+    start-up); nothing is imported."""
+    import os
+    import sys
+
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as it:
+                for e in it:
+                    n = e.name
+                    if n.startswith("sglang-") and n.endswith(".dist-info"):
+                        return n[len("sglang-"):-len(".dist-info")]
+        except OSError:
+            continue
+    return None
+
+
 def installed_version_note(cmd: SGLangCommand) -> None:
-    """SGL005 when an installed SGLang differs from the table's version (metadata only: no import)."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return
-    try:
-        installed = version("sglang")
-    except PackageNotFoundError:
-        return
-    except Exception:  # noqa: BLE001 - broken metadata must not break validation
-        return
+    """SGL005 when an installed SGLang differs from the table's version (no import of SGLang)."""
+    installed = installed_sglang_version()
     tab = table()
-    if installed != tab.sglang_version:
+    if installed is not None and installed != tab.sglang_version:
         cmd.add("SGL005", "info", "$", f"flags checked against SGLang {tab.sglang_version}'s table; the installed "
                 f"SGLang is {installed}", "regenerate it with python scripts/gen_sglang_flags.py")

@@ -128,10 +128,50 @@ def model_dtype(cmd: SGLangCommand, config_dtype: str | None) -> str:
     return _DTYPES.get(config_dtype or "", "bfloat16")  # auto: the checkpoint's torch_dtype (SGLang's rule)
 
 
+class _NotPlain(Exception):
+    pass
+
+
+def _no_dups(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _NotPlain
+    return out
+
+
+def _reject(name: str) -> Any:
+    raise _NotPlain  # NaN / Infinity: the full loader words the error
+
+
+def _plain_json(text: str) -> dict[str, Any] | None:
+    """A plain JSON object (no duplicate keys, no NaN, no huge integers), else None for the full loader."""
+    import json
+
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_dups, parse_constant=_reject)
+    except (_NotPlain, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or _too_big(data):
+        return None
+    return data
+
+
+def _too_big(v: Any, depth: int = 0) -> bool:
+    if depth > 32:
+        return True
+    if isinstance(v, dict):
+        return any(_too_big(x, depth + 1) for x in v.values())
+    if isinstance(v, list):
+        return any(_too_big(x, depth + 1) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**63 - 1
+
+
 def read_adaptive_json(cmd: SGLangCommand) -> tuple[dict[str, Any] | None, str | None, Finding | None]:
     """The --speculative-adaptive-config JSON (relative to the command file), or a finding."""
     from specctl.errors import UsageError
-    from specctl.schemas.loader import load_document
+    from specctl.schemas.loader import load_document, read_text
 
     raw = cmd.value("speculative_adaptive_config")
     if not isinstance(raw, str):
@@ -141,6 +181,9 @@ def read_adaptive_json(cmd: SGLangCommand) -> tuple[dict[str, Any] | None, str |
         p = cmd.base_dir / p
     line, col = cmd.where("speculative_adaptive_config")
     try:
+        data = _plain_json(read_text(p))  # the common case, without importing yaml (start-up)
+        if data is not None:
+            return data, str(p), None
         doc = load_document(p)
     except UsageError as exc:
         return None, str(p), Finding(
