@@ -9,6 +9,13 @@ import pytest
 from specctl.schemas.sglang.command import looks_like_command, parse_command_text, shell_words
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no hub, ever: local directories only
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
 def _cmd(text: str, tmp: Path | None = None):  # noqa: ANN202 - test helper
     name = str((tmp or Path("/nonexistent")) / "cmd.sh")
     return parse_command_text(text, name=name, base_dir=tmp or Path("/nonexistent"))

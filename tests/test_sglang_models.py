@@ -31,6 +31,13 @@ EXPECTED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no hub, ever: local directories only
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_family_facts(name: str) -> None:
     arch, kinds, default, mxfp8, no_swa = EXPECTED[name]

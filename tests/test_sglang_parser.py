@@ -53,6 +53,13 @@ ADAPTIVE_CASES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no hub, ever: local directories only
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
 def _mutations(seed: int, n: int) -> list[list[str]]:
     """Commands derived from BASE by one or two random edits (derandomized: fixed seed)."""
     from specctl.schemas.sglang.flags import table
