@@ -227,14 +227,9 @@ class Validator:
         try:
             return self._validate_one_unguarded(path)
         except Exception as exc:  # noqa: BLE001 - one bad file must never lose the others' report
-            import traceback
-
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            msg = f"internal error while validating this file: {type(exc).__name__}: {exc} " \
-                  f"({Path(where.filename).name}:{where.lineno})"
-            err = InternalError(msg)
-            f = Finding("SCH000", "error", "$", msg, "this is a bug in specctl; please report it with the file")
-            return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=err)
+            state = _State(doc=Document(name=str(path), data={}), findings=[], kind="unreadable")
+            _internal(state, exc, "validating this file")
+            return state
 
     def _validate_one_unguarded(self, path: str | Path) -> _State:
         path = _resolve(path)
@@ -422,11 +417,16 @@ class Validator:
             if not (p.ctx.clean("prefill") and d.ctx.clean("decode")):
                 continue  # a side failed the schema; its findings say why
             pr, dr = RoleRef(p.ctx, "prefill"), RoleRef(d.ctx, "decode")
-            d.findings.extend(rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr))
-            if p.sglang is not None and d.sglang is not None:
-                from specctl.schemas.sglang.rules import check_pair as sglang_pair
+            try:
+                found = rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr)
+                if p.sglang is not None and d.sglang is not None:
+                    from specctl.schemas.sglang.rules import check_pair as sglang_pair
 
-                d.findings.extend(sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2]))
+                    found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2])
+            except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
+                _internal(d, exc, f"comparing it with {p.doc.name}")
+                continue
+            d.findings.extend(found)
         n = min(len(prefills), len(decodes))
         for s, own, other in [(s, "prefill", "decode") for s in prefills[n:]] + [
             (s, "decode", "prefill") for s in decodes[n:]
@@ -469,6 +469,17 @@ class InternalError(UsageError):
     """A bug met while validating one file: reported as that file's finding, exit 3."""
 
     exit_code = 3
+
+
+def _internal(state: _State, exc: Exception, doing: str) -> None:
+    """Record a bug met while `doing` as the state's SCH000 finding; the report then exits 3."""
+    import traceback
+
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    msg = f"internal error while {doing}: {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+    state.findings.append(Finding("SCH000", "error", "$", msg,
+                                  "this is a bug in specctl; please report it with the file(s)"))
+    state.load_error = InternalError(msg)
 
 
 def _on_flag(f: Finding, s: _State) -> Finding:

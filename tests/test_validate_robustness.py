@@ -224,3 +224,21 @@ def test_fuzz_presets_as_text(seed: int) -> None:
         p = Path(tmp) / "d.yaml"
         p.write_text(_mutate_text(text, rng), encoding="utf-8", errors="surrogateescape")
         _assert_clean(run_cli("validate", "--format", "json", "--no-table", str(p)))
+
+
+def test_internal_error_in_a_pair_rule_keeps_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specctl.schemas import rules_pd
+
+    def boom(p: Any, d: Any) -> list[Any]:
+        raise KeyError("simulated")
+
+    monkeypatch.setattr(rules_pd, "check_pair", boom)
+    base = "python -m sglang.launch_server --model-path /models/x --page-size 16 "
+    (tmp_path / "p.sh").write_text(base + "--disaggregation-mode prefill --port 31401\n")
+    (tmp_path / "d.sh").write_text(base + "--disaggregation-mode decode --port 31402 --disable-radix-cache\n")
+    (tmp_path / "good.yaml").write_text(GOOD)
+    code, doc = run_json(str(tmp_path / "p.sh"), str(tmp_path / "d.sh"), str(tmp_path / "good.yaml"))
+    assert code == 3
+    p, d, good = doc["files"]
+    assert p["ok"] and good["ok"] and not d["ok"]
+    assert any("internal error while comparing it with" in f["message"] for f in d["findings"])
