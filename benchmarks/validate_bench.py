@@ -2,8 +2,10 @@
 
 Targets: (1) `specctl validate presets/<one>.yaml` takes at most 1.5x the wall time of
 `python -c "import yaml, jsonschema, typer, rich"`; (2) validating 1,000 distinct files in one
-invocation takes at most 1.5x one cold single-file invocation; (3) validate never imports torch.
-The three commands run interleaved, `--rounds` times each, and medians are compared, because these
+invocation takes at most 1.5x one cold single-file invocation; (3) validate never imports torch;
+(4) issue 9: `specctl validate prefill.sh decode.sh` on SGLang launch commands (an adaptive EAGLE PD
+pair on a Qwen3-Next config.json) starts within 1.5x of the same baseline, importing neither torch nor
+sglang. The commands run interleaved, `--rounds` times each, and medians are compared, because these
 machines are shared and noisy. Prints a table, then a last-line JSON summary.
 
     python benchmarks/validate_bench.py [--rounds 5] [--files 1000]
@@ -24,6 +26,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "presets" / "tiny-pd.yaml"
+SGLANG_PAIR = ROOT / "tests" / "data" / "sglang" / "pairs" / "ok"
+MODELS = ROOT / "tests" / "data" / "models"
+
+
+def write_sglang_pair(folder: Path) -> list[str]:
+    """The PD pair of tests/data/sglang/pairs/ok, its adaptive JSON, and the model dir it names."""
+    shutil.copytree(MODELS / "qwen3-next", folder / "models" / "qwen3-next")
+    out = []
+    for name in ("prefill.sh", "decode.sh", "adaptive.json"):
+        text = (SGLANG_PAIR / name).read_text().replace("models/", f"{folder}/models/")
+        (folder / name).write_text(text)
+        if name.endswith(".sh"):
+            out.append(str(folder / name))
+    return out
 
 
 def specctl_cmd() -> list[str]:
@@ -75,38 +91,49 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="validate-bench-"))
     try:
         many = [*specctl_cmd(), "validate", "--no-table", *write_files(tmp, args.files)]
-        for cmd in (base, single, many):  # warm the page cache and .pyc files
+        (tmp / "sg").mkdir()
+        sglang = [*specctl_cmd(), "validate", *write_sglang_pair(tmp / "sg")]
+        for cmd in (base, single, many, sglang):  # warm the page cache and .pyc files
             timed(cmd)
-        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": []}
+        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": [], "sglang": []}
         for _ in range(args.rounds):
             samples["baseline"].append(timed(base))
             samples["single"].append(timed(single))
             samples["many"].append(timed(many))
+            samples["sglang"].append(timed(sglang))
         mods = imported_modules(single)
+        sglang_mods = imported_modules(sglang)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
     startup_ratio = med["single"] / med["baseline"]
     many_ratio = med["many"] / med["single"]
     torch_free = not any(m == "torch" or m.startswith("torch.") for m in mods)
+    sglang_ratio = med["sglang"] / med["baseline"]
+    sglang_light = not any(m.split(".")[0] in ("torch", "sglang", "transformers") for m in sglang_mods)
     rows = [
         ("python -c 'import yaml, jsonschema, typer, rich'", med["baseline"], ""),
         (f"specctl validate {PRESET.name}", med["single"], f"{startup_ratio:.2f}x baseline (target <= 1.5x)"),
         (f"specctl validate <{args.files} files>", med["many"], f"{many_ratio:.2f}x single (target <= 1.5x)"),
+        ("specctl validate prefill.sh decode.sh (SGLang)", med["sglang"],
+         f"{sglang_ratio:.2f}x baseline (target <= 1.5x)"),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"{'command'.ljust(width)}  median s  ratio   ({args.rounds} rounds, interleaved)")
     for name, sec, note in rows:
         print(f"{name.ljust(width)}  {sec:8.3f}  {note}")
-    print(f"torch imported: {not torch_free}; pydantic imported: {'pydantic' in mods}")
+    print(f"torch imported: {not torch_free}; pydantic imported: {'pydantic' in mods}; "
+          f"SGLang commands import torch/sglang/transformers: {not sglang_light}")
     print(json.dumps({
         "baseline_s": round(med["baseline"], 4), "single_s": round(med["single"], 4), "many_s": round(med["many"], 4),
         "files": args.files, "startup_ratio": round(startup_ratio, 3), "many_ratio": round(many_ratio, 3),
         "startup_ok": startup_ratio <= 1.5, "many_ok": many_ratio <= 1.5, "torch_free": torch_free,
         "pydantic_imported": "pydantic" in mods, "rounds": args.rounds,
+        "sglang_s": round(med["sglang"], 4), "sglang_startup_ratio": round(sglang_ratio, 3),
+        "sglang_startup_ok": sglang_ratio <= 1.5, "sglang_torch_free": sglang_light,
     }))
-    if not torch_free:
-        raise SystemExit("specctl validate imported torch")
+    if not torch_free or not sglang_light:
+        raise SystemExit("specctl validate imported torch (or sglang)")
 
 
 if __name__ == "__main__":

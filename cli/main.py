@@ -36,6 +36,8 @@ COMMAND_MODULES = (
     "serve",  # serve, up
     "bench",  # bench, bench compare
     "preflight",  # preflight (live prefill/decode comparison)
+    "model",  # model (config.json facts for SGLang)
+    "sglang_io",  # import sglang, export sglang
 )
 
 for _name in COMMAND_MODULES:

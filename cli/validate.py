@@ -8,8 +8,10 @@ imported inside the command, and nothing here may import torch.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import typer
@@ -17,7 +19,7 @@ import typer
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
-from specctl.errors import UsageError
+from specctl.errors import SpecctlError, UsageError
 
 presets_app = typer.Typer(help="List and show the shipped preset deployments.", no_args_is_help=True)
 app.add_typer(presets_app, name="presets")
@@ -29,6 +31,7 @@ class InputKind(str, enum.Enum):
     auto = "auto"
     deployment = "deployment"
     sglang = "sglang"
+    sglang_command = "sglang-command"
 
 
 def _is_terminal() -> bool:
@@ -38,6 +41,19 @@ def _is_terminal() -> bool:
     from rich.console import Console
 
     return Console(file=sys.stdout).is_terminal
+
+
+@contextlib.contextmanager
+def _internal_errors() -> Iterator[None]:
+    """A bug is exit 3 with a one-line message, never a traceback nor exit 1 ("your input is invalid")."""
+    try:
+        yield
+    except (typer.Exit, SpecctlError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"error: internal error in specctl validate: {type(exc).__name__}: {exc}\n"
+                         "hint: this is a bug; please report it with the input files\n")
+        raise typer.Exit(3) from None
 
 
 def parse_int_list(text: str, *, option: str) -> list[int]:
@@ -54,10 +70,12 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
 
 @app.command()
 def validate(
-    paths: Annotated[list[str], typer.Argument(help="Deployment files (YAML/JSON) or SGLang adaptive-config JSON "
-                                                     "files. A prefill-only file and a decode-only file are "
-                                                     "cross-checked as a pair.", show_default=False,
-                                                     metavar="PATH...")],
+    paths: Annotated[list[str], typer.Argument(help="Deployment files (YAML/JSON), SGLang launch commands (a file "
+                                                     "holding `python -m sglang.launch_server ...` or `sglang serve "
+                                                     "...`, any extension) or SGLang adaptive-config JSON files, "
+                                                     "recognised by content. A prefill-only file and a decode-only "
+                                                     "file are cross-checked as a pair: specctl validate prefill.sh "
+                                                     "decode.sh.", show_default=False, metavar="PATH...")],
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
     set_values: SetOption = None,
@@ -67,15 +85,18 @@ def validate(
     graph_batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--graph-batch-sizes", metavar="1,2,4,8", help="SGLang adaptive JSON: batch sizes a batch is padded up "
         "to (cuda-graph sizes) before bucket routing.", show_default=False)] = None,
-    kind: Annotated[InputKind, typer.Option("--kind", help="Input kind: auto (by shape), deployment, or sglang "
-                                                            "(an SGLang --speculative-adaptive-config JSON).")
+    kind: Annotated[InputKind, typer.Option("--kind", help="Input kind: auto (by content), deployment, sglang "
+                                                            "(an SGLang --speculative-adaptive-config JSON) or "
+                                                            "sglang-command (an SGLang launch command file).")
                     ] = InputKind.auto,
     tables: Annotated[Optional[bool], typer.Option(  # noqa: UP045
         "--table/--no-table", help="Print the reachable (batch size -> steps) table per file "
         f"(default: when at most {_TABLES_AUTO_MAX_FILES} files).", show_default=False)] = None,
 ) -> None:
-    """Check deployment files (schema and semantic rules) and SGLang adaptive configs; report every finding."""
-    with handle_errors():
+    """Check deployment files, SGLang launch commands and SGLang adaptive configs; report every finding.
+
+    Exit 0 ok, 1 findings (errors; warnings too with --strict), 2 unreadable input, 3 an internal error."""
+    with handle_errors(), _internal_errors():
         from specctl.schemas.report import render_json, write_text
         from specctl.schemas.validator import Validator
 

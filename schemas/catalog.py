@@ -20,6 +20,8 @@ RULE_MODULES: tuple[str, ...] = (
     "specctl.schemas.rules_model",
     "specctl.schemas.rules_pd",
     "specctl.schemas.rules_topology",
+    "specctl.schemas.sglang.command",  # SGL0xx: reading SGLang launch commands
+    "specctl.schemas.sglang.rules",  # SGL1xx/2xx: SGLang-only traps and prefill/decode disagreements
 )
 
 _RULES: dict[str, RuleDoc] = {}

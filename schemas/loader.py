@@ -25,9 +25,12 @@ present) caps flow nesting at 1000, and our walk caps depth well below Python's 
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
+import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,8 @@ MAX_BYTES = 1024 * 1024  # deployment files are a few KB; anything this large is
 MAX_DEPTH = 64
 MAX_NODES = 100_000  # counts every node built, so an alias bomb fails fast and small.
 MAX_INT = 2**63 - 1
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_NOCTTY = getattr(os, "O_NOCTTY", 0)
 
 _SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 # JSON parsers commonly accept these non-standard literals; YAML reads them as strings. Reject them
@@ -150,7 +155,17 @@ def read_text(path: str | Path) -> str:
     """The file's text; UsageError for anything that is not a readable, UTF-8, reasonably small file."""
     p = Path(path)
     try:  # open first, stat only on failure: one system call less per file when validating many
-        with p.open("rb", buffering=0) as fh:  # unbuffered: small files need no buffer object
+        # O_NONBLOCK: opening a FIFO with no writer must not hang (it is refused below, by fstat)
+        fd = os.open(p, os.O_RDONLY | _O_NONBLOCK | _O_NOCTTY)
+        with open(fd, "rb", buffering=0) as fh:  # unbuffered: small files need no buffer object
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                if stat.S_ISDIR(mode):
+                    raise IsADirectoryError
+                kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+                    else "a device"
+                raise UsageError(f"{p}: is {kind}, not a regular file; not read",
+                                 hint="pass the file itself (process substitution <(...) is a pipe: save it first)")
             raw = fh.read(MAX_BYTES + 1) or b""
             while raw and len(raw) <= MAX_BYTES:  # pipes (<(cat f)) may return less per read
                 more = fh.read(MAX_BYTES + 1 - len(raw))
@@ -169,7 +184,15 @@ def read_text(path: str | Path) -> str:
     except OSError as exc:
         if _is_dir(p):
             raise _dir_error(p) from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise UsageError(f"{str(p)[:80]}...: the path is too long ({len(str(p))} characters)") from None
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{p}: too many levels of symbolic links (a link loop?)") from None
+        if exc.errno == errno.ENXIO:  # opening a UNIX socket (or a device without a driver)
+            raise UsageError(f"{p}: is a socket or a special file, not a regular file; not read") from None
         raise UsageError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise UsageError(f"{p!r}: not a usable path: {exc}") from None
     if len(raw) > MAX_BYTES:
         raise UsageError(
             f"{p}: file is larger than {MAX_BYTES // 1024} KiB; not a deployment file",

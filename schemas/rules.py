@@ -19,7 +19,7 @@ from typing import Any
 from specctl.errors import UsageError
 from specctl.schemas.deployment import declared_roles, override_path
 from specctl.schemas.findings import Finding, Severity
-from specctl.schemas.model_facts import ModelFacts, load_model_facts, model_available
+from specctl.schemas.model_facts import ModelFacts, load_model_facts, model_available, safe_exists
 
 # Rule modules, in reporting order (also registered in catalog.RULE_MODULES).
 RULE_MODULES = (
@@ -43,12 +43,14 @@ class FactsCache:
     def get(self, ref: str) -> ModelFacts | str:
         """Facts, or "absent" (not on this host), or an error message (unusable config.json)."""
         if ref not in self._cache:
-            if not ref.startswith("builtin:") and not model_available(ref) and not Path(ref).expanduser().exists():
+            if (not ref.startswith("builtin:") and not model_available(ref)
+                    and not safe_exists(Path(ref).expanduser())):
                 self._cache[ref] = "absent"  # a path on the serving host (a directory here without config.json
                 # falls through to load_model_facts, which names what is missing)
             else:
                 try:
-                    self._cache[ref] = load_model_facts(ref)
+                    # engine=False: every family SGLang serves, not only the builtin engine's
+                    self._cache[ref] = load_model_facts(ref, engine=False)
                 except UsageError as exc:
                     self._cache[ref] = f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
         return self._cache[ref]

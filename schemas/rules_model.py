@@ -36,6 +36,14 @@ register(RuleDoc(
     "speculative: {algorithm: draft}", "speculative: {algorithm: draft, draft: builtin:tiny-draft}",
 ))
 register(RuleDoc(
+    "MOD705", "architecture not known to specctl", "info",
+    "The model's config.json names an architecture that neither the builtin engine nor specctl's table of "
+    "SGLang families knows; its layers are taken as plain full attention (no state_types) and the other rules "
+    "still run.",
+    "Possibly a late PD transfer error if the model carries per-request state SGLang registers.",
+    "Check cache.state_types by hand against SGLang's setup_state_kv_args for this model.",
+))
+register(RuleDoc(
     "MOD704", "model config unusable", "error",
     "The model reference is an unknown builtin, or its config.json is unreadable or of an unsupported "
     "architecture, so the engine cannot build it.",
@@ -70,6 +78,13 @@ def check(ctx: RuleContext) -> list[Finding]:
                     f"{what} model {ref} is not on this host; checks that need its config.json are skipped "
                     "(the rest is checked)",
                     f"validate on the serving host, or put its config.json at {ref}/config.json here",
+                ))
+            elif isinstance(got, ModelFacts) and not got.known:
+                out.append(finding(
+                    "MOD705", "info", path,
+                    f"{what} model {ref}: architecture {got.architecture!r} is not one specctl knows; its layers are "
+                    "taken as plain attention with no state_types (the rest is checked)",
+                    "check cache.state_types by hand, or `specctl model DIR` once the family is supported",
                 ))
             elif isinstance(got, str):
                 out.append(finding("MOD704", "error", path, f"{what} model: {got}",

@@ -9,7 +9,13 @@ yes/no check first, `jsonschema` only for documents that fail it) -> merged
 roles -> semantic rules on the roles whose sections passed the schema -> step coverage per engine
 role (engineer A's `check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
 (detected by shape, or `kind="sglang"`) goes through `parse_sglang_config` + `step_coverage` with the
-given initial steps and graph batch sizes. Then files declaring only prefill are paired, in order,
+given initial steps and graph batch sizes. An SGLang launch command (recognised by content:
+`sglang.sniff.looks_like_command`, or `kind="sglang-command"`) is read flag by flag (SGL0xx),
+mapped onto a deployment document (`sglang.mapping`) that goes through every rule above, with its
+findings moved onto the flag behind each JSON path, plus the SGLang-only rules (SGL1xx); a prefill
+and a decode command are also compared by `sglang.rules.check_pair` (SGL2xx). An exception while
+validating one file becomes that file's SCH000 finding and exit 3, so the other files' report survives.
+Then files declaring only prefill are paired, in order,
 with files declaring only decode and cross-checked (rule 5 and cross-file topology); findings of a
 pair land in the decode file, naming the prefill file.
 
@@ -37,10 +43,10 @@ from specctl.errors import UsageError
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.deployment import ENGINE_ROLES, SECTIONS, declared_roles, merge_roles
 from specctl.schemas.findings import Finding
-from specctl.schemas.loader import Document, child_path, load_document
+from specctl.schemas.loader import Document, child_path, fast_data, parse_document, read_text
 from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
 
-KINDS = ("auto", "deployment", "sglang")
+KINDS = ("auto", "deployment", "sglang", "sglang-command")
 
 register(RuleDoc(
     "SCH000", "file cannot be read", "error",
@@ -144,6 +150,8 @@ class Report:
 
     @property
     def exit_code(self) -> int:
+        if any(getattr(f.load_error, "exit_code", 2) == 3 for f in self.files):
+            return 3  # an internal error: never reported as "your input is invalid"
         if any(f.load_error is not None for f in self.files):
             return 2
         return 0 if self.ok else 1
@@ -163,6 +171,7 @@ class _State:
     reachable: dict[str, Any] | None = None
     reachable_text: str | None = None
     load_error: UsageError | None = None
+    sglang: Any = None  # (SGLangCommand, Mapped, SGLangModel | None) for an SGLang launch command
 
 
 class Validator:
@@ -213,9 +222,27 @@ class Validator:
     # -- per file ----------------------------------------------------------------------------------
 
     def _validate_one(self, path: str | Path) -> _State:
+        """One file's findings; never raises: an internal error becomes an SCH000 finding (exit 3 via
+        `Report.exit_code`), so the other files' report survives."""
+        try:
+            return self._validate_one_unguarded(path)
+        except Exception as exc:  # noqa: BLE001 - one bad file must never lose the others' report
+            state = _State(doc=Document(name=str(path), data={}), findings=[], kind="unreadable")
+            _internal(state, exc, "validating this file")
+            return state
+
+    def _validate_one_unguarded(self, path: str | Path) -> _State:
         path = _resolve(path)
         try:
-            doc = load_document(path, lazy_positions=True)
+            text = read_text(path)
+            if self.kind in ("auto", "sglang-command"):
+                from specctl.schemas.sglang.sniff import looks_like_command
+
+                if self.kind == "sglang-command" or looks_like_command(text):
+                    return self._sglang_command(path, text)
+            data = fast_data(text)
+            doc = Document(str(path), data, None, source=text) if data is not None \
+                else parse_document(text, name=str(path))
         except UsageError as exc:
             m = re.match(r"^.*?:(\d+)(?::(\d+))?: ", str(exc))
             line = int(m.group(1)) if m else None
@@ -231,7 +258,39 @@ class Validator:
             return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=exc)
         return self._validate_doc(doc)
 
-    def _validate_doc(self, doc: Document) -> _State:
+    def _sglang_command(self, path: str | Path, text: str) -> _State:
+        """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
+        from specctl.schemas.model_facts import ModelFacts
+        from specctl.schemas.sglang.command import installed_version_note, parse_command_text
+        from specctl.schemas.sglang.families import FamilyError, sglang_model
+        from specctl.schemas.sglang.mapping import to_deployment
+        from specctl.schemas.sglang.rules import check_command
+
+        cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent)
+        installed_version_note(cmd)
+        if not cmd.recognised or "model_path" not in cmd.options:
+            doc = Document(name=str(path), data={}, positions={"$": (cmd.first_line, 1)})
+            return _State(doc=doc, findings=list(cmd.findings), kind="sglang-command")
+        ref = cmd.value("model_path")
+        got = self.facts.get(ref) if isinstance(ref, str) and ref else None
+        model = None
+        config_dtype = None
+        if isinstance(got, ModelFacts):
+            try:
+                model = sglang_model(got.config)
+            except FamilyError:
+                model = None
+            config_dtype = model.torch_dtype if model is not None else None
+        mapped = to_deployment(cmd, config_dtype=config_dtype)
+        doc = Document(name=str(path), data=mapped.data, positions=mapped.positions)
+        state = self._validate_doc(doc, kind="deployment")
+        state.kind = "sglang-command"
+        state.findings[:0] = list(cmd.findings) + mapped.adaptive_findings
+        state.findings.extend(check_command(cmd, model))
+        state.sglang = (cmd, mapped, model)
+        return state
+
+    def _validate_doc(self, doc: Document, *, kind: str | None = None) -> _State:
         findings: list[Finding] = [
             Finding("SCH005", "error", path, f"duplicate key {path.rsplit('.', 1)[-1]!r}; the later value wins",
                     "remove one of the two keys", line, col)
@@ -239,7 +298,9 @@ class Validator:
         ]
         if self.overrides:
             doc = _overridden(doc, self.overrides)
-        kind = self.kind
+        kind = kind or self.kind
+        if kind == "sglang-command":
+            kind = "deployment"
         if kind == "auto":
             from specctl.schemas.adaptive import looks_like_sglang_adaptive
 
@@ -356,7 +417,16 @@ class Validator:
             if not (p.ctx.clean("prefill") and d.ctx.clean("decode")):
                 continue  # a side failed the schema; its findings say why
             pr, dr = RoleRef(p.ctx, "prefill"), RoleRef(d.ctx, "decode")
-            d.findings.extend(rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr))
+            try:
+                found = rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr)
+                if p.sglang is not None and d.sglang is not None:
+                    from specctl.schemas.sglang.rules import check_pair as sglang_pair
+
+                    found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2])
+            except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
+                _internal(d, exc, f"comparing it with {p.doc.name}")
+                continue
+            d.findings.extend(found)
         n = min(len(prefills), len(decodes))
         for s, own, other in [(s, "prefill", "decode") for s in prefills[n:]] + [
             (s, "decode", "prefill") for s in decodes[n:]
@@ -371,6 +441,8 @@ class Validator:
         seen: set[tuple[str, str, str]] = set()
         out: list[Finding] = []
         for f in s.findings:
+            if s.sglang is not None and f.path.startswith("$"):
+                f = _on_flag(f, s)
             key = (f.code, f.path, f.message)
             if key in seen:
                 continue
@@ -391,6 +463,40 @@ class Validator:
             load_error=s.load_error,
             roles=s.ctx.all_roles if s.ctx is not None else (),
         )
+
+
+class InternalError(UsageError):
+    """A bug met while validating one file: reported as that file's finding, exit 3."""
+
+    exit_code = 3
+
+
+def _internal(state: _State, exc: Exception, doing: str) -> None:
+    """Record a bug met while `doing` as the state's SCH000 finding; the report then exits 3."""
+    import traceback
+
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    msg = f"internal error while {doing}: {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+    state.findings.append(Finding("SCH000", "error", "$", msg,
+                                  "this is a bug in specctl; please report it with the file(s)"))
+    state.load_error = InternalError(msg)
+
+
+def _on_flag(f: Finding, s: _State) -> Finding:
+    """A rule's finding on a mapped SGLang command, moved onto the SGLang flag behind its JSON path."""
+    cmd, mapped, _ = s.sglang
+    flag = mapped.flag_for(f.path, cmd)
+    if flag is None:
+        return f
+    from specctl.schemas.sglang.rules import SGLANG_WHEN
+
+    pos = s.doc.position(f.path)
+    when = SGLANG_WHEN.get(f.code)
+    message = f"{f.message}; SGLang fails {when}" if when and not when.startswith("never") else \
+        (f"{f.message}; {when}" if when else f.message)
+    return replace(f, path=flag, message=message, fix=f"{f.fix} (SGLang flag: {flag})",
+                   line=f.line if f.line is not None else (pos[0] if pos else None),
+                   column=f.column if f.column is not None else (pos[1] if pos else None))
 
 
 @contextlib.contextmanager

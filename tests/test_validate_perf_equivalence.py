@@ -26,7 +26,8 @@ DATA = ROOT / "tests" / "data"
 
 def _example_files() -> list[Path]:
     files = sorted(p for p in DATA.rglob("*") if p.suffix in (".yaml", ".yml", ".json") and p.is_file()
-                   and "traces" not in p.parts and p.name != "expected.json")
+                   and "traces" not in p.parts and p.name != "expected.json"
+                   and "models" not in p.parts and "sglang" not in p.parts)  # model configs, SGLang files
     return files + sorted((ROOT / "presets").glob("*.yaml"))
 
 

@@ -61,7 +61,7 @@ def test_valid_example_is_clean(path: Path) -> None:
 def test_every_code_of_mine_has_a_failing_and_a_passing_example() -> None:
     from specctl.schemas.catalog import all_rules
 
-    mine = [c for c in all_rules() if not c.startswith("ADP")]
+    mine = [c for c in all_rules() if not c.startswith(("ADP", "SGL"))]  # SGL: tests/test_sglang_rules.py
     failing = {c for p in INVALID for c, _ in expectations(p)[1]}
     passing = {p.name.split("-")[0].upper() for p in VALID}
     assert sorted(set(mine) - failing) == []

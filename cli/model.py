@@ -1,0 +1,77 @@
+"""`specctl model PATH`: what a model directory's config.json implies for SGLang, torch-free.
+
+Prints the architecture, the layer kinds and the ordered `state_types` SGLang registers for PD
+transfer (`--format json`: keys `architecture`, `layer_kinds`, `state_types`, plus `known`, `pool`,
+`num_layers`), as a function of the flags that change the KV pool (`--sglang-args "--kv-cache-dtype
+mxfp8 --disable-hybrid-swa-memory"`). Exit 0; 2 when config.json cannot be read or the flags are wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from specctl.cli.common import OutputFormat, handle_errors
+from specctl.cli.main import app
+from specctl.errors import UsageError
+
+
+@app.command("model")
+def model(
+    path: Annotated[str, typer.Argument(help="A local model directory (holding config.json), its config.json, "
+                                             "or builtin:NAME.", show_default=False)],
+    sglang_args: Annotated[Optional[str], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
+        "--sglang-args", metavar='"--kv-cache-dtype mxfp8 ..."',
+        help="SGLang server flags that change the KV pool, as you would pass them (quoted as one string).",
+        show_default=False)] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.text,
+) -> None:
+    """Show a model's architecture, layer kinds and the state_types SGLang registers (from config.json alone)."""
+    with handle_errors():
+        import json
+        from collections import Counter
+        from pathlib import Path
+
+        from specctl.schemas.model_facts import BUILTIN_PREFIX, read_config_json, resolve_model_dir
+        from specctl.schemas.sglang.command import SGLangCommand, Word, parse_args, shell_words
+        from specctl.schemas.sglang.families import FamilyError, sglang_model
+
+        p = resolve_model_dir(path) if path.startswith(BUILTIN_PREFIX) else Path(path).expanduser()
+        cfg_path = p if p.name == "config.json" and not p.is_dir() else p / "config.json"
+        cfg = read_config_json(cfg_path, label=path)
+        cmd = SGLangCommand(name="--sglang-args")
+        if sglang_args:
+            try:
+                groups = shell_words(sglang_args)
+            except Exception as exc:  # ShellError: unbalanced quotes
+                raise UsageError(f"--sglang-args: {exc}") from None
+            words = [w for g in groups for w in g]
+            parse_args(cmd, [Word("--model-path", 1, 1), Word(str(p), 1, 1), *words])
+            errors = [f for f in cmd.findings if f.severity == "error"]
+            if errors:
+                raise UsageError(f"--sglang-args: {errors[0].message}", hint=errors[0].fix)
+        try:
+            m = sglang_model(cfg)
+        except FamilyError as exc:
+            raise UsageError(f"{path}: {exc}") from None
+        states = m.state_types(kv_cache_dtype=str(cmd.value("kv_cache_dtype")),
+                               disable_hybrid_swa_memory=bool(cmd.value("disable_hybrid_swa_memory")))
+        pool = m.effective_pool(disable_hybrid_swa_memory=bool(cmd.value("disable_hybrid_swa_memory")))
+        if output is OutputFormat.json:
+            sys.stdout.write(json.dumps({
+                "architecture": m.architecture, "layer_kinds": list(m.layer_kinds), "state_types": list(states),
+                "known": m.known, "pool": pool, "num_layers": len(m.layer_kinds),
+            }, indent=2) + "\n")
+            return
+        counts = ", ".join(f"{k} x{n}" for k, n in Counter(m.layer_kinds).items())
+        lines = [
+            f"architecture  {m.architecture}" + ("" if m.known else "  (not known to specctl: taken as plain "
+                                                 "attention, no state_types)"),
+            f"layers        {len(m.layer_kinds)} ({counts})",
+            f"layer kinds   {' '.join(m.layer_kinds)}",
+            f"KV pool       {pool}",
+            f"state_types   [{', '.join(states)}]" + ("" if states else "  (nothing besides paged KV is transferred)"),
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")

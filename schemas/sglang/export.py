@@ -1,0 +1,153 @@
+"""A specctl deployment as SGLang launch commands: prefill, decode (or one colocated server) and the
+sglang-router in front, plus the adaptive JSON file they reference.
+
+Contract: `export_commands(deployment, *, adaptive_file="adaptive.json") -> SGLangCommands` (a
+`schemas.deployment.Deployment`, already validated). Every argv uses full flag names only (no
+abbreviations; SGLang's parser with `allow_abbrev=False` accepts each), starts with `python -m
+sglang.launch_server` (router: `python -m sglang_router.launch_router`), and an adaptive role always
+carries `--speculative-adaptive` next to `--speculative-adaptive-config FILE` (SGLang ignores the file
+otherwise). `files` maps file names (relative to where the commands run) to their text. Builtin models
+are exported as their local directories, never as a name SGLang could look up on a hub.
+
+Mapping (the inverse of `mapping.py`): model.target -> --model-path; dtype -> --dtype; device cpu ->
+--device cpu, cuda:N -> --base-gpu-id N; speculative draft -> EAGLE when adaptive (SGLang adapts only
+EAGLE/EAGLE3, so the draft must be an EAGLE head there), STANDALONE otherwise, with
+--speculative-draft-model-path; ngram -> NGRAM; num_steps, topk (+ num_draft_tokens = steps + 1 when
+static); cache.page_size / max_tokens -> --page-size / --max-total-tokens; serve.max_batch_size /
+graph_batch_sizes -> --max-running-requests / --cuda-graph-bs-decode; roles -> --host/--port,
+--disaggregation-mode, --disaggregation-bootstrap-port; transfer -> --disaggregation-transfer-backend
+mooncake (SGLang has no zmq/shm backend; mooncake is its default).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from specctl.schemas.deployment import Deployment
+from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
+
+LAUNCH = ["python", "-m", "sglang.launch_server"]
+ROUTER = ["python", "-m", "sglang_router.launch_router"]
+KNOBS = ("strategy", "ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
+         "ceiling_coeff")
+
+
+@dataclass(frozen=True)
+class SGLangCommands:
+    """argv per role (None when the deployment has no such role) and the files they reference."""
+
+    prefill: list[str] | None = None
+    decode: list[str] | None = None
+    colocated: list[str] | None = None
+    router: list[str] | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"prefill": self.prefill or [], "decode": self.decode or [],
+                               "router": self.router or [], "files": dict(self.files)}
+        if self.colocated is not None:
+            out["colocated"] = self.colocated
+        return out
+
+
+def model_path(ref: str) -> str:
+    """A model reference as the local directory SGLang should load (builtin models resolved)."""
+    if ref.startswith(BUILTIN_PREFIX):
+        return str(resolve_model_dir(ref))
+    return ref
+
+
+def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's speculative.adaptive block as SGLang's --speculative-adaptive-config object."""
+    out: dict[str, Any] = {k: adaptive[k] for k in KNOBS if k in adaptive}
+    for key, bucket in sorted((adaptive.get("buckets") or {}).items(), key=lambda kv: int(kv[0])):
+        out[str(key)] = dict(bucket)
+    return out
+
+
+def role_argv(cfg: dict[str, Any], role: str, *, adaptive_file: str) -> tuple[list[str], dict[str, str]]:
+    """One engine role's SGLang argv and the files it references."""
+    files: dict[str, str] = {}
+    model, spec, cache, serve = cfg["model"], cfg["speculative"], cfg["cache"], cfg["serve"]
+    argv = [*LAUNCH, "--model-path", model_path(str(model["target"]))]
+    argv += ["--dtype", str(model.get("dtype", "float32"))]
+    device = str(model.get("device", "auto"))
+    if device == "cpu":
+        argv += ["--device", "cpu"]
+    elif device.startswith("cuda:"):
+        argv += ["--base-gpu-id", device.split(":", 1)[1]]
+    elif device == "cuda":
+        argv += ["--device", "cuda"]
+    argv += ["--host", str(cfg.get("host") or "127.0.0.1"), "--port", str(cfg.get("port") or 30000)]
+    if role in ("prefill", "decode"):
+        argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "mooncake"]
+        if role == "decode":  # SGLang turns decode's radix cache off anyway; saying so keeps SGL106 quiet
+            argv += ["--disable-radix-cache"]
+        if role == "prefill" and cfg.get("bootstrap_port") is not None:
+            argv += ["--disaggregation-bootstrap-port", str(cfg["bootstrap_port"])]
+    argv += ["--page-size", str(cache["page_size"]), "--max-total-tokens", str(cache["max_tokens"])]
+    argv += ["--max-running-requests", str(serve["max_batch_size"])]
+    graphs = serve.get("graph_batch_sizes") or []
+    if graphs:
+        argv += ["--cuda-graph-bs-decode", *(str(g) for g in graphs)]
+    algo = spec.get("algorithm", "none")
+    adaptive = spec.get("adaptive")
+    if algo != "none":
+        steps = int(spec.get("num_steps") or 0)
+        if algo == "ngram":
+            argv += ["--speculative-algorithm", "NGRAM"]
+        else:
+            argv += ["--speculative-algorithm", "EAGLE" if adaptive else "STANDALONE"]
+            if spec.get("draft"):
+                argv += ["--speculative-draft-model-path", model_path(str(spec["draft"]))]
+        argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(spec.get("topk", 1))]
+        if adaptive:
+            argv += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_file]
+            files[adaptive_file] = json.dumps(adaptive_json(adaptive), indent=2) + "\n"
+        else:
+            argv += ["--speculative-num-draft-tokens", str(steps + 1)]
+    return argv, files
+
+
+def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.json") -> SGLangCommands:
+    """The deployment's SGLang launch commands (see the module contract)."""
+    argvs: dict[str, list[str]] = {}
+    files: dict[str, str] = {}
+    for role in deployment.engine_roles:
+        cfg = deployment.role(role)
+        name = adaptive_file
+        argv, more = role_argv(cfg, role, adaptive_file=name)
+        for k, v in more.items():
+            if k in files and files[k] != v:  # roles with different adaptive tables get a file each
+                k2 = f"{role}-{k}"
+                argv[argv.index(k)] = k2
+                k = k2
+            files[k] = v
+        argvs[role] = argv
+    router: list[str] | None = None
+    if "prefill" in argvs and "decode" in argvs:
+        p, d = deployment.role("prefill"), deployment.role("decode")
+        r = deployment.role("router") if "router" in deployment.roles else {"host": "127.0.0.1", "port": 30000}
+        router = [*ROUTER, "--pd-disaggregation",
+                  "--prefill", f"http://{p['host']}:{p['port']}", str(p.get("bootstrap_port") or 8998),
+                  "--decode", f"http://{d['host']}:{d['port']}",
+                  "--host", str(r.get("host") or "127.0.0.1"), "--port", str(r.get("port") or 30000)]
+    return SGLangCommands(prefill=argvs.get("prefill"), decode=argvs.get("decode"),
+                          colocated=argvs.get("colocated"), router=router, files=files)
+
+
+def shell_script(argv: list[str]) -> str:
+    """One argv as a readable shell command file (one flag per line, quoted where needed)."""
+    import shlex
+
+    parts: list[str] = [" ".join(shlex.quote(a) for a in argv[:3])]
+    i = 3
+    while i < len(argv):
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        parts.append("  " + " ".join(shlex.quote(a) for a in argv[i:j]))
+        i = j
+    return " \\\n".join(parts) + "\n"

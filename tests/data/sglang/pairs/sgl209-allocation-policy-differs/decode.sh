@@ -1,0 +1,7 @@
+# sgl209-allocation-policy-differs
+# expect: SGL209 --disaggregation-decode-allocation-policy
+python -m sglang.launch_server \
+  --model-path models/llama \
+  --disaggregation-mode decode --host 127.0.0.1 --port 31102 \
+  --disable-radix-cache \
+  --page-size 16 --disaggregation-transfer-backend mooncake
