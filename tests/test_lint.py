@@ -60,6 +60,17 @@ STRICT = (
     "preflight/diff.py",
     "preflight/reader.py",
     "preflight/check.py",
+    "schemas/sglang/__init__.py",
+    "schemas/sglang/command.py",
+    "schemas/sglang/flags.py",
+    "schemas/sglang/families.py",
+    "schemas/sglang/mapping.py",
+    "schemas/sglang/rules.py",
+    "schemas/sglang/export.py",
+    "schemas/sglang/importer.py",
+    "schemas/sglang/sniff.py",
+    "cli/model.py",
+    "cli/sglang_io.py",
 )
 
 
