@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.metrics import ServingMetrics
@@ -188,7 +189,8 @@ class OpenAIServer:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            resp: web.StreamResponse = await handler(request)
+            return resp
         except RequestError as exc:
             self.metrics.http_errors.inc(code=str(exc.status))
             return json_error(str(exc), status=exc.status, param=exc.param, code=exc.code)
@@ -424,6 +426,24 @@ class OpenAIServer:
         return resp
 
 
+class _MalformedHttp(logging.Filter):
+    """aiohttp logs a client's malformed HTTP (bad request line, oversized header, broken chunking) as
+    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.msg, record.args = "malformed HTTP request from %s: %s", (*args[:1], exc)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_protocol_log = logging.getLogger("specctl.http.protocol")
+_protocol_log.addFilter(_MalformedHttp())
+
+
 class _PeerLimit:
     """Caps concurrent connections per client address: the one over the cap gets a 429 and is closed
     before aiohttp reads anything from it. Installed on aiohttp's `Server` (the protocol factory's
@@ -474,12 +494,16 @@ async def start_http(app: web.Application, host: str, port: int, *, header_timeo
     aiohttp's keep-alive timer starts when a connection opens, so `header_timeout_s` closes both a
     connection that never completes its request headers and one idle between requests. The body
     timeout is the server's (`OpenAIServer(body_timeout_s=...)`)."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=header_timeout_s)
+    # lingering_time: after an early answer (413, 408) aiohttp drains the unread body this long before
+    # closing, so the client can read the answer; bounded by the same timeout.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=header_timeout_s,
+                           lingering_time=min(2.0, header_timeout_s), logger=_protocol_log)
     await runner.setup()
     assert runner.server is not None
     _PeerLimit(runner.server, max_connections_per_client)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port
-    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
+    sockets = getattr(server, "sockets", None)
+    bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)

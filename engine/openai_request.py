@@ -56,11 +56,6 @@ class ModelInfo(Protocol):
 
 
 # JSON ---------------------------------------------------------------------------------------------
-def _no_constant(name: str) -> float:
-    raise RequestError(f"request body is not valid JSON: {name} is not a JSON number; send a finite number",
-                       code="invalid_json")
-
-
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a dict, with the bounds of the module docstring."""
     try:
@@ -68,7 +63,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RequestError(f"request body is not UTF-8 (byte {exc.start})", code="invalid_json") from None
     try:
-        body = json.loads(text, parse_constant=_no_constant)
+        # NaN / Infinity (not JSON, but Python's parser takes them) and 1e999 become non-finite floats,
+        # refused below with the field's name.
+        body = json.loads(text)
     except RecursionError:
         raise RequestError(f"request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
     except ValueError as exc:  # JSONDecodeError, and ints of more than 4300 digits
@@ -82,7 +79,10 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 
 def _check_tree(key: str, value: Any) -> None:
     """Depth, integer range and encodable strings of one top-level field, iteratively (no recursion)."""
-    _check_string(key, key)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("a field name holds a lone UTF-16 surrogate, which is not valid Unicode") from None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -92,6 +92,10 @@ def _check_tree(key: str, value: Any) -> None:
             _check_string(item, key)
         elif isinstance(item, bool):
             continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise RequestError(f"{key} holds {item}: NaN and infinities are not JSON numbers; send a finite "
+                                   "number", param=key)
         elif isinstance(item, int):
             if not MIN_INT <= item <= MAX_INT:
                 raise RequestError(f"{key} holds an integer outside the 64-bit range", param=key)
@@ -141,12 +145,13 @@ def _number(body: dict[str, Any], name: str, default: float, *, lo: float, hi: f
     return value
 
 
-def _boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def _boolean(body: dict[str, Any], name: str, default: bool = False, *, where: str = "") -> bool:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise RequestError(f"{name} must be a boolean (true or false)", param=name, code="invalid_type")
+        raise RequestError(f"{where}{name} must be a boolean (true or false)", param=where + name,
+                           code="invalid_type")
     return value
 
 
@@ -285,7 +290,7 @@ def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: li
             raise RequestError("stream_options must be an object", param="stream_options", code="invalid_type")
         if not stream:
             raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
-        include_usage = _boolean(options, "include_usage")
+        include_usage = _boolean(options, "include_usage", where="stream_options.")
     echo = False if chat else _boolean(body, "echo")
     return GenerationRequest(
         chat=chat, prompt_ids=prompt_ids, prompt_text=prompt_text,
