@@ -26,10 +26,11 @@ Chat template (byte-level builtin models have no template of their own): each me
 `<|ROLE|>\\nCONTENT\\n` in order, followed by `<|assistant|>\\n`; the assistant's reply is the completion.
 
 Sampling fields understood: max_tokens (or max_completion_tokens), temperature (0-2), top_p, top_k (-1 or
-0: off), seed, stop (string or list), ignore_eos, echo (completions). `n` and `best_of` must be 1; suffix,
-tools, a response_format other than text, non-zero penalties, logit_bias and logprobs are refused with a
-400 naming them. Streams carry `usage` only with `stream_options.include_usage`, once, on OpenAI's last
-chunk (`choices: []`). Extension: `return_token_ids: true` adds the generated
+0: off), seed, stop (string or list), ignore_eos, echo (completions), logprobs (completions: 0-5; chat:
+`logprobs` + `top_logprobs` 0-20; the target model's raw log-probs, see engine/logprobs.py). `n` and
+`best_of` must be 1; suffix, tools, a response_format other than text, non-zero penalties and logit_bias
+are refused with a 400 naming them. Streams carry `usage` only with `stream_options.include_usage`,
+once, on OpenAI's last chunk (`choices: []`). Extension: `return_token_ids: true` adds the generated
 `token_ids` to each choice (each chunk's new ids when streaming), so clients can compare outputs exactly.
 The HTTP layer knows nothing about engines: it talks to
 a `Backend` (colocated engine, or the router's prefill+decode client).
@@ -153,6 +154,45 @@ class _TokenClock:
             self.metrics.itl.observe((now - self.last) / n)
         self.last = now
         self.metrics.generation_tokens.inc(n)
+
+
+def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | None]:
+    """(label, text, bytes) of one token: a token that is not valid text on its own (a byte of a
+    multi-byte character) is labelled `token_id:N`, vLLM's spelling, so top-logprob keys stay distinct."""
+    text = backend.decode([token_id])
+    if "\ufffd" in text or not text:
+        return f"token_id:{token_id}", text, None
+    return text, text, list(text.encode())
+
+
+def logprobs_of(backend: Backend, ids: list[int], entries: list[Any] | None, *, chat: bool,
+                offset: int = 0) -> dict[str, Any]:
+    """OpenAI's `logprobs` object for generated `ids` and their TokenLogprob entries (None: not known).
+
+    Chat: `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`; completions
+    (legacy): `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`, offsets from
+    `offset` in the returned text."""
+    entries = list(entries or [])
+    entries += [None] * (len(ids) - len(entries))
+    reprs = [token_repr(backend, t) for t in ids]
+    if chat:
+        content = []
+        for (label, _, raw), e in zip(reprs, entries, strict=True):
+            top = []
+            for tid, lp in ([] if e is None else e.top):
+                tl, _, tb = token_repr(backend, tid)
+                top.append({"token": tl, "logprob": lp, "bytes": tb})
+            content.append({"token": label, "logprob": None if e is None else e.logprob, "bytes": raw,
+                            "top_logprobs": top})
+        return {"content": content}
+    offsets = []
+    for _, text, _ in reprs:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": [r[0] for r in reprs], "token_logprobs": [None if e is None else e.logprob for e in entries],
+            "top_logprobs": [None if e is None else {token_repr(backend, tid)[0]: lp for tid, lp in e.top}
+                             for e in entries],
+            "text_offset": offsets}
 
 
 def usage_of(prompt_len: int, completion: int, accept_lengths: list[int]) -> dict[str, Any]:
@@ -326,11 +366,13 @@ class OpenAIServer:
         t0 = time.perf_counter()
         clock = _TokenClock(self.metrics)
         out: list[int] = []
+        lps: list[Any] = []
         final: RequestOutput | None = None
         async for item in self.backend.generate(ids, req.params):
             if item.token_ids:
                 clock.tokens(len(item.token_ids))
                 out.extend(item.token_ids)
+                lps.extend(item.logprobs or [None] * len(item.token_ids))
             if item.finished:
                 final = item
                 break
@@ -351,6 +393,8 @@ class OpenAIServer:
                       "logprobs": None}
         if req.return_token_ids:
             choice["token_ids"] = out
+        if req.logprobs is not None:
+            choice["logprobs"] = logprobs_of(self.backend, out, lps, chat=chat)
         return web.json_response({
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": req.model, "choices": [choice], "usage": usage, "timings": final.timings,
@@ -365,7 +409,10 @@ class OpenAIServer:
         stops = req.params.get("stop") or []
         detok = _Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
 
-        def chunk(text: str | None, finish: str | None, *, token_ids: list[int] | None = None) -> dict[str, Any]:
+        offset = [len(self._echo(req))]  # text_offset of the next token (completions' logprobs)
+
+        def chunk(text: str | None, finish: str | None, *, token_ids: list[int] | None = None,
+                  logprobs: list[Any] | None = None) -> dict[str, Any]:
             c: dict[str, Any]
             if chat:
                 c = {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish,
@@ -374,6 +421,9 @@ class OpenAIServer:
                 c = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
             if req.return_token_ids and token_ids is not None:
                 c["token_ids"] = token_ids
+            if req.logprobs is not None and token_ids:
+                c["logprobs"] = logprobs_of(self.backend, token_ids, logprobs, chat=chat, offset=offset[0])
+                offset[0] += len(self.backend.decode(token_ids))
             return {"id": rid, "object": kind, "created": created, "model": model, "choices": [c]}
 
         async def send(obj: dict[str, Any]) -> None:
@@ -400,10 +450,10 @@ class OpenAIServer:
                     final = item
                     if item.finish_reason == "error":
                         if text or item.token_ids:
-                            await send(chunk(text, None, token_ids=item.token_ids))
+                            await send(chunk(text, None, token_ids=item.token_ids, logprobs=item.logprobs))
                         await send(error_body(item.error or "generation failed", status=503))
                         break
-                    c = chunk(text, item.finish_reason, token_ids=item.token_ids)
+                    c = chunk(text, item.finish_reason, token_ids=item.token_ids, logprobs=item.logprobs)
                     c["timings"] = item.timings
                     await send(c)
                     if req.include_usage:  # OpenAI: usage once, on a last chunk with no choices
@@ -411,8 +461,8 @@ class OpenAIServer:
                                     "usage": usage_of(len(ids), count, item.accept_lengths)})
                     status = item.finish_reason or "stop"
                     break
-                if text or (req.return_token_ids and item.token_ids):
-                    await send(chunk(text, None, token_ids=item.token_ids))
+                if text or ((req.return_token_ids or req.logprobs is not None) and item.token_ids):
+                    await send(chunk(text, None, token_ids=item.token_ids, logprobs=item.logprobs))
             else:
                 await send(error_body("generation ended without a result", status=503))
             await resp.write(b"data: [DONE]\n\n")

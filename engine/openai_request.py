@@ -8,7 +8,8 @@ Contract:
   with OpenAI's ranges (temperature 0-2, penalties -2..2, top_p (0, 1], logprobs 0-5 / top_logprobs
   0-20), prompt token ids inside the vocabulary, chat content parts of type `text` only, and the
   context length. A field the engine cannot honour (`best_of` != 1, `suffix`, `tools`, a
-  `response_format` other than text, non-zero penalties, `logit_bias`, `logprobs`) is refused with a
+  `response_format` other than text, non-zero penalties, `logit_bias`, echo with logprobs, logprobs from a
+  role that cannot report them) is refused with a
   400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`. Fields this
   front does not know (vendor extensions such as the router's `bootstrap_*`) are left alone.
 - Every error is `RequestError(message, param=..., status=..., code=...)` with `code` a string, which
@@ -173,6 +174,7 @@ class GenerationRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     echo: bool = False
+    logprobs: int | None = None  # top alternatives per token (0: the chosen token only); None: not asked
     extra: dict[str, Any] = field(default_factory=dict)  # fields this front does not interpret
 
 
@@ -231,15 +233,22 @@ def _unsupported(body: dict[str, Any], *, chat: bool) -> None:
                                code="invalid_type")
         if bias:
             raise _refuse("logit_bias", "logit biases are not implemented by the builtin engine")
+
+
+def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
+    """How many top alternatives to report per token (0: only the chosen token), None: no log-probs.
+    Chat: `logprobs: true` + `top_logprobs` 0-20; completions: `logprobs` 0-5."""
     if chat:
-        logprobs = _boolean(body, "logprobs")
+        wanted = _boolean(body, "logprobs")
         top = _integer(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
-        if top is not None and not logprobs and top > 0:
+        if top and not wanted:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if logprobs:
-            raise _refuse("logprobs", "log-probabilities are not returned yet")
-    elif _integer(body, "logprobs", None, lo=0, hi=MAX_COMPLETION_LOGPROBS) is not None:
-        raise _refuse("logprobs", "log-probabilities are not returned yet")
+        return (top or 0) if wanted else None
+    count = _integer(body, "logprobs", None, lo=0, hi=MAX_COMPLETION_LOGPROBS)
+    if count is not None and _boolean(body, "echo"):
+        raise _refuse("echo", "echo with logprobs needs the prompt's log-probs, which are not computed; "
+                              "drop one of them")
+    return count
 
 
 def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict[str, Any]:
@@ -292,11 +301,17 @@ def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: li
             raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
         include_usage = _boolean(options, "include_usage", where="stream_options.")
     echo = False if chat else _boolean(body, "echo")
+    logprobs = _logprobs(body, chat=chat)
+    params = _sampling(body, prompt_len=len(prompt_ids), info=info)
+    if logprobs is not None:
+        if not getattr(info, "supports_logprobs", False):
+            raise _refuse("logprobs", "this role's engine does not report log-probabilities (the colocated "
+                                      "builtin engine does)")
+        params["logprobs"] = logprobs
     return GenerationRequest(
-        chat=chat, prompt_ids=prompt_ids, prompt_text=prompt_text,
-        params=_sampling(body, prompt_len=len(prompt_ids), info=info), model=_model(body, info),
+        chat=chat, prompt_ids=prompt_ids, prompt_text=prompt_text, params=params, model=_model(body, info),
         stream=stream, include_usage=include_usage, return_token_ids=_boolean(body, "return_token_ids"),
-        echo=echo, extra={k: v for k, v in body.items() if k not in KNOWN_FIELDS},
+        echo=echo, logprobs=logprobs, extra={k: v for k, v in body.items() if k not in KNOWN_FIELDS},
     )
 
 

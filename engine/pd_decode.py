@@ -53,6 +53,8 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 
 class DecodeBackend(EngineBackend):
+    supports_logprobs = False  # the first token is prefill's, whose log-prob does not travel (yet)
+
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.fatal = asyncio.Event()

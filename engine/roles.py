@@ -110,6 +110,7 @@ def sampling_params_of(params: dict[str, Any]) -> Any:
         seed=params.get("seed"),
         stop=tuple(params.get("stop") or ()),
         ignore_eos=bool(params.get("ignore_eos", False)),
+        logprobs=params.get("logprobs"),
     )
 
 
@@ -146,6 +147,8 @@ class TokenizingBackend:
 
 class EngineBackend(TokenizingBackend):
     """The HTTP backend over a local Engine (colocated role; decode reuses the engine half)."""
+
+    supports_logprobs = True  # the engine's sequences carry them (engine/logprobs.py)
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)

@@ -39,6 +39,7 @@ class SamplingParams:
     seed: int | None = None  # per-request generator seed; None = fresh randomness
     stop: tuple[str, ...] = ()  # output is cut where any of these strings first appears
     ignore_eos: bool = False
+    logprobs: int | None = None  # report each token's log-prob and this many top alternatives; None = off
 
     def __post_init__(self) -> None:
         # Users pass lists (JSON bodies); keep the dataclass hashable and immutable.
@@ -56,6 +57,9 @@ class SamplingParams:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidInput(f"seed must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise InvalidInput(f"logprobs must be an integer in [0, 20] (top alternatives), got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidInput(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
 

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 
 from specctl.engine.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
+from specctl.engine.logprobs import attach as attach_logprobs
+from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
 from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.verify import greedy_verify, rejection_verify
@@ -241,6 +243,7 @@ class SpeculativeDecoder:
             seq.accepted_per_step.append(a)
             self._hist[a] += 1
             new_tokens.append(out_rows[i][: a + 1])
+        attach_verify_logprobs(seqs, target_logits, new_tokens)  # the target's log-probs (engine/logprobs.py)
         t2 = time.perf_counter()
 
         self._draft_s += t1 - t0
@@ -264,6 +267,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         logits = self.runner.forward([ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs])
         ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        attach_logprobs(seqs, logits, ids)
         self._verify_s += time.perf_counter() - t0
         self._batches_per_steps[0] += 1
         self._counters["verify_batches"] += 1
