@@ -12,6 +12,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specctl.bench.compare import CompareRow
 
@@ -142,11 +143,12 @@ def render_compare(console: Console, rows: Sequence[CompareRow], label_a: str, l
     for c in ("metric", "A", "B", "B-A", "change"):
         t.add_column(c, justify="left" if c == "metric" else "right")
     for row in rows:
-        change = "n/a" if row.pct is None else f"{row.pct:+.1f}%"
+        pct = "n/a" if row.pct is None else f"{row.pct:+.1f}%"
+        change = Text(pct)  # Text, never markup: labels and values are the user's
         if row.verdict == "better":
-            change = f"[green]{change} better[/]" if console.is_terminal else f"{change} better"
+            change = Text(f"{pct} better", style="green" if console.is_terminal else "")
         elif row.verdict == "worse":
-            change = f"[red]{change} worse[/]" if console.is_terminal else f"{change} worse"
+            change = Text(f"{pct} worse", style="red" if console.is_terminal else "")
         t.add_row(row.field, fmt(row.a), fmt(row.b), fmt(row.delta), change)
     console.print(t)
 

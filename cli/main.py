@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Annotated
 
 import typer
 
@@ -19,13 +20,24 @@ app = typer.Typer(
     help="Validate, launch and benchmark adaptive-speculative, prefill/decode-disaggregated deployments.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # Typer's own --install-completion / --show-completion (bash, zsh, fish)
     rich_markup_mode="rich",
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from specctl import __version__
+
+        typer.echo(f"specctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print specctl's version and exit.")] = False,
+) -> None:
     """specctl: preflight, launcher and benchmark for speculative + disaggregated LLM serving."""
 
 
