@@ -38,6 +38,7 @@ import torch
 
 from specctl.engine.config import EngineConfig
 from specctl.engine.logprobs import attach as attach_logprobs
+from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.sampling import SamplingParams, make_generator, sample
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
@@ -67,7 +68,7 @@ class PlainDecoder:
 
         items = [ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs]
         logits = self.runner.forward(items)
-        ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
         attach_logprobs(seqs, logits, ids)
         return [[t] for t in ids]
 
@@ -385,7 +386,7 @@ class Engine:
         if not firsts:
             return
         last = logits[torch.tensor(rows, device=logits.device)]
-        ids = sample(last, [s.params for s in firsts], [s.generator for s in firsts]).tolist()
+        ids = sample(adjust_logits(firsts, last), [s.params for s in firsts], [s.generator for s in firsts]).tolist()
         attach_logprobs(firsts, last, ids)
         for seq, tok in zip(firsts, ids, strict=True):
             self._append(seq, [tok])

@@ -28,12 +28,12 @@ Chat template (byte-level builtin models have no template of their own): each me
 Sampling fields understood: max_tokens (or max_completion_tokens), temperature (0-2), top_p, top_k (-1 or
 0: off), seed, stop (string or list), ignore_eos, echo (completions), logprobs (completions: 0-5; chat:
 `logprobs` + `top_logprobs` 0-20; the target model's raw log-probs, see engine/logprobs.py). `n` and
-`best_of` must be 1; suffix, tools, a response_format other than text, non-zero penalties and logit_bias
-are refused with a 400 naming them. Streams carry `usage` only with `stream_options.include_usage`,
-once, on OpenAI's last chunk (`choices: []`). Extension: `return_token_ids: true` adds the generated
-`token_ids` to each choice (each chunk's new ids when streaming), so clients can compare outputs exactly.
-The HTTP layer knows nothing about engines: it talks to
-a `Backend` (colocated engine, or the router's prefill+decode client).
+`best_of` must be 1; presence/frequency_penalty and logit_bias are applied (engine/penalties.py); suffix,
+tools and a response_format other than text are refused with a 400 naming them. Streams carry `usage`
+only with `stream_options.include_usage`, once, on OpenAI's last chunk (`choices: []`). Extension:
+`return_token_ids: true` adds the generated `token_ids` to each choice (each chunk's new ids when
+streaming), so clients can compare outputs exactly. The HTTP layer knows nothing about engines: it talks
+to a `Backend` (colocated engine, or the router's prefill+decode client).
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ class OpenAIServer:
         unavailable = self._unavailable()
         if unavailable is not None:
             return unavailable
-        return await self._generate(request, parse_chat(body, self.backend))
+        return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
     async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
         rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex[:24]

@@ -6,10 +6,10 @@ Contract:
   surrogates, which cannot be encoded as UTF-8). Anything else is a 400 naming the top-level field.
 - `parse_completion(body, model)` / `parse_chat(body, model)` check every field the front understands,
   with OpenAI's ranges (temperature 0-2, penalties -2..2, top_p (0, 1], logprobs 0-5 / top_logprobs
-  0-20), prompt token ids inside the vocabulary, chat content parts of type `text` only, and the
-  context length. A field the engine cannot honour (`best_of` != 1, `suffix`, `tools`, a
-  `response_format` other than text, non-zero penalties, `logit_bias`, echo with logprobs, logprobs from a
-  role that cannot report them) is refused with a
+  0-20, logit_bias -100..100 on token ids of the vocabulary), prompt token ids inside the vocabulary,
+  chat content parts of type `text` only, and the context length. A field the engine cannot honour
+  (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
+  logprobs / penalties / logit_bias on a role that cannot apply them) is refused with a
   400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`. Fields this
   front does not know (vendor extensions such as the router's `bootstrap_*`) are left alone.
 - Every error is `RequestError(message, param=..., status=..., code=...)` with `code` a string, which
@@ -32,6 +32,7 @@ MAX_TOP_K = 1 << 31
 MAX_STOP = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limits
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300
 DEFAULT_MAX_TOKENS = 128
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -221,18 +222,8 @@ def _unsupported(body: dict[str, Any], *, chat: bool) -> None:
                                code="invalid_type")
         if fmt["type"] != "text":
             raise _refuse("response_format", f"type {fmt['type']!r}: only plain text output (no constrained decoding)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, lo=-2.0, hi=2.0) != 0.0:
-            raise _refuse(name, "penalties are not implemented by the builtin engine; send 0 or leave it out")
     if _number(body, "repetition_penalty", 1.0, lo=0.0, hi=2.0) != 1.0:
-        raise _refuse("repetition_penalty", "penalties are not implemented by the builtin engine")
-    bias = body.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, dict):
-            raise RequestError("logit_bias must be an object mapping token ids to biases", param="logit_bias",
-                               code="invalid_type")
-        if bias:
-            raise _refuse("logit_bias", "logit biases are not implemented by the builtin engine")
+        raise _refuse("repetition_penalty", "use OpenAI's presence_penalty / frequency_penalty")
 
 
 def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
@@ -249,6 +240,38 @@ def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
         raise _refuse("echo", "echo with logprobs needs the prompt's log-probs, which are not computed; "
                               "drop one of them")
     return count
+
+
+def _logit_processors(body: dict[str, Any], info: ModelInfo, vocab_size: int | None) -> dict[str, Any]:
+    """presence/frequency penalties (-2..2) and logit_bias ({"token id": -100..100}, at most 300 entries)."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name, 0.0, lo=-2.0, hi=2.0)
+        if value:
+            out[name] = value
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise RequestError('logit_bias must be an object mapping token ids to biases, e.g. {"50256": -100}',
+                               param="logit_bias", code="invalid_type")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise RequestError(f"logit_bias holds {len(bias)} entries; at most {MAX_LOGIT_BIAS}", param="logit_bias")
+        pairs = []
+        for key, value in bias.items():
+            if not (key.isascii() and key.isdigit() and len(key) < 12) or (
+                    vocab_size is not None and int(key) >= vocab_size):
+                bound = f" in [0, {vocab_size - 1}]" if vocab_size is not None else ""
+                raise RequestError(f"logit_bias key {key[:20]!r} is not a token id{bound}", param="logit_bias")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100]", param="logit_bias")
+            pairs.append([int(key), float(value)])
+        if pairs:
+            out["logit_bias"] = pairs
+    if out and not getattr(info, "supports_logit_processors", False):
+        name = next(iter(out))
+        raise _refuse(name, "this role's engine does not apply logit processors (the colocated builtin "
+                            "engine does)")
+    return out
 
 
 def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict[str, Any]:
@@ -290,7 +313,7 @@ def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict
 
 
 def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: list[int],
-            prompt_text: str | None) -> GenerationRequest:
+            prompt_text: str | None, vocab_size: int | None) -> GenerationRequest:
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
     include_usage = False
@@ -303,6 +326,7 @@ def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: li
     echo = False if chat else _boolean(body, "echo")
     logprobs = _logprobs(body, chat=chat)
     params = _sampling(body, prompt_len=len(prompt_ids), info=info)
+    params.update(_logit_processors(body, info, vocab_size))
     if logprobs is not None:
         if not getattr(info, "supports_logprobs", False):
             raise _refuse("logprobs", "this role's engine does not report log-probabilities (the colocated "
@@ -335,22 +359,23 @@ def parse_completion(body: dict[str, Any], info: ModelInfo, *, vocab_size: int |
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt must not be empty", param="prompt")
-        return _common(body, info, chat=False, prompt_ids=info.encode(prompt), prompt_text=prompt)
+        return _common(body, info, chat=False, prompt_ids=info.encode(prompt), prompt_text=prompt,
+                       vocab_size=vocab_size)
     if isinstance(prompt, list) and prompt:
         ids = _check_ids(prompt, vocab_size, "prompt")
-        return _common(body, info, chat=False, prompt_ids=ids, prompt_text=None)
+        return _common(body, info, chat=False, prompt_ids=ids, prompt_text=None, vocab_size=vocab_size)
     if prompt is None:
         raise RequestError("prompt is required", param="prompt", code="missing_required_parameter")
     raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per request)",
                        param="prompt")
 
 
-def parse_chat(body: dict[str, Any], info: ModelInfo) -> GenerationRequest:
+def parse_chat(body: dict[str, Any], info: ModelInfo, *, vocab_size: int | None) -> GenerationRequest:
     """POST /v1/chat/completions."""
     _model(body, info)
     _unsupported(body, chat=True)
     prompt = chat_prompt(body.get("messages"))
-    return _common(body, info, chat=True, prompt_ids=info.encode(prompt), prompt_text=prompt)
+    return _common(body, info, chat=True, prompt_ids=info.encode(prompt), prompt_text=prompt, vocab_size=vocab_size)
 
 
 def chat_prompt(messages: Any) -> str:

@@ -54,6 +54,7 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 class DecodeBackend(EngineBackend):
     supports_logprobs = False  # the first token is prefill's, whose log-prob does not travel (yet)
+    supports_logit_processors = False  # prefill samples the first token without them (yet)
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)

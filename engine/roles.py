@@ -111,6 +111,9 @@ def sampling_params_of(params: dict[str, Any]) -> Any:
         stop=tuple(params.get("stop") or ()),
         ignore_eos=bool(params.get("ignore_eos", False)),
         logprobs=params.get("logprobs"),
+        presence_penalty=float(params.get("presence_penalty", 0.0)),
+        frequency_penalty=float(params.get("frequency_penalty", 0.0)),
+        logit_bias=tuple((int(t), float(b)) for t, b in params.get("logit_bias") or ()),
     )
 
 
@@ -149,6 +152,7 @@ class EngineBackend(TokenizingBackend):
     """The HTTP backend over a local Engine (colocated role; decode reuses the engine half)."""
 
     supports_logprobs = True  # the engine's sequences carry them (engine/logprobs.py)
+    supports_logit_processors = True  # logit_bias and penalties (engine/penalties.py)
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)

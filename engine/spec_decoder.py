@@ -43,6 +43,8 @@ import torch
 from specctl.engine.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
+from specctl.engine.penalties import adjust as adjust_logits
+from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.verify import greedy_verify, rejection_verify
@@ -227,7 +229,9 @@ class SpeculativeDecoder:
             idx = [i * (k + 1) + j for i in range(b) for j in range(nd[i] + 1)]
             target_logits.view(b * (k + 1), -1).index_copy_(
                 0, torch.as_tensor(idx, device=logits.device), logits.to(target_logits.dtype))
-        accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, target_logits)
+        # logit_bias / penalties per verify position (engine/penalties.py); raw logits stay for log-probs
+        adjusted = adjust_verify_logits(seqs, target_logits, draft_tokens, num_drafts)
+        accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, adjusted)
         acc = accepted.tolist()
         out_rows = out.tolist()
 
@@ -266,7 +270,7 @@ class SpeculativeDecoder:
         b = len(seqs)
         t0 = time.perf_counter()
         logits = self.runner.forward([ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs])
-        ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
         attach_logprobs(seqs, logits, ids)
         self._verify_s += time.perf_counter() - t0
         self._batches_per_steps[0] += 1

@@ -160,8 +160,8 @@ def test_echo_and_seeded_sampling(plain: Server) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
-    [({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix"), ({"presence_penalty": 0.5}, "presence_penalty"),
-     ({"frequency_penalty": 3.0}, "frequency_penalty"), ({"logit_bias": {"5": 10}}, "logit_bias"),
+    [({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix"), ({"presence_penalty": -2.5}, "presence_penalty"),
+     ({"frequency_penalty": 3.0}, "frequency_penalty"), ({"logit_bias": {"5": 101}}, "logit_bias"),
      ({"temperature": 3}, "temperature"), ({"echo": True, "logprobs": 1}, "echo"), ({"logprobs": 9}, "logprobs")],
 )
 def test_unsupported_and_out_of_range_are_400_naming_the_param(plain: Server, kwargs: dict[str, Any],
@@ -182,3 +182,64 @@ def test_unknown_model_is_404_model_not_found(plain: Server) -> None:
         plain.client.chat.completions.create(model=plain.model, messages=[{"role": "user", "content": "x"}],
                                              tools=[{"type": "function", "function": {"name": "f"}}])
     assert bad.value.body["param"] == "tools"
+
+
+def test_logit_bias_moves_greedy_choices(plain: Server, spec: Server) -> None:
+    for s in (plain, spec):
+        forced = s.client.completions.create(model=s.model, prompt=PROMPT, max_tokens=6, temperature=0,
+                                             logit_bias={"65": 100}, extra_body={"ignore_eos": True})
+        assert forced.choices[0].text == "A" * 6
+    first = greedy_completion(plain).choices[0]
+    banned = first.model_extra["token_ids"][0]
+    res = greedy_completion(plain, logit_bias={str(banned): -100}).choices[0]
+    ids = res.model_extra["token_ids"]
+    assert ids[0] != banned
+    # the new first token is the best one left: the runner-up of the unbiased top log-probs
+    ranked = sorted(first.logprobs.top_logprobs[0].items(), key=lambda kv: -kv[1])
+    assert math.isclose(res.logprobs.token_logprobs[0], ranked[1][1], abs_tol=1e-5)
+
+
+def top20(engine: Any, ids: list[int]) -> dict[int, float]:
+    """The raw top-20 next-token log-probs after `ids`, by token id, from an offline Engine (the oracle)."""
+    from specctl.engine.sampling import SamplingParams
+
+    rid = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, logprobs=20, ignore_eos=True))
+    while True:
+        for seq in engine.step():
+            if seq.rid == rid and seq.is_finished:
+                return dict(seq.output_logprobs[0].top)
+
+
+def test_penalties_follow_openais_definition_plain_and_speculative(plain: Server, spec: Server,
+                                                                   models: dict[str, str]) -> None:
+    """Greedy with penalties picks argmax(raw log-prob - presence*(count>0) - frequency*count) at every step.
+    From the top-20 raw log-probs that is decidable: a token outside them scores at most the 20th value."""
+    from specctl.engine.config import EngineConfig
+    from specctl.engine.engine import Engine
+
+    pp, fp = 0.7, 0.4
+    out = plain.client.completions.create(model=plain.model, prompt=PROMPT, max_tokens=16, temperature=0,
+                                          presence_penalty=pp, frequency_penalty=fp,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+    ids = out.choices[0].model_extra["token_ids"]
+    oracle = Engine(EngineConfig.from_role(plain.ctx.role))
+    prompt_ids = plain.backend.encode(PROMPT)
+    checked = 0
+    for j, tok in enumerate(ids):
+        raw = top20(oracle, prompt_ids + ids[:j])
+        counts = {t: ids[:j].count(t) for t in set(ids[:j])}
+        scored = {t: lp - (pp if counts.get(t) else 0.0) - fp * counts.get(t, 0) for t, lp in raw.items()}
+        best = max(scored, key=lambda t: scored[t])
+        if scored[best] > min(raw.values()):  # decided within the top 20
+            assert tok == best, (j, tok, best)
+            checked += 1
+    assert checked >= len(ids) // 2
+    unpenalized = plain.client.completions.create(model=plain.model, prompt=PROMPT, max_tokens=16, temperature=0,
+                                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert ids != unpenalized.choices[0].model_extra["token_ids"]  # the penalties changed the output
+    # the speculative server applies them per verify position: the same tokens
+    sres = spec.client.completions.create(model=spec.model, prompt=PROMPT, max_tokens=16, temperature=0,
+                                          presence_penalty=pp, frequency_penalty=fp,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert sres.choices[0].model_extra["token_ids"] == ids
+    assert sres.usage.model_extra["spec_verify_steps"] >= 1
