@@ -50,7 +50,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from specctl.engine.async_engine import RequestOutput
-from specctl.engine.metrics import ServingMetrics
+from specctl.engine.metrics import ServingMetrics, TokenClock
 from specctl.engine.openai_request import (
     DEFAULT_MAX_TOKENS,
     GenerationRequest,
@@ -134,28 +134,6 @@ class _Detokenizer:
         return delta
 
 
-class _TokenClock:
-    """First-token time and inter-token latency of one response, fed each chunk of new tokens.
-
-    A chunk may carry several tokens (speculative decoding accepts a few at once): its gap is spread
-    over them, so ITL stays per token.
-    """
-
-    def __init__(self, metrics: Any) -> None:
-        self.metrics = metrics
-        self.first: float | None = None
-        self.last: float | None = None
-
-    def tokens(self, n: int) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        elif self.last is not None:
-            self.metrics.itl.observe((now - self.last) / n)
-        self.last = now
-        self.metrics.generation_tokens.inc(n)
-
-
 def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | None]:
     """(label, text, bytes) of one token: a token that is not valid text on its own (a byte of a
     multi-byte character) is labelled `token_id:N`, vLLM's spelling, so top-logprob keys stay distinct."""
@@ -214,6 +192,7 @@ class OpenAIServer:
         self.backend = backend
         self.metrics = metrics or ServingMetrics()
         self.body_timeout_s = body_timeout_s
+        self.metrics.set_model_name(backend.model_name)
         self.app = web.Application(client_max_size=max_request_bytes, middlewares=[self._errors])
         self.app.add_routes([
             web.post("/v1/completions", self.completions),
@@ -268,11 +247,11 @@ class OpenAIServer:
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        self.metrics.running.set(self.in_flight)  # an engine-backed role overrides it with its running batch
         try:
             await self.backend.refresh_metrics(self.metrics)
         except Exception:  # metrics must keep answering even when the engine is busy or down
             log.debug("refresh_metrics failed", exc_info=True)
-        self.metrics.running.set(self.in_flight)
         text = self.metrics.render()
         mirror = getattr(self.backend, "mirrored_metrics", None)
         if mirror is not None:
@@ -349,22 +328,15 @@ class OpenAIServer:
 
     def _record(self, *, t0: float, first: float | None, ids: list[int], final: RequestOutput | None,
                 status: str) -> None:
-        m = self.metrics
-        m.requests.inc(status=status)
-        m.e2e.observe(time.perf_counter() - t0)
-        if first is not None:
-            m.ttft.observe(first - t0)
-        if final is not None:
-            m.prompt_tokens.inc(len(ids))
-            for n in final.accept_lengths:
-                m.spec_accept_length.observe(n)
-            m.spec_accepted.inc(sum(final.accept_lengths))
-            m.spec_verify_steps.inc(len(final.accept_lengths))
+        self.metrics.record_request(status=status, e2e_s=time.perf_counter() - t0,
+                                    ttft_s=None if first is None else first - t0,
+                                    prompt_tokens=len(ids) if final is not None else None,
+                                    accept_lengths=final.accept_lengths if final is not None else ())
 
     async def _unary(self, req: GenerationRequest, *, rid: str, created: int) -> web.Response:
         ids, chat = req.prompt_ids, req.chat
         t0 = time.perf_counter()
-        clock = _TokenClock(self.metrics)
+        clock = TokenClock(self.metrics)
         out: list[int] = []
         lps: list[Any] = []
         final: RequestOutput | None = None
@@ -430,7 +402,7 @@ class OpenAIServer:
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         t0 = time.perf_counter()
-        clock = _TokenClock(self.metrics)
+        clock = TokenClock(self.metrics)
         count = 0
         final: RequestOutput | None = None
         status = "error"

@@ -245,6 +245,7 @@ class PrefillBackend:
             self.transfer_s += sent.seconds
             self.ctx.metrics.transfer_bytes.inc(sent.nbytes, direction="sent")
             self.ctx.metrics.transfer_seconds.observe(sent.seconds)
+            self.ctx.metrics.record_prefill(prompt_tokens=len(msg.prompt_ids), compute_s=result["compute_s"])
         except asyncio.CancelledError:
             error = "aborted"
             self.ctx.metrics.transfer_failures.inc(reason="aborted")

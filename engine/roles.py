@@ -246,6 +246,9 @@ def engine_fingerprints(engine: Any) -> dict[str, Any]:
 
 
 def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine: Any) -> None:
+    if isinstance(stats, dict) and isinstance(stats.get("num_running"), int):
+        metrics.running.set(stats["num_running"])
+        metrics.waiting.set(int(stats.get("num_waiting") or 0))
     runner = getattr(engine, "runner", None)
     if runner is not None:
         total = int(runner.num_total_pages)

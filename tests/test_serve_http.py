@@ -256,23 +256,28 @@ def test_client_disconnect_aborts_and_frees_pages(server: Server) -> None:
 
 
 def test_metrics_and_server_info(server: Server) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
     post(server.url + "/v1/completions", {"prompt": "metrics", "max_tokens": 3, "temperature": 0})
     code, text = get(server.url + "/metrics")
     assert code == 200
     values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert labels.pop("model_name") == server.backend.model_name  # on every series
+            key = sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+            values[key] = sample.value
     assert values['specctl_requests_total{status="length"}'] >= 1
     assert values["specctl_time_to_first_token_seconds_count"] >= 1
     assert values["specctl_generation_tokens_total"] >= 3
-    assert values["specctl_kv_pages_total"] > 0
+    assert values["specctl_kv_pages_capacity"] > 0
+    assert 0 <= values["specctl_kv_cache_usage_ratio"] <= 1
     assert "specctl_transfer_bytes_total" in text and "specctl_spec_accepted_tokens_total" in text
     code, body = get(server.url + "/server_info")
     info = json.loads(body)
     assert info["role"] == "colocated" and info["ready"] is True
-    assert info["engine"]["total_pages"] == values["specctl_kv_pages_total"]
+    assert info["engine"]["total_pages"] == values["specctl_kv_pages_capacity"]
     assert info["fingerprints"]["target"]["weights_hash"]
     assert info["timing"]["steps"] > 0
 
