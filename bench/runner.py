@@ -25,7 +25,7 @@ from specctl.bench.load import LoadResult, run_load
 from specctl.bench.metrics import summarize_load
 from specctl.bench.probe import ServerProbe, ServerSnapshot
 from specctl.bench.prometheus import metrics_delta
-from specctl.bench.record import json_safe, utc_now
+from specctl.bench.record import SAMPLING_FIELDS, add_aliases, json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
 from specctl.bench.workload import Prompt, build_workload
 from specctl.errors import RuntimeFailure
@@ -119,8 +119,11 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
         "random_output_len": w.random_output_len, "random_range_ratio": w.random_range_ratio,
         "sharegpt_output_len": w.sharegpt_output_len, "seed": w.seed, "warmup_requests": config.warmup_requests,
     }
+    rec["sampling"] = {"temperature": config.temperature, "ignore_eos": config.ignore_eos,
+                       **{k: v for k, v in config.extra_request_body.items() if k in SAMPLING_FIELDS}}
     rec.update(summarize_load(load, config.slo))
     rec.update(summarize_acceptance(load.results, si.server_accept_length(after.server_info)))
+    add_aliases(rec)
     switches = si.adaptive_switches(before.server_info, after.server_info)
     rec["adaptive"] = {
         "switches": _relative_times(switches, load),
