@@ -166,6 +166,8 @@ class StubServer:
                 "time_per_step_ms": {str(b.num_steps): round(b.itl_s * 1000 * (mean + 1), 3)},
                 "avg_accept_length": mean + 1,
             },
+            # SGLang's own shape: bench_serving reads the accept length here (and then counts ITL per token)
+            "internal_states": [{"avg_spec_accept_length": mean + 1}],
         })
 
     async def _metrics(self, request: web.Request) -> web.Response:
