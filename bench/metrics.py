@@ -101,7 +101,7 @@ def _goodput(results: Sequence[RequestResult], slo: dict[str, float], dur: float
         if not r.ok:
             continue
         checks = {"ttft": r.ttft, "tpot": r.tpot, "e2e": r.e2e}
-        if all(checks[k] is None or checks[k] <= limit for k, limit in slo.items()):
+        if all((v := checks[k]) is None or v <= limit for k, limit in slo.items()):
             good += 1
     return {"slo": dict(slo), "goodput": good / dur, "goodput_fraction": good / len(results) if results else None}
 

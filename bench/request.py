@@ -15,7 +15,8 @@ accepted tokens in one chunk is not credited with one token per gap. A chunk's t
 `token_ids` when the server sends them (specctl's `return_token_ids`), else its share of the usage's
 `completion_tokens` by text length (bench_serving re-tokenizes the chunk's text instead; equal for
 byte-level models). The raw gap between chunks is kept as `chunk_gaps` (its own record family).
-The server's `usage` (final chunk, `stream_options.include_usage`) is kept whole: the metrics read token counts and speculative fields (`spec_accepted_tokens`,
+The server's `usage` (final chunk, `stream_options.include_usage`) is kept whole: the metrics read
+token counts and speculative fields (`spec_accepted_tokens`,
 `spec_verify_steps`, `accept_lengths`) from it; `timings` (top-level or inside `usage`) too.
 """
 
@@ -103,12 +104,12 @@ class RequestResult:
     @property
     def prompt_tokens(self) -> int:
         value = (self.usage or {}).get("prompt_tokens")
-        return value if _is_count(value) else self.prompt_len
+        return value if isinstance(value, int) and _is_count(value) else self.prompt_len
 
     @property
     def output_tokens(self) -> int:
         value = (self.usage or {}).get("completion_tokens")
-        return value if _is_count(value) else len(self.chunk_times)
+        return value if isinstance(value, int) and _is_count(value) else len(self.chunk_times)
 
     @property
     def tpot(self) -> float | None:
