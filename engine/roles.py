@@ -166,6 +166,8 @@ class EngineBackend(TokenizingBackend):
         cfg = EngineConfig.from_role(self.ctx.role)
         self.engine = await asyncio.to_thread(Engine, cfg)
         self.tokenizer = engine_tokenizer(self.engine)
+        # A request the KV pool can never hold is the client's to fix: the front answers 400, not the engine 503.
+        self.max_context = min(self.max_context, int(self.engine.scheduler.max_request_tokens()))
         self.aengine = AsyncEngine(self.engine, name=self.ctx.role_name).start()
 
     # Backend protocol -----------------------------------------------------------------------------

@@ -93,6 +93,9 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("prompt_id_float", C, {"prompt": [1.5]}, 400, "prompt"),
     ("prompt_id_string", C, {"prompt": [1, "2"]}, 400, "prompt"),
     ("prompt_longer_than_context", C, {"prompt": "x" * 5000}, 400, "prompt"),
+    # fits the model's 4096 positions, not the server's 2048-token KV pool: the client's to fix, a 400
+    ("prompt_beyond_the_kv_pool", C, {"prompt": "x" * 2500}, 400, "prompt"),
+    ("max_tokens_beyond_the_kv_pool", C, {"prompt": "x" * 1500, "max_tokens": 1000}, 400, "max_tokens"),
     # lengths
     ("max_tokens_zero", C, comp(max_tokens=0), 400, "max_tokens"),
     ("max_tokens_negative", C, comp(max_tokens=-1), 400, "max_tokens"),
