@@ -39,6 +39,7 @@ to a `Backend` (colocated engine, or the router's prefill+decode client).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -55,6 +56,7 @@ from specctl.engine.openai_request import (
     DEFAULT_MAX_TOKENS,
     GenerationRequest,
     RequestError,
+    _sampling,
     chat_prompt,
     parse_chat,
     parse_completion,
@@ -62,7 +64,7 @@ from specctl.engine.openai_request import (
 )
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "chat_prompt", "error_body",
-           "json_error", "start_http"]
+           "json_error", "sampling_params", "start_http"]
 
 log = logging.getLogger("specctl.http")
 
@@ -141,6 +143,21 @@ def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | N
     if "\ufffd" in text or not text:
         return f"token_id:{token_id}", text, None
     return text, text, list(text.encode())
+
+
+@dataclasses.dataclass
+class _Limits:
+    model_name: str
+    max_context: int
+
+    def encode(self, text: str) -> list[int]:  # pragma: no cover - sampling_params never encodes
+        raise NotImplementedError
+
+
+def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
+    """OpenAI request fields -> the wire-safe sampling dict, with the front's bounds (for routes of other
+    modules that build their own prompt; the OpenAI routes go through `openai_request` whole)."""
+    return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context))
 
 
 def logprobs_of(backend: Backend, ids: list[int], entries: list[Any] | None, *, chat: bool,
