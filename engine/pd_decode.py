@@ -55,7 +55,7 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 class DecodeBackend(EngineBackend):
     supports_logprobs = False  # the first token is prefill's, whose log-prob does not travel (yet)
-    supports_logit_processors = False  # prefill samples the first token without them (yet)
+    supports_logit_processors = True  # prefill applies logit_bias to the first token, decode the rest
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -143,3 +144,35 @@ def test_every_role_counts_what_it_did(topology: dict[str, Any]) -> None:
         assert total(values, "specctl_kv_pages_capacity") > 0
     assert ("specctl_requests_waiting", ()) in dec and ("specctl_requests_running", ()) in dec
     assert any(n == "specctl_adaptive_steps" for n, _ in dec)
+
+
+def test_logit_bias_and_penalties_through_the_router(topology: dict[str, Any]) -> None:
+    """Disaggregated: prefill applies logit_bias to the first token, decode (speculating) to the rest."""
+    router = f"http://127.0.0.1:{topology['ports']['router']}"
+    body = {"prompt": "def f(x):", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    forced = json.loads(post(router + "/v1/completions", {**body, "logit_bias": {"65": 100}}))
+    assert forced["choices"][0]["text"] == "A" * 6
+    # penalties: the same tokens as the offline engine (plain decoding) with the same penalties
+    from specctl.engine.config import EngineConfig
+    from specctl.engine.engine import Engine
+    from specctl.engine.sampling import SamplingParams
+
+    role = {"model": {"target": topology["model"], "dtype": "float32", "device": "cpu"},
+            "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0)
+    (want,) = Engine(EngineConfig.from_role(role)).generate([body["prompt"]], sp)
+    got = json.loads(post(router + "/v1/completions", {**body, "frequency_penalty": 2.0, "presence_penalty": 2.0,
+                                                       "return_token_ids": True}))
+    assert got["choices"][0]["token_ids"] == want.token_ids
+    (unpenalized,) = Engine(EngineConfig.from_role(role)).generate([body["prompt"]], SamplingParams(
+        max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert unpenalized.token_ids != want.token_ids  # the penalties changed something
+    # log-probs do not travel prefill -> decode yet: refused by name, not ignored
+    req = urllib.request.Request(router + "/v1/completions", data=json.dumps({**body, "logprobs": 1}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=30)
+        raise AssertionError("logprobs through the router should be refused")
+    except urllib.error.HTTPError as exc:
+        err = json.loads(exc.read())["error"]
+        assert exc.code == 400 and err["param"] == "logprobs" and err["code"] == "unsupported_parameter"
