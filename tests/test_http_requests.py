@@ -358,7 +358,9 @@ def test_openai_shapes_models_card_usage_and_role_chunk(server: Server) -> None:
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == "def f(" + plain["choices"][0]["text"]
     # accepted: top_k -1 (off, as vLLM and SGLang spell it), penalties of 0, an empty logit_bias, text format
     for extra in ({"top_k": -1}, {"presence_penalty": 0, "frequency_penalty": 0.0}, {"logit_bias": {}},
-                  {"best_of": 1, "suffix": None}):
+                  {"best_of": 1, "suffix": None}, {"seed": (1 << 64) - 1, "temperature": 1.0},
+                  {"seed": -(1 << 63), "temperature": 2.0}, {"top_k": 1 << 31, "temperature": 1.0},
+                  {"max_tokens": 16.0}, {"prompt": [[1, 2, 3]]}, {"prompt": ["one prompt in a batch of one"]}):
         code, text = send(server.url, C, comp(**extra))
         assert code == 200, (extra, text)
     assert send(server.url, CH, chat(response_format={"type": "text"}, tool_choice="none"))[0] == 200
