@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 
 import specctl
+from specctl.bench import record as bench_record
 from specctl.bench import server_info as si
 from specctl.bench.acceptance import summarize_acceptance
 from specctl.bench.config import BenchConfig, LoadPoint
@@ -25,7 +26,7 @@ from specctl.bench.load import LoadResult, run_load
 from specctl.bench.metrics import summarize_load
 from specctl.bench.probe import ServerProbe, ServerSnapshot
 from specctl.bench.prometheus import metrics_delta
-from specctl.bench.record import SAMPLING_FIELDS, add_aliases, json_safe, utc_now
+from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
 from specctl.bench.workload import Prompt, build_workload
 from specctl.errors import RuntimeFailure
@@ -120,10 +121,9 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
         "sharegpt_output_len": w.sharegpt_output_len, "seed": w.seed, "warmup_requests": config.warmup_requests,
     }
     rec["sampling"] = {"temperature": config.temperature, "ignore_eos": config.ignore_eos,
-                       **{k: v for k, v in config.extra_request_body.items() if k in SAMPLING_FIELDS}}
+                       **{k: v for k, v in config.extra_request_body.items() if k in bench_record.SAMPLING_FIELDS}}
     rec.update(summarize_load(load, config.slo))
     rec.update(summarize_acceptance(load.results, si.server_accept_length(after.server_info)))
-    add_aliases(rec)
     switches = si.adaptive_switches(before.server_info, after.server_info)
     rec["adaptive"] = {
         "switches": _relative_times(switches, load),
@@ -135,6 +135,7 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
     rec["fingerprint"] = provenance.fingerprint or si.fingerprint(after.server_info)
     rec["deployment"] = provenance.deployment
     rec["config"] = config.to_json()
+    bench_record.add_aliases(rec)  # vLLM's names for the numbers above
     if config.output_details:
         rec["details"] = _details(load)
     return json_safe(rec)
