@@ -145,10 +145,10 @@ def presets_show(
         if output is OutputFormat.json:
             import json
 
-            import yaml
+            from specctl.schemas.loader import parse_document
 
-            doc = {"name": name, "description": _preset_summary(text), "deployment": yaml.safe_load(text),
-                   "yaml": text}
+            doc = {"name": name, "description": _preset_summary(text),
+                   "deployment": parse_document(text, name=name).data, "yaml": text}
             sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
             return
         sys.stdout.write(text)
