@@ -28,6 +28,7 @@ ERROR_PATHS = {
     "generate": ["generate", "-c", "tiny-colocated", "--prompt", "x", *BAD_SET],
     "serve": ["serve", "--role", "colocated", "-c", "tiny-colocated", "--set", "roles.colocated.port=33210",
               *BAD_SET],
+    "bench": ["bench", "-c", "tiny-colocated", "--set", "roles.colocated.port=33211", "--no-progress", *BAD_SET],
     "up": ["up", "-c", "tiny-pd", "--set", "roles.router.port=33200", "--set", "roles.prefill.port=33201",
            "--set", "roles.decode.port=33202", "--set", "roles.prefill.bootstrap_port=33203", *BAD_SET],
 }
@@ -80,6 +81,16 @@ def test_bracketed_values_survive_every_error_path_on_a_terminal(name: str) -> N
     flat = " ".join(text.split())
     assert "cache.state_types is [swa] but" in flat and "layers give [mamba, swa]" in flat
     assert "set it to [mamba, swa]" in flat and "Traceback" not in flat
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["explain", "[X1]"], "unknown code '[X1]'"),
+    (["presets", "show", "[nope]"], "unknown preset '[nope]'"),
+    (["validate", "/nonexistent/[dir]/d.yaml"], "/nonexistent/[dir]/d.yaml"),
+])
+def test_bracketed_user_input_is_echoed_intact(args: list[str], expected: str) -> None:
+    res = cli(*args)
+    assert res.returncode in (1, 2) and expected in res.stdout + res.stderr, res
 
 
 def test_fail_prints_markup_like_text_literally(capsys: pytest.CaptureFixture[str]) -> None:
