@@ -1,8 +1,9 @@
 """Metrics of one sweep point from its request results: latency, throughput, goodput, errors.
 
 Field names follow SGLang's bench_serving where it has one (`request_throughput`, `mean_ttft_ms`,
-`p99_itl_ms`, `completed`, `total_input_tokens`, ...); every latency family (ttft, tpot, itl,
-e2e_latency) gets mean, median, p90, p95, p99, std and max in milliseconds (numpy's linear
+`p99_itl_ms`, `completed`, `total_input_tokens`, ...); every latency family (ttft, tpot, itl per token,
+e2e_latency, and chunk_gap: the raw gap between stream chunks) gets mean, median, p90, p95, p99, std and max in
+milliseconds (numpy's linear
 percentiles, as bench_serving). Latencies are from the scheduled send time (see `request`).
 
 - `duration`: from the schedule's origin to the last response; throughputs divide by it.
@@ -61,6 +62,8 @@ def summarize_load(load: LoadResult, slo: dict[str, float]) -> dict[str, Any]:
         "tpot": [t for r in ok if (t := r.tpot) is not None],
         "itl": [x for r in ok for x in r.itl],
         "e2e_latency": [r.e2e for r in ok if r.e2e is not None],
+        # the raw gap between chunks, whatever each held (ITL above is per token)
+        "chunk_gap": [x for r in ok for x in r.chunk_gaps],
     }
     for family, values in families.items():
         for stat, value in stats_ms(values).items():
@@ -98,7 +101,7 @@ def _goodput(results: Sequence[RequestResult], slo: dict[str, float], dur: float
         if not r.ok:
             continue
         checks = {"ttft": r.ttft, "tpot": r.tpot, "e2e": r.e2e}
-        if all(checks[k] is None or checks[k] <= limit for k, limit in slo.items()):
+        if all((v := checks[k]) is None or v <= limit for k, limit in slo.items()):
             good += 1
     return {"slo": dict(slo), "goodput": good / dur, "goodput_fraction": good / len(results) if results else None}
 

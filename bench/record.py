@@ -7,7 +7,10 @@ A record is flat where SGLang's bench_serving has a field of the same meaning (`
 `mean_e2e_latency_ms`, `concurrency`, `accept_length`, ...), so tools reading bench_serving JSONL
 read these too. Additions: p90/p95/max/std for every latency family, errors by kind, goodput, pacing
 (`achieved_request_rate`, send delays), acceptance details, the adaptive step timeline, the TTFT
-breakdown, `/metrics` deltas, and for traceability the resolved bench `config`, the launched
+breakdown, `/metrics` deltas, `sampling` (temperature and every sampling field sent), the raw chunk
+gap family (`mean_chunk_gap_ms`, ...; `*_itl_ms` is per token, as bench_serving), vLLM's names for the
+same numbers (`VLLM_ALIASES`: `total_token_throughput`, `*_e2el_ms`, `spec_decode_*`), and for traceability the
+resolved bench `config`, the launched
 `deployment` (resolved config) and the server's handshake `fingerprint`; with `--output-details`,
 `details` holds per-request arrays (seconds). `REQUIRED_FIELDS` is the
 documented minimum every record carries (values may be null where not measurable).
@@ -31,10 +34,34 @@ REQUIRED_FIELDS = (
     "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "std_ttft_ms", "max_ttft_ms",
     "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p95_itl_ms", "p99_itl_ms",
     "max_itl_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
+    "mean_chunk_gap_ms", "p99_chunk_gap_ms", "sampling", "total_token_throughput", "mean_e2el_ms",
+    "median_e2el_ms", "p99_e2el_ms", "spec_decode_acceptance_length", "spec_decode_num_drafts",
     "goodput", "slo", "accept_length", "accept_length_source", "adaptive", "ttft_breakdown",
     "server_metrics", "fingerprint", "deployment", "config",
     "preflight",  # the live preflight of the pair: {"ok", "prefill", "decode"} fingerprints, or null
 )
+
+
+# Request fields that change what is sampled: shown with the temperature in the table and the record.
+SAMPLING_FIELDS = ("top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                   "logit_bias", "stop", "n", "logprobs")
+
+# vLLM's `vllm bench serve` name -> ours, for the same number (vLLM readers find theirs in the record).
+VLLM_ALIASES = {
+    "total_token_throughput": "total_throughput",
+    **{f"{s}_e2el_ms": f"{s}_e2e_latency_ms" for s in ("mean", "median", "std", "p90", "p95", "p99", "max")},
+    "request_goodput": "goodput",
+    "spec_decode_acceptance_length": "accept_length",  # mean tokens per verify step (accepted drafts + 1)
+    "spec_decode_num_drafts": "spec_verify_steps",  # one draft proposal per request per verify step
+    "spec_decode_num_accepted_tokens": "spec_accepted_tokens",
+}
+
+
+def add_aliases(rec: dict[str, Any]) -> dict[str, Any]:
+    """`rec` with every VLLM_ALIASES name set to its source field's value (None where it has none)."""
+    for alias, source in VLLM_ALIASES.items():
+        rec[alias] = rec.get(source)
+    return rec
 
 
 def json_safe(value: Any) -> Any:

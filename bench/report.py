@@ -12,10 +12,12 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specctl.bench.compare import CompareRow
 
-_LAT_ROWS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2e_latency"))
+_LAT_ROWS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL (per token)", "itl"), ("Chunk gap (raw)", "chunk_gap"),
+             ("E2E latency", "e2e_latency"))
 _LAT_COLS = ("mean", "median", "p90", "p99", "std", "max")
 
 
@@ -44,6 +46,17 @@ def _kv_table(console: Console, title: str, rows: Sequence[tuple[str, str]]) -> 
     return t
 
 
+def _sampling(rec: dict[str, Any]) -> str:
+    """temperature first (0 is greedy: say so), then every other sampling field sent."""
+    sampling = dict(rec.get("sampling") or {})
+    if not sampling:
+        return "n/a"
+    temp = sampling.pop("temperature", None)
+    parts = [f"temperature {fmt(temp)}" + (" (greedy)" if temp == 0 else "")]
+    parts += [f"{k} {v}" for k, v in sampling.items()]
+    return "  ".join(parts)
+
+
 def render_record(console: Console, rec: dict[str, Any]) -> None:
     rate = rec.get("request_rate")
     conc = rec.get("max_concurrency")
@@ -53,6 +66,7 @@ def render_record(console: Console, rec: dict[str, Any]) -> None:
         ("Load", f"request rate {rate}  max concurrency {conc if conc is not None else 'not set'}"
                  f"  burstiness {fmt(rec.get('burstiness'))}"),
         ("Dataset", f"{rec.get('dataset_name')}  ({rec.get('num_requests')} requests)"),
+        ("Sampling", _sampling(rec)),
         ("Successful / failed requests", f"{rec.get('completed')} / {rec.get('failed')}"),
         ("Errors by kind", ", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"),
         ("Benchmark duration (s)", fmt(rec.get("duration"))),
@@ -142,11 +156,12 @@ def render_compare(console: Console, rows: Sequence[CompareRow], label_a: str, l
     for c in ("metric", "A", "B", "B-A", "change"):
         t.add_column(c, justify="left" if c == "metric" else "right")
     for row in rows:
-        change = "n/a" if row.pct is None else f"{row.pct:+.1f}%"
+        pct = "n/a" if row.pct is None else f"{row.pct:+.1f}%"
+        change = Text(pct)  # Text, never markup: labels and values are the user's
         if row.verdict == "better":
-            change = f"[green]{change} better[/]" if console.is_terminal else f"{change} better"
+            change = Text(f"{pct} better", style="green" if console.is_terminal else "")
         elif row.verdict == "worse":
-            change = f"[red]{change} worse[/]" if console.is_terminal else f"{change} worse"
+            change = Text(f"{pct} worse", style="red" if console.is_terminal else "")
         t.add_row(row.field, fmt(row.a), fmt(row.b), fmt(row.delta), change)
     console.print(t)
 

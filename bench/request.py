@@ -8,10 +8,15 @@ vanishing (no coordinated omission). `send_delay` shows that waiting separately.
 A failure never raises: it becomes `error_kind` (`http_<status>`, `broken_stream`, `timeout`,
 `connection`, `bad_response`, `server_error`, `empty_output`, `client_error`) plus a short message.
 
-A chunk carries tokens when its text (completions) or `delta.content` (chat) is non-empty; ITL is
-the gap between such chunks (a speculative server may put several tokens in one chunk; TPOT divides
-by the token count instead). The server's `usage` (final chunk, `stream_options.include_usage`) is
-kept whole: the metrics read token counts and speculative fields (`spec_accepted_tokens`,
+A chunk carries tokens when its text (completions) or `delta.content` (chat) is non-empty. ITL is
+per token, as SGLang's bench_serving defines it: each gap between token-carrying chunks (after the
+first) divided by that chunk's token count, once per token, so a speculative server that sends several
+accepted tokens in one chunk is not credited with one token per gap. A chunk's token count is its
+`token_ids` when the server sends them (specctl's `return_token_ids`), else its share of the usage's
+`completion_tokens` by text length (bench_serving re-tokenizes the chunk's text instead; equal for
+byte-level models). The raw gap between chunks is kept as `chunk_gaps` (its own record family).
+The server's `usage` (final chunk, `stream_options.include_usage`) is kept whole: the metrics read
+token counts and speculative fields (`spec_accepted_tokens`,
 `spec_verify_steps`, `accept_lengths`) from it; `timings` (top-level or inside `usage`) too.
 """
 
@@ -44,6 +49,8 @@ class RequestResult:
     first_token: float | None = None
     end: float | None = None
     chunk_times: list[float] = dataclasses.field(default_factory=list)
+    chunk_chars: list[int] = dataclasses.field(default_factory=list)  # text length of each chunk
+    chunk_ids: list[int | None] = dataclasses.field(default_factory=list)  # its token count, if the server said
     error_kind: str | None = None
     error: str = ""
     response_id: str | None = None
@@ -69,19 +76,40 @@ class RequestResult:
         return self.sent - self.scheduled
 
     @property
-    def itl(self) -> list[float]:
+    def chunk_gaps(self) -> list[float]:
+        """Raw gaps between token-carrying chunks (seconds), whatever each chunk held."""
         t = self.chunk_times
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
+    def chunk_tokens(self) -> list[int]:
+        """Tokens per chunk: the server's counts when it gave every one, else shares of the output tokens
+        by text length (at least 1 per chunk)."""
+        if self.chunk_ids and all(n is not None for n in self.chunk_ids):
+            return [int(n) for n in self.chunk_ids if n is not None]
+        chars = sum(self.chunk_chars)
+        total = self.output_tokens
+        if chars <= 0:
+            return [1] * len(self.chunk_times)
+        return [max(1, round(c * total / chars)) for c in self.chunk_chars]
+
+    @property
+    def itl(self) -> list[float]:
+        """Per-token inter-token latencies (seconds), bench_serving's definition (module docstring)."""
+        out: list[float] = []
+        for gap, n in zip(self.chunk_gaps, self.chunk_tokens[1:], strict=False):
+            out.extend([gap / n] * n)
+        return out
+
+    @property
     def prompt_tokens(self) -> int:
         value = (self.usage or {}).get("prompt_tokens")
-        return value if _is_count(value) else self.prompt_len
+        return value if isinstance(value, int) and _is_count(value) else self.prompt_len
 
     @property
     def output_tokens(self) -> int:
         value = (self.usage or {}).get("completion_tokens")
-        return value if _is_count(value) else len(self.chunk_times)
+        return value if isinstance(value, int) and _is_count(value) else len(self.chunk_times)
 
     @property
     def tpot(self) -> float | None:
@@ -229,6 +257,9 @@ class RequestSender:
             if result.first_token is None:
                 result.first_token = now
             result.chunk_times.append(now)
+            result.chunk_chars.append(len(text))
+            ids = choice.get("token_ids")
+            result.chunk_ids.append(len(ids) if isinstance(ids, list) and ids else None)
             result.text_len += len(text)
         if choice.get("finish_reason"):
             result.finish_reason = str(choice["finish_reason"])

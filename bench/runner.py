@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 
 import specctl
+from specctl.bench import record as bench_record
 from specctl.bench import server_info as si
 from specctl.bench.acceptance import summarize_acceptance
 from specctl.bench.config import BenchConfig, LoadPoint
@@ -121,6 +122,8 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
         "random_output_len": w.random_output_len, "random_range_ratio": w.random_range_ratio,
         "sharegpt_output_len": w.sharegpt_output_len, "seed": w.seed, "warmup_requests": config.warmup_requests,
     }
+    rec["sampling"] = {"temperature": config.temperature, "ignore_eos": config.ignore_eos,
+                       **{k: v for k, v in config.extra_request_body.items() if k in bench_record.SAMPLING_FIELDS}}
     rec.update(summarize_load(load, config.slo))
     server_accept = si.server_accept_length(after.server_info)
     from_metrics = server_accept is None
@@ -142,6 +145,7 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
     rec["fingerprint"] = provenance.fingerprint or si.fingerprint(after.server_info)
     rec["deployment"] = provenance.deployment
     rec["config"] = config.to_json()
+    bench_record.add_aliases(rec)  # vLLM's names for the numbers above
     if config.output_details:
         rec["details"] = _details(load)
     return json_safe(rec)

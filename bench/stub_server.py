@@ -12,7 +12,9 @@ and per-request faults by arrival index: `http500`, `broken` (the connection is 
 chunk), `slow` (nothing is sent for `slow_s`, so the client times out), `bad_json`. Responses carry
 `usage` with token counts and speculative fields (`spec_verify_steps`, `spec_accepted_tokens`,
 `accept_lengths`: accepted draft tokens per verify step, cycling through `accept_pattern`) and, when
-set, per-request `timings`. With `switch_every=k`, every k-th request adds an adaptive step switch
+set, per-request `timings`; streams send the usage chunk (`choices: []`) only with
+`stream_options.include_usage`, as OpenAI does (timings then ride on the finishing chunk). With `switch_every=k`,
+every k-th request adds an adaptive step switch
 (stamped with `time.monotonic()`, cycling steps 1 -> 3 -> 5) to `/server_info`'s timeline. Log
 timestamps are `time.perf_counter()` (CLOCK_MONOTONIC on Linux, so comparable with a client's in
 another process on the same machine).
@@ -164,6 +166,8 @@ class StubServer:
                 "time_per_step_ms": {str(b.num_steps): round(b.itl_s * 1000 * (mean + 1), 3)},
                 "avg_accept_length": mean + 1,
             },
+            # SGLang's own shape: bench_serving reads the accept length here (and then counts ITL per token)
+            "internal_states": [{"avg_spec_accept_length": mean + 1}],
         })
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -217,13 +221,15 @@ class StubServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            await self._stream(request, resp, record, n, usage, chat=chat)
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            await self._stream(request, resp, record, n, usage, chat=chat, include_usage=include_usage)
         except ConnectionResetError:
             pass  # the client went away (timed out, or stopped reading after a fault): nothing to do
         return resp
 
     async def _stream(self, request: web.Request, resp: web.StreamResponse, record: StubRecord, n: int,
-                      usage: dict[str, Any], *, chat: bool) -> None:
+                      usage: dict[str, Any], *, chat: bool, include_usage: bool) -> None:
         b = self.behaviour
         if record.fault == "slow":
             await asyncio.sleep(b.slow_s)
@@ -239,9 +245,12 @@ class StubServer:
             text = "x" * k
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             choice["finish_reason"] = "length" if sent >= n else None
+            chunk: dict[str, Any] = {"id": record.id, "object": "chunk", "choices": [choice]}
+            if sent >= n and b.timings and not include_usage:
+                chunk["timings"] = b.timings
             # Stamped before the write: the client may read the chunk before this thread runs again.
             stamp = time.perf_counter()
-            await resp.write(_sse({"id": record.id, "object": "chunk", "choices": [choice]}))
+            await resp.write(_sse(chunk))
             if first:
                 record.first_write = stamp
                 first = False
@@ -253,10 +262,11 @@ class StubServer:
                 if record.fault == "bad_json":
                     await resp.write(b"data: {not json\n\n")
         self._tokens += n
-        final: dict[str, Any] = {"id": record.id, "object": "chunk", "choices": [], "usage": usage}
-        if b.timings:
-            final["timings"] = b.timings
-        await resp.write(_sse(final))
+        if include_usage:  # OpenAI's shape: usage once, on a last chunk without choices, only when asked
+            final: dict[str, Any] = {"id": record.id, "object": "chunk", "choices": [], "usage": usage}
+            if b.timings:
+                final["timings"] = b.timings
+            await resp.write(_sse(final))
         record.end = time.perf_counter()
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -291,8 +301,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttft", type=float, default=0.0, help="seconds to the first chunk")
     parser.add_argument("--itl", type=float, default=0.0, help="seconds between chunks")
+    parser.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens per chunk (speculation: > 1)")
     args = parser.parse_args(argv)
-    with StubServer(StubBehaviour(ttft_s=args.ttft, itl_s=args.itl), host=args.host, port=args.port) as stub:
+    behaviour = StubBehaviour(ttft_s=args.ttft, itl_s=args.itl, tokens_per_chunk=args.tokens_per_chunk)
+    with StubServer(behaviour, host=args.host, port=args.port) as stub:
         print(stub.url, flush=True)
         # Serve until stdin closes (the parent exits or closes the pipe) or SIGTERM/Ctrl-C.
         try:

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from specctl.cli.main import app
 
-app()
+app(prog_name="specctl")  # help, errors and shell completion (_SPECCTL_COMPLETE) as the installed script

@@ -1,7 +1,8 @@
 """`specctl bench` (load-test a server or a launched deployment) and `specctl bench compare A B`.
 
 Thin: options become one `BenchConfig`, `specctl.bench.runner.run_bench` does the work, and the
-records are rendered (text tables, or `--format json`: `{"runs": [record, ...]}`), appended to
+records are rendered (text tables, or `--format json`: the records as JSON Lines, the same shape
+`--output` appends), appended to
 `--output`, and plotted to `--plot`. Progress goes to stderr. Exit 0 when at least one request
 completed, 3 when none did (after printing what was measured), 2 for bad options.
 """
@@ -177,7 +178,9 @@ def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: 
 
         write_plot(plot, runs)
     if fmt is OutputFormat.json:
-        typer.echo(json.dumps({"runs": json_safe(records)}, indent=2))
+        # The very shape --output appends: one record per line (JSON Lines), one line per sweep point.
+        for rec in records:
+            typer.echo(json.dumps(json_safe(rec)))
     else:
         out = stdout_console()
         if not out.is_terminal:

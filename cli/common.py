@@ -3,6 +3,10 @@
 Results go to stdout, diagnostics to stderr; Rich styling only on a terminal (Rich's own detection,
 overridable with NO_COLOR / TERM=dumb). Commands wrap their body in `handle_errors()` so expected
 failures print a message and a hint, never a traceback.
+
+User and engine text is never parsed as Rich markup: the consoles here have markup off (a message
+holding `[swa]` prints `[swa]`); styling is applied with `Text`/`style=`, never by interpolating into
+markup. Off a terminal, lines are not hard-wrapped (soft wrap), so piped output keeps whole lines.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import contextlib
 import enum
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import typer
 
@@ -29,23 +33,30 @@ class OutputFormat(str, enum.Enum):
 def stdout_console() -> Console:
     # Created per call so tests (CliRunner swaps sys.stdout) and width settings are honoured.
     # Imported here: rich.console costs ~0.1 s of start-up that `specctl validate` must not pay.
-    from rich.console import Console
 
-    return Console(file=sys.stdout, soft_wrap=False)
+    return _console(sys.stdout)
 
 
 def stderr_console() -> Console:
+    return _console(sys.stderr)
+
+
+def _console(file: TextIO) -> Console:
     from rich.console import Console
 
-    return Console(file=sys.stderr, soft_wrap=False)
+    probe = Console(file=file)
+    # On a terminal Rich wraps to the window; piped, a fixed 80-column hard wrap would cut sentences.
+    return Console(file=file, markup=False, highlight=False, soft_wrap=not probe.is_terminal)
 
 
 def fail(exc: SpecctlError) -> typer.Exit:
     """Print an expected failure on stderr and return the Exit to raise (`raise fail(e) from None`)."""
+    from rich.text import Text
+
     err = stderr_console()
-    err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+    err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
     if exc.hint:
-        err.print(f"[yellow]hint:[/] {exc.hint}", markup=True, highlight=False)
+        err.print(Text.assemble(("hint:", "yellow"), " ", exc.hint))
     return typer.Exit(exc.exit_code)
 
 

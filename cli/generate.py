@@ -121,7 +121,7 @@ def _render_text(result: dict[str, Any]) -> None:
     spec = result.get("speculative") or {}
     if spec:
         parts.append(f"accepted/step={spec['mean_accepted']:.2f} over {spec['verify_steps']} verify steps")
-    err.print(f"[dim]{result['model']} on {result['device']}: {', '.join(parts)}[/]", highlight=False)
+    err.print(f"{result['model']} on {result['device']}: {', '.join(parts)}", style="dim", highlight=False)
 
 
 def _fmt_s(value: float | None) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from typing import Annotated
 
 import typer
 
@@ -14,18 +16,40 @@ import typer
 # process on 2 cores). Child processes (serve roles started by `up`) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+def _completion_wanted() -> bool:
+    """Typer's own shell completion (--install-completion, --show-completion; bash, zsh, fish) costs ~10 ms
+    of start-up per command (it inspects its option functions), which `specctl validate` cannot spare: it
+    is switched on only when it can be used, i.e. when the shell asks for completions (_SPECCTL_COMPLETE),
+    a completion option is given, or help is shown (which lists the options)."""
+    if os.environ.get("_SPECCTL_COMPLETE"):
+        return True
+    args = sys.argv[1:]
+    return not args or any(a in ("--install-completion", "--show-completion", "--help") for a in args)
+
+
 app = typer.Typer(
     name="specctl",
     help="Validate, launch and benchmark adaptive-speculative, prefill/decode-disaggregated deployments.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=_completion_wanted(),
     rich_markup_mode="rich",
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from specctl import __version__
+
+        typer.echo(f"specctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print specctl's version and exit.")] = False,
+) -> None:
     """specctl: preflight, launcher and benchmark for speculative + disaggregated LLM serving."""
 
 

@@ -153,12 +153,26 @@ def _preset_summary(text: str) -> str:
 
 
 @presets_app.command("show")
-def presets_show(name: Annotated[str, typer.Argument(help="Preset name (specctl presets list).")]) -> None:
+def presets_show(
+    name: Annotated[str, typer.Argument(help="Preset name (specctl presets list).")],
+    output: Annotated[OutputFormat, typer.Option("--format", help="text: the YAML; json: {name, description, "
+                                                 "deployment, yaml}.")] = OutputFormat.text,
+) -> None:
     """Print a preset's YAML (a starting point: specctl presets show tiny-pd > deploy.yaml)."""
     with handle_errors():
         from specctl import presets
 
-        sys.stdout.write(presets.read_text(name))
+        text = presets.read_text(name)
+        if output is OutputFormat.json:
+            import json
+
+            from specctl.schemas.loader import parse_document
+
+            doc = {"name": name, "description": _preset_summary(text),
+                   "deployment": parse_document(text, name=name).data, "yaml": text}
+            sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+            return
+        sys.stdout.write(text)
 
 
 @app.command()

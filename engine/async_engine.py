@@ -40,6 +40,7 @@ class RequestOutput:
     accept_lengths: list[int] = dataclasses.field(default_factory=list)  # per verify step (final delta only)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     text: str | None = None  # the engine's full text so far (cut at a stop string); final delta only
+    logprobs: list[Any] | None = None  # a TokenLogprob (or None) per new token, when the request asked for them
 
 
 def seq_finished(seq: Any) -> bool:
@@ -248,6 +249,9 @@ class AsyncEngine:
         if new or finished:
             stream.sent = len(out)
             item = RequestOutput(token_ids=new, completion_tokens=len(out))
+            lps = getattr(seq, "output_logprobs", None)
+            if lps:
+                item.logprobs = list(lps[stream.sent - len(new) : stream.sent])
             if finished:
                 self._live.pop(stream.rid, None)
                 item.finished = True

@@ -37,6 +37,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specctl.engine.config import EngineConfig
+from specctl.engine.logprobs import attach as attach_logprobs
+from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.sampling import SamplingParams, make_generator, sample
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
@@ -66,7 +68,8 @@ class PlainDecoder:
 
         items = [ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs]
         logits = self.runner.forward(items)
-        ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        attach_logprobs(seqs, logits, ids)
         return [[t] for t in ids]
 
     def release(self, seq: Sequence) -> None:
@@ -383,7 +386,8 @@ class Engine:
         if not firsts:
             return
         last = logits[torch.tensor(rows, device=logits.device)]
-        ids = sample(last, [s.params for s in firsts], [s.generator for s in firsts]).tolist()
+        ids = sample(adjust_logits(firsts, last), [s.params for s in firsts], [s.generator for s in firsts]).tolist()
+        attach_logprobs(firsts, last, ids)
         for seq, tok in zip(firsts, ids, strict=True):
             self._append(seq, [tok])
             if seq.export_after_prefill and not seq.is_finished:
@@ -405,9 +409,10 @@ class Engine:
 
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
         eos = None if seq.params.ignore_eos else getattr(self.tokenizer, "eos_token_id", None)
-        for tok in tokens:
+        pending, seq.pending_logprobs = seq.pending_logprobs, None
+        for j, tok in enumerate(tokens):
             self._counters["generated_tokens"] += 1
-            reason = seq.append(tok, eos)
+            reason = seq.append(tok, eos, pending[j] if pending is not None and j < len(pending) else None)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self._done(seq)

@@ -5,30 +5,41 @@ Contract (routes):
   `data: {...}` chunks then `data: [DONE]`) and non-streaming. `usage` carries `prompt_tokens`,
   `completion_tokens`, `total_tokens` and the request's speculative statistics: `spec_accepted_tokens`
   (accepted draft tokens), `spec_verify_steps` (verify forwards) and `accept_lengths` (accepted draft
-  tokens per verify step). Streams put `usage` on the chunk that carries `finish_reason`, and add
-  OpenAI's usage-only chunk (`choices: []`) when `stream_options.include_usage` is true. Responses also
+  tokens per verify step). Streams send `usage` only when `stream_options.include_usage` is true, once,
+  on OpenAI's usage-only last chunk (`choices: []`). Responses (the finishing chunk when streaming) also
   carry `timings` (server-side seconds; in disaggregated mode `prefill_s`, `transfer_s`,
   `decode_queue_s`, ...).
 - `GET /v1/models`, `GET /health` (200 `{"status": "ok"}` once ready and paired, else 503 with the
   reason), `GET /metrics` (Prometheus text), `GET /server_info` (resolved deployment, fingerprints,
   adaptive state and switch timeline, per-role timing).
-- Every malformed or oversized request is answered with a 4xx JSON error `{"error": {"message", "type",
-  "param", "code"}}` and the server keeps serving; engine-side failures are 5xx JSON errors (or an SSE
-  `error` event then `[DONE]` once streaming has begun).
+- `GET /v1/models/{id}`: the model card, or 404 `model_not_found`.
+- Every request is parsed and bounded by `specctl.engine.openai_request` (JSON depth, integer range,
+  finite numbers, valid Unicode, token ids in the vocabulary, content-part types, OpenAI's ranges); a
+  malformed, oversized or unsupported request gets a 4xx `{"error": {"message", "type", "param",
+  "code"}}` (`code` a string, `param` the field) and the server keeps serving; engine-side failures are
+  5xx JSON errors (or an SSE `error` event then `[DONE]` once streaming has begun).
+- Connections: request headers must arrive (and an idle keep-alive connection is closed) within
+  `HEADER_TIMEOUT_S`, a body within `BODY_TIMEOUT_S` (408), and one client address holds at most
+  `MAX_CONNECTIONS_PER_CLIENT` connections (429 for the next).
 
 Chat template (byte-level builtin models have no template of their own): each message becomes
 `<|ROLE|>\\nCONTENT\\n` in order, followed by `<|assistant|>\\n`; the assistant's reply is the completion.
 
-Sampling fields understood: max_tokens (or max_completion_tokens), temperature, top_p, top_k, seed,
-stop (string or list), ignore_eos. `n` must be 1. Extension: `return_token_ids: true` adds the generated
-`token_ids` to each choice (each chunk's new ids when streaming), so clients can compare outputs exactly.
-The HTTP layer knows nothing about engines: it talks to
-a `Backend` (colocated engine, or the router's prefill+decode client).
+Sampling fields understood: max_tokens (or max_completion_tokens), temperature (0-2), top_p, top_k (-1 or
+0: off), seed, stop (string or list), ignore_eos, echo (completions), logprobs (completions: 0-5; chat:
+`logprobs` + `top_logprobs` 0-20; the target model's raw log-probs, see engine/logprobs.py). `n` and
+`best_of` must be 1; presence/frequency_penalty and logit_bias are applied (engine/penalties.py); suffix,
+tools and a response_format other than text are refused with a 400 naming them. Streams carry `usage`
+only with `stream_options.include_usage`, once, on OpenAI's last chunk (`choices: []`). Extension:
+`return_token_ids: true` adds the generated `token_ids` to each choice (each chunk's new ids when
+streaming), so clients can compare outputs exactly. The HTTP layer knows nothing about engines: it talks
+to a `Backend` (colocated engine, or the router's prefill+decode client).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -37,14 +48,33 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from specctl.engine.async_engine import RequestOutput
-from specctl.engine.metrics import ServingMetrics
+from specctl.engine.metrics import ServingMetrics, TokenClock
+from specctl.engine.openai_request import (
+    DEFAULT_MAX_TOKENS,
+    GenerationRequest,
+    RequestError,
+    _sampling,
+    chat_prompt,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
+
+__all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "chat_prompt", "error_body",
+           "json_error", "sampling_params", "start_http"]
 
 log = logging.getLogger("specctl.http")
 
 MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the builtin models can take
-DEFAULT_MAX_TOKENS = 128
+# A connection must finish its headers, and an idle keep-alive connection is closed, within this (slowloris).
+# Longer than the 15 s idle keep-alive of common clients (aiohttp, httpx), so they close first and never
+# send on a connection the server is closing.
+HEADER_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 30.0  # from the end of the headers to the last byte of the body
+MAX_CONNECTIONS_PER_CLIENT = 1024  # per peer address; a router or a benchmark client funnels all its traffic
 
 
 class Backend(Protocol):
@@ -61,117 +91,22 @@ class Backend(Protocol):
     async def refresh_metrics(self, metrics: ServingMetrics) -> None: ...
 
 
-class RequestError(Exception):
-    """A client error: becomes a 4xx JSON body naming the offending parameter."""
-
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-
-
-def error_body(message: str, *, status: int, param: str | None = None, kind: str | None = None) -> dict:
+def error_body(message: str, *, status: int, param: str | None = None, code: str | None = None,
+               kind: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object; `code` is always a string (clients switch on it)."""
     if kind is None:
         kind = "invalid_request_error" if status < 500 else ("service_unavailable" if status == 503 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    code = code or STATUS_CODES.get(status, str(status))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def json_error(message: str, *, status: int, param: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, status=status, param=param), status=status)
+STATUS_CODES = {400: "invalid_value", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+                413: "request_too_large", 429: "too_many_connections", 500: "internal_error",
+                503: "service_unavailable"}
 
 
-# request parsing ----------------------------------------------------------------------------------
-def chat_prompt(messages: Any) -> str:
-    """The documented chat template (module docstring)."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
-    parts = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
-        content = msg.get("content", "")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string", param="messages")
-        parts.append(f"<|{msg['role']}|>\n{content}\n")
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
-
-
-def _number(body: dict, name: str, default: Any, *, lo: float | None = None, hi: float | None = None,
-            integer: bool = False) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise RequestError(f"{name} must be {'an integer' if integer else 'a number'}", param=name)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise RequestError(f"{name}={value} is out of range [{lo}, {hi}]", param=name)
-    return value
-
-
-def sampling_params(body: dict, *, prompt_len: int, max_context: int) -> dict[str, Any]:
-    """OpenAI request fields -> a plain sampling dict (serialisable; engines build SamplingParams from it)."""
-    if body.get("n", 1) != 1:
-        raise RequestError("only n=1 is supported", param="n")
-    room = max_context - prompt_len
-    if room < 1:
-        raise RequestError(
-            f"prompt is {prompt_len} tokens; this model's context is {max_context} tokens", param="prompt"
-        )
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, name, min(DEFAULT_MAX_TOKENS, room), lo=1, integer=True)
-    if max_tokens > room:
-        raise RequestError(
-            f"{name}={max_tokens} plus the {prompt_len}-token prompt exceeds the context of {max_context} tokens",
-            param=name,
-        )
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-        raise RequestError("stop must be a non-empty string or a list of up to 16 of them", param="stop")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError("seed must be an integer", param="seed")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError("ignore_eos must be a boolean", param="ignore_eos")
-    return {
-        "max_tokens": int(max_tokens),
-        "temperature": float(_number(body, "temperature", 1.0, lo=0.0, hi=100.0)),
-        "top_p": _top_p(body),
-        "top_k": int(_number(body, "top_k", 0, lo=0, integer=True)),
-        "seed": seed,
-        "stop": stop,
-        "ignore_eos": ignore_eos,
-    }
-
-
-def _top_p(body: dict) -> float:
-    value = float(_number(body, "top_p", 1.0, lo=0.0, hi=1.0))
-    if value <= 0.0:
-        raise RequestError("top_p must be in (0, 1]", param="top_p")
-    return value
-
-
-def _prompt_ids(body: dict, backend: Backend) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise RequestError("prompt must not be empty", param="prompt")
-        return backend.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
-    raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per request)",
-                       param="prompt")
+def json_error(message: str, *, status: int, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, status=status, param=param, code=code), status=status)
 
 
 class _Detokenizer:
@@ -201,26 +136,58 @@ class _Detokenizer:
         return delta
 
 
-class _TokenClock:
-    """First-token time and inter-token latency of one response, fed each chunk of new tokens.
+def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | None]:
+    """(label, text, bytes) of one token: a token that is not valid text on its own (a byte of a
+    multi-byte character) is labelled `token_id:N`, vLLM's spelling, so top-logprob keys stay distinct."""
+    text = backend.decode([token_id])
+    if "\ufffd" in text or not text:
+        return f"token_id:{token_id}", text, None
+    return text, text, list(text.encode())
 
-    A chunk may carry several tokens (speculative decoding accepts a few at once): its gap is spread
-    over them, so ITL stays per token.
-    """
 
-    def __init__(self, metrics: Any) -> None:
-        self.metrics = metrics
-        self.first: float | None = None
-        self.last: float | None = None
+@dataclasses.dataclass
+class _Limits:
+    model_name: str
+    max_context: int
 
-    def tokens(self, n: int) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        elif self.last is not None:
-            self.metrics.itl.observe((now - self.last) / n)
-        self.last = now
-        self.metrics.generation_tokens.inc(n)
+    def encode(self, text: str) -> list[int]:  # pragma: no cover - sampling_params never encodes
+        raise NotImplementedError
+
+
+def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
+    """OpenAI request fields -> the wire-safe sampling dict, with the front's bounds (for routes of other
+    modules that build their own prompt; the OpenAI routes go through `openai_request` whole)."""
+    return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context))
+
+
+def logprobs_of(backend: Backend, ids: list[int], entries: list[Any] | None, *, chat: bool,
+                offset: int = 0) -> dict[str, Any]:
+    """OpenAI's `logprobs` object for generated `ids` and their TokenLogprob entries (None: not known).
+
+    Chat: `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`; completions
+    (legacy): `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`, offsets from
+    `offset` in the returned text."""
+    entries = list(entries or [])
+    entries += [None] * (len(ids) - len(entries))
+    reprs = [token_repr(backend, t) for t in ids]
+    if chat:
+        content = []
+        for (label, _, raw), e in zip(reprs, entries, strict=True):
+            top = []
+            for tid, lp in ([] if e is None else e.top):
+                tl, _, tb = token_repr(backend, tid)
+                top.append({"token": tl, "logprob": lp, "bytes": tb})
+            content.append({"token": label, "logprob": None if e is None else e.logprob, "bytes": raw,
+                            "top_logprobs": top})
+        return {"content": content}
+    offsets = []
+    for _, text, _ in reprs:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": [r[0] for r in reprs], "token_logprobs": [None if e is None else e.logprob for e in entries],
+            "top_logprobs": [None if e is None else {token_repr(backend, tid)[0]: lp for tid, lp in e.top}
+                             for e in entries],
+            "text_offset": offsets}
 
 
 def usage_of(prompt_len: int, completion: int, accept_lengths: list[int]) -> dict[str, Any]:
@@ -238,14 +205,17 @@ class OpenAIServer:
     """Routes + request lifecycle; one per process. `app` is the aiohttp Application."""
 
     def __init__(self, backend: Backend, *, metrics: ServingMetrics | None = None,
-                 max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+                 max_request_bytes: int = MAX_REQUEST_BYTES, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.backend = backend
         self.metrics = metrics or ServingMetrics()
+        self.body_timeout_s = body_timeout_s
+        self.metrics.set_model_name(backend.model_name)
         self.app = web.Application(client_max_size=max_request_bytes, middlewares=[self._errors])
         self.app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.get("/v1/models", self.models),
+            web.get("/v1/models/{model_id:.+}", self.model),
             web.get("/health", self.health),
             web.get("/metrics", self.metrics_endpoint),
             web.get("/server_info", self.server_info),
@@ -255,10 +225,11 @@ class OpenAIServer:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            resp: web.StreamResponse = await handler(request)
+            return resp
         except RequestError as exc:
             self.metrics.http_errors.inc(code=str(exc.status))
-            return json_error(str(exc), status=exc.status, param=exc.param)
+            return json_error(str(exc), status=exc.status, param=exc.param, code=exc.code)
         except web.HTTPException as exc:  # 404, 405, 413 ...: JSON instead of aiohttp's text/plain
             if exc.status < 400:
                 raise
@@ -272,10 +243,19 @@ class OpenAIServer:
             return json_error(f"internal error: {type(exc).__name__}: {exc}", status=500)
 
     # simple endpoints -------------------------------------------------------------------------------
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.backend.model_name, "object": "model", "created": 0, "owned_by": "specctl",
+                "max_model_len": self.backend.max_context}
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.backend.model_name, "object": "model", "created": 0, "owned_by": "specctl",
-             "max_model_len": self.backend.max_context}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model_id"]
+        if name != self.backend.model_name:
+            raise RequestError(f"the model {name!r} does not exist; this server serves {self.backend.model_name!r}",
+                               param="model", status=404, code="model_not_found")
+        return web.json_response(self._model_card())
 
     async def health(self, request: web.Request) -> web.Response:
         ready, detail = self.backend.health()
@@ -284,11 +264,11 @@ class OpenAIServer:
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        self.metrics.running.set(self.in_flight)  # an engine-backed role overrides it with its running batch
         try:
             await self.backend.refresh_metrics(self.metrics)
         except Exception:  # metrics must keep answering even when the engine is busy or down
             log.debug("refresh_metrics failed", exc_info=True)
-        self.metrics.running.set(self.in_flight)
         text = self.metrics.render()
         mirror = getattr(self.backend, "mirrored_metrics", None)
         if mirror is not None:
@@ -304,18 +284,19 @@ class OpenAIServer:
         return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
 
     # generation ------------------------------------------------------------------------------------
-    async def _body(self, request: web.Request) -> dict:
+    async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            raw = await request.read()
+            # The header timeout is aiohttp's (start_http); this bounds a client that trickles its body.
+            raw = await asyncio.wait_for(request.read(), self.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
-            raise RequestError("request body too large", status=413) from None
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise RequestError("request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise RequestError("request body must be a JSON object")
-        return body
+            raise RequestError(f"request body larger than {request.app._client_max_size} bytes",
+                               status=413, code="request_too_large") from None
+        except asyncio.TimeoutError:
+            raise RequestError(f"request body not received within {self.body_timeout_s:g} s", status=408,
+                               code="request_timeout") from None
+        except (web.HTTPBadRequest, ValueError) as exc:  # a malformed chunked body, a bad Content-Length
+            raise RequestError(f"unreadable request body: {exc}", code="invalid_body") from None
+        return parse_json_body(raw)
 
     def _unavailable(self) -> web.Response | None:
         ready, detail = self.backend.health()
@@ -326,71 +307,61 @@ class OpenAIServer:
         reason = detail.get("detail") or detail.get("status") or "starting"
         return json_error(f"server not ready ({detail.get('status')}): {reason}", status=503)
 
+    def _vocab_size(self) -> int | None:
+        size = getattr(self.backend, "vocab_size", None)
+        if size is None:
+            size = getattr(getattr(self.backend, "tokenizer", None), "vocab_size", None)
+        return int(size) if isinstance(size, int) else None
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         unavailable = self._unavailable()
         if unavailable is not None:
             return unavailable
-        ids = _prompt_ids(body, self.backend)
-        return await self._generate(request, body, ids, chat=False)
+        return await self._generate(request, parse_completion(body, self.backend, vocab_size=self._vocab_size()))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         unavailable = self._unavailable()
         if unavailable is not None:
             return unavailable
-        ids = self.backend.encode(chat_prompt(body.get("messages")))
-        return await self._generate(request, body, ids, chat=True)
+        return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
-    async def _generate(self, request: web.Request, body: dict, ids: list[int], *, chat: bool) -> web.StreamResponse:
-        params = sampling_params(body, prompt_len=len(ids), max_context=self.backend.max_context)
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestError("stream must be a boolean", param="stream")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise RequestError("stream_options must be an object", param="stream_options")
-        include_usage = bool(options.get("include_usage", False))
-        return_ids = body.get("return_token_ids", False)
-        if not isinstance(return_ids, bool):
-            raise RequestError("return_token_ids must be a boolean", param="return_token_ids")
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+        rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
-        model = body.get("model") or self.backend.model_name
         self.in_flight += 1
         try:
-            if stream:
-                return await self._stream(request, ids, params, rid=rid, created=created, model=model, chat=chat,
-                                          include_usage=include_usage, return_ids=return_ids)
-            return await self._unary(ids, params, rid=rid, created=created, model=model, chat=chat,
-                                     return_ids=return_ids)
+            if req.stream:
+                return await self._stream(request, req, rid=rid, created=created)
+            return await self._unary(req, rid=rid, created=created)
         finally:
             self.in_flight -= 1
 
+    def _echo(self, req: GenerationRequest) -> str:
+        if not req.echo:
+            return ""
+        return req.prompt_text if req.prompt_text is not None else self.backend.decode(req.prompt_ids)
+
     def _record(self, *, t0: float, first: float | None, ids: list[int], final: RequestOutput | None,
                 status: str) -> None:
-        m = self.metrics
-        m.requests.inc(status=status)
-        m.e2e.observe(time.perf_counter() - t0)
-        if first is not None:
-            m.ttft.observe(first - t0)
-        if final is not None:
-            m.prompt_tokens.inc(len(ids))
-            for n in final.accept_lengths:
-                m.spec_accept_length.observe(n)
-            m.spec_accepted.inc(sum(final.accept_lengths))
-            m.spec_verify_steps.inc(len(final.accept_lengths))
+        self.metrics.record_request(status=status, e2e_s=time.perf_counter() - t0,
+                                    ttft_s=None if first is None else first - t0,
+                                    prompt_tokens=len(ids) if final is not None else None,
+                                    accept_lengths=final.accept_lengths if final is not None else ())
 
-    async def _unary(self, ids: list[int], params: dict, *, rid: str, created: int, model: str,
-                     chat: bool, return_ids: bool) -> web.Response:
+    async def _unary(self, req: GenerationRequest, *, rid: str, created: int) -> web.Response:
+        ids, chat = req.prompt_ids, req.chat
         t0 = time.perf_counter()
-        clock = _TokenClock(self.metrics)
+        clock = TokenClock(self.metrics)
         out: list[int] = []
+        lps: list[Any] = []
         final: RequestOutput | None = None
-        async for item in self.backend.generate(ids, params):
+        async for item in self.backend.generate(ids, req.params):
             if item.token_ids:
                 clock.tokens(len(item.token_ids))
                 out.extend(item.token_ids)
+                lps.extend(item.logprobs or [None] * len(item.token_ids))
             if item.finished:
                 final = item
                 break
@@ -402,51 +373,64 @@ class OpenAIServer:
         self._record(t0=t0, first=clock.first, ids=ids, final=final, status=final.finish_reason or "stop")
         text = final.text if final.text is not None else self.backend.decode(out)
         usage = usage_of(len(ids), len(out), final.accept_lengths)
+        choice: dict[str, Any]
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "finish_reason": final.finish_reason, "logprobs": None}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": final.finish_reason, "logprobs": None}
-        if return_ids:
+            choice = {"index": 0, "text": self._echo(req) + text, "finish_reason": final.finish_reason,
+                      "logprobs": None}
+        if req.return_token_ids:
             choice["token_ids"] = out
+        if req.logprobs is not None:
+            choice["logprobs"] = logprobs_of(self.backend, out, lps, chat=chat)
         return web.json_response({
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage, "timings": final.timings,
+            "model": req.model, "choices": [choice], "usage": usage, "timings": final.timings,
         })
 
-    async def _stream(self, request: web.Request, ids: list[int], params: dict, *, rid: str, created: int,
-                      model: str, chat: bool, include_usage: bool, return_ids: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: GenerationRequest, *, rid: str, created: int
+                      ) -> web.StreamResponse:
+        ids, chat, model = req.prompt_ids, req.chat, req.model
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
-        stops = params.get("stop") or []
+        stops = req.params.get("stop") or []
         detok = _Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
 
-        def chunk(text: str | None, finish: str | None, *, role: bool = False, token_ids: list[int] | None = None
-                  ) -> dict:
+        offset = [len(self._echo(req))]  # text_offset of the next token (completions' logprobs)
+
+        def chunk(text: str | None, finish: str | None, *, token_ids: list[int] | None = None,
+                  logprobs: list[Any] | None = None) -> dict[str, Any]:
+            c: dict[str, Any]
             if chat:
-                delta: dict[str, Any] = {"role": "assistant"} if role else {}
-                if text:
-                    delta["content"] = text
-                c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                c = {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish,
+                     "logprobs": None}
             else:
                 c = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            if return_ids and token_ids is not None:
+            if req.return_token_ids and token_ids is not None:
                 c["token_ids"] = token_ids
+            if req.logprobs is not None and token_ids:
+                c["logprobs"] = logprobs_of(self.backend, token_ids, logprobs, chat=chat, offset=offset[0])
+                offset[0] += len(self.backend.decode(token_ids))
             return {"id": rid, "object": kind, "created": created, "model": model, "choices": [c]}
 
-        async def send(obj: dict) -> None:
+        async def send(obj: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         t0 = time.perf_counter()
-        clock = _TokenClock(self.metrics)
+        clock = TokenClock(self.metrics)
         count = 0
         final: RequestOutput | None = None
         status = "error"
         try:
-            if chat:
-                await send(chunk(None, None, role=True))
-            async for item in self.backend.generate(ids, params):
+            if chat:  # OpenAI's first chunk: the role, with empty (not null) content
+                await send({"id": rid, "object": kind, "created": created, "model": model, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                     "logprobs": None}]})
+            elif req.echo:
+                await send(chunk(self._echo(req), None))
+            async for item in self.backend.generate(ids, req.params):
                 if item.token_ids:
                     clock.tokens(len(item.token_ids))
                     count += len(item.token_ids)
@@ -455,20 +439,19 @@ class OpenAIServer:
                     final = item
                     if item.finish_reason == "error":
                         if text or item.token_ids:
-                            await send(chunk(text, None, token_ids=item.token_ids))
+                            await send(chunk(text, None, token_ids=item.token_ids, logprobs=item.logprobs))
                         await send(error_body(item.error or "generation failed", status=503))
                         break
-                    c = chunk(text, item.finish_reason, token_ids=item.token_ids)
-                    c["usage"] = usage_of(len(ids), count, item.accept_lengths)
+                    c = chunk(text, item.finish_reason, token_ids=item.token_ids, logprobs=item.logprobs)
                     c["timings"] = item.timings
                     await send(c)
-                    if include_usage:
+                    if req.include_usage:  # OpenAI: usage once, on a last chunk with no choices
                         await send({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
-                                    "usage": c["usage"]})
+                                    "usage": usage_of(len(ids), count, item.accept_lengths)})
                     status = item.finish_reason or "stop"
                     break
-                if text or (return_ids and item.token_ids):
-                    await send(chunk(text, None, token_ids=item.token_ids))
+                if text or ((req.return_token_ids or req.logprobs is not None) and item.token_ids):
+                    await send(chunk(text, None, token_ids=item.token_ids, logprobs=item.logprobs))
             else:
                 await send(error_body("generation ended without a result", status=503))
             await resp.write(b"data: [DONE]\n\n")
@@ -482,12 +465,84 @@ class OpenAIServer:
         return resp
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `app` on host:port (port 0 picks a free one); returns the runner and the bound port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+class _MalformedHttp(logging.Filter):
+    """aiohttp logs a client's malformed HTTP (bad request line, oversized header, broken chunking) as
+    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.msg, record.args = "malformed HTTP request from %s: %s", (*args[:1], exc)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_protocol_log = logging.getLogger("specctl.http.protocol")
+_protocol_log.addFilter(_MalformedHttp())
+
+
+class _PeerLimit:
+    """Caps concurrent connections per client address: the one over the cap gets a 429 and is closed
+    before aiohttp reads anything from it. Installed on aiohttp's `Server` (the protocol factory's
+    manager), whose `connection_made` / `connection_lost` see every connection."""
+
+    def __init__(self, server: web.Server, limit: int) -> None:
+        self.limit = limit
+        self.counts: dict[str, int] = {}
+        self.peers: dict[Any, str] = {}  # handler -> its client address (aiohttp's handlers have __slots__)
+        self._made = server.connection_made
+        self._lost = server.connection_lost
+        server.connection_made = self.connection_made  # type: ignore[method-assign]
+        server.connection_lost = self.connection_lost  # type: ignore[method-assign]
+
+    @staticmethod
+    def _peer(transport: asyncio.BaseTransport) -> str:
+        peer = transport.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        peer = self._peer(transport)
+        self.peers[handler] = peer
+        self.counts[peer] = self.counts.get(peer, 0) + 1
+        self._made(handler, transport)
+        if self.counts[peer] > self.limit:
+            body = json.dumps(error_body(f"more than {self.limit} concurrent connections from {peer}; reuse "
+                                         "connections or lower the client's concurrency", status=429)).encode()
+            transport.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            handler.force_close()
+            transport.close()
+
+    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+        peer = self.peers.pop(handler, None)
+        if peer is not None:
+            left = self.counts.get(peer, 1) - 1
+            if left > 0:
+                self.counts[peer] = left
+            else:
+                self.counts.pop(peer, None)
+        self._lost(handler, exc)
+
+
+async def start_http(app: web.Application, host: str, port: int, *, header_timeout_s: float = HEADER_TIMEOUT_S,
+                     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (port 0 picks a free one); returns the runner and the bound port.
+
+    aiohttp's keep-alive timer starts when a connection opens, so `header_timeout_s` closes both a
+    connection that never completes its request headers and one idle between requests. The body
+    timeout is the server's (`OpenAIServer(body_timeout_s=...)`)."""
+    # lingering_time: after an early answer (413, 408) aiohttp drains the unread body this long before
+    # closing, so the client can read the answer; bounded by the same timeout.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=header_timeout_s,
+                           lingering_time=min(2.0, header_timeout_s), logger=_protocol_log)
     await runner.setup()
+    assert runner.server is not None
+    _PeerLimit(runner.server, max_connections_per_client)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port
-    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets else port
+    sockets = getattr(server, "sockets", None)
+    bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)

@@ -1,22 +1,31 @@
 """Prometheus text-format metrics: counters, gauges and histograms with labels, no dependency.
 
 Contract: `Registry.render()` returns the Prometheus text exposition format (version 0.0.4) of every
-metric registered on it. Metric objects are thread-safe (the engine thread and the asyncio thread both
-record). Names follow Prometheus conventions: `_total` for counters, base units (seconds, bytes).
+metric registered on it, each series carrying the registry's constant labels (`model_name`, as vLLM
+and SGLang label theirs). Metric objects are thread-safe (the engine thread and the asyncio thread both
+record). Names follow Prometheus conventions: `_total` only on counters, base units (seconds, bytes),
+`_ratio` for 0-1 gauges. docs/metrics.md maps them to SGLang's and vLLM's names.
+
+Each role counts what it does: the front (colocated, router) requests, TTFT, ITL and end-to-end
+latency; prefill the prompts it computed, their prefill time and the transfers it sent; decode the
+tokens it generated, their ITL, speculative acceptance and the transfers it received.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 # Latency buckets (seconds) wide enough for tiny CPU models and real GPUs alike.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "",
+                const: Sequence[tuple[str, str]] = ()) -> str:
+    parts = [f'{n}="{_escape(v)}"' for n, v in (*const, *zip(names, values, strict=True))]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -66,12 +75,13 @@ class Counter(_Metric):
         with self._lock:
             return self._values.get(self._key(labels), 0.0)
 
-    def render(self) -> list[str]:
+    def render(self, const: Sequence[tuple[str, str]] = ()) -> list[str]:
         with self._lock:
             items = sorted(self._values.items())
         if not items and not self.label_names:
             items = [((), 0.0)]
-        return self.header() + [f"{self.name}{_label_text(self.label_names, k)} {_fmt(v)}" for k, v in items]
+        return self.header() + [f"{self.name}{_label_text(self.label_names, k, const=const)} {_fmt(v)}"
+                                for k, v in items]
 
 
 class Gauge(Counter):
@@ -113,20 +123,21 @@ class Histogram(_Metric):
             counts = self._counts.get(self._key(labels))
             return counts[-1] if counts else 0
 
-    def render(self) -> list[str]:
+    def render(self, const: Sequence[tuple[str, str]] = ()) -> list[str]:
         with self._lock:
             items = sorted((k, list(v), self._sums[k]) for k, v in self._counts.items())
         if not items and not self.label_names:
             items = [((), [0] * (len(self.buckets) + 1), 0.0)]
         lines = self.header()
+        names = self.label_names
         for key, counts, total in items:
             for bound, c in zip(self.buckets, counts[:-1], strict=True):
                 le = f'le="{_fmt(bound)}"'
-                lines.append(f"{self.name}_bucket{_label_text(self.label_names, key, le)} {c}")
+                lines.append(f"{self.name}_bucket{_label_text(names, key, le, const)} {c}")
             inf = 'le="+Inf"'
-            lines.append(f"{self.name}_bucket{_label_text(self.label_names, key, inf)} {counts[-1]}")
-            lines.append(f"{self.name}_sum{_label_text(self.label_names, key)} {_fmt(total)}")
-            lines.append(f"{self.name}_count{_label_text(self.label_names, key)} {counts[-1]}")
+            lines.append(f"{self.name}_bucket{_label_text(names, key, inf, const)} {counts[-1]}")
+            lines.append(f"{self.name}_sum{_label_text(names, key, const=const)} {_fmt(total)}")
+            lines.append(f"{self.name}_count{_label_text(names, key, const=const)} {counts[-1]}")
         return lines
 
 
@@ -135,6 +146,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
+        self.const_labels: tuple[tuple[str, str], ...] = ()  # put on every series (model_name)
 
     def _add(self, metric: _Metric) -> _Metric:
         if metric.name in self._metrics:
@@ -159,7 +171,7 @@ class Registry:
         lines: list[str] = []
         for name, metric in self._metrics.items():
             if not (skip and name.startswith(skip)):
-                lines.extend(metric.render())  # type: ignore[attr-defined]
+                lines.extend(metric.render(self.const_labels))  # type: ignore[attr-defined]
         return "\n".join(lines) + "\n"
 
 
@@ -181,9 +193,12 @@ class ServingMetrics:
         self.requests = r.counter("specctl_requests_total", "Finished requests by outcome.", ["status"])
         self.prompt_tokens = r.counter("specctl_prompt_tokens_total", "Prompt tokens of finished requests.")
         self.generation_tokens = r.counter("specctl_generation_tokens_total", "Generated tokens.")
-        self.running = r.gauge("specctl_requests_running", "Requests currently in flight.")
+        self.running = r.gauge("specctl_requests_running", "Requests being served (the engine's running batch "
+                               "where there is one, else HTTP requests in flight).")
+        self.waiting = r.gauge("specctl_requests_waiting", "Requests queued in the engine's scheduler.")
         self.ttft = r.histogram("specctl_time_to_first_token_seconds", "Time to first token.")
-        self.itl = r.histogram("specctl_inter_token_latency_seconds", "Gap between streamed tokens.")
+        self.itl = r.histogram("specctl_inter_token_latency_seconds",
+                               "Gap between generated tokens (a chunk's gap spread over its tokens).")
         self.e2e = r.histogram("specctl_e2e_request_latency_seconds", "End-to-end request latency.")
         self.spec_accepted = r.counter("specctl_spec_accepted_tokens_total", "Accepted draft tokens.")
         self.spec_verify_steps = r.counter("specctl_spec_verify_steps_total", "Speculative verify steps.")
@@ -196,9 +211,75 @@ class ServingMetrics:
         )
         self.transfer_seconds = r.histogram("specctl_transfer_seconds", "Per-request KV + state transfer time.")
         self.transfer_failures = r.counter("specctl_transfer_failures_total", "Failed transfers by reason.", ["reason"])
+        self.prefill_seconds = r.histogram("specctl_prefill_seconds", "Prefill compute time per request.")
         self.pages_used = r.gauge("specctl_kv_pages_used", "KV pages in use.")
-        self.pages_total = r.gauge("specctl_kv_pages_total", "KV pages in the pool.")
+        # A gauge: no _total suffix (that is for counters). `pages_total` keeps its attribute name for callers.
+        self.pages_total = r.gauge("specctl_kv_pages_capacity", "KV pages in the pool.")
+        self.kv_usage = r.gauge("specctl_kv_cache_usage_ratio", "Fraction of the KV pool in use (0-1).")
         self.http_errors = r.counter("specctl_http_errors_total", "HTTP error responses by status.", ["code"])
 
+    def set_model_name(self, name: str) -> None:
+        self.registry.const_labels = (("model_name", str(name)),)
+
     def render(self, *, skip: tuple[str, ...] = ()) -> str:
+        total = self.pages_total.value()
+        if total > 0:
+            self.kv_usage.set(self.pages_used.value() / total)
         return self.registry.render(skip=skip)
+
+    # what a role records --------------------------------------------------------------------------
+    def record_request(self, *, status: str, e2e_s: float, ttft_s: float | None, prompt_tokens: int | None,
+                       accept_lengths: Sequence[int] = ()) -> None:
+        """One finished request at a front (colocated, router) or at decode; `prompt_tokens` None when
+        this role did not read the prompt (its prompt tokens are counted where they were computed)."""
+        self.requests.inc(status=status)
+        self.e2e.observe(e2e_s)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        if prompt_tokens is not None:
+            self.prompt_tokens.inc(prompt_tokens)
+        for n in accept_lengths:
+            self.spec_accept_length.observe(n)
+        self.spec_accepted.inc(sum(accept_lengths))
+        self.spec_verify_steps.inc(len(accept_lengths))
+
+    def record_prefill(self, *, prompt_tokens: int, compute_s: float) -> None:
+        """One prompt computed by a prefill role."""
+        self.requests.inc(status="prefilled")
+        self.prompt_tokens.inc(prompt_tokens)
+        self.prefill_seconds.observe(compute_s)
+
+
+class TokenClock:
+    """First-token time and inter-token latency of one response, fed each chunk of new tokens.
+
+    A chunk may carry several tokens (speculative decoding accepts a few at once): its gap is spread
+    over them, so ITL stays per token (SGLang's and vLLM's definition).
+    """
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self.metrics = metrics
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def tokens(self, n: int) -> None:
+        if n <= 0:
+            return
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        elif self.last is not None:
+            self.metrics.itl.observe((now - self.last) / n)
+        self.last = now
+        self.metrics.generation_tokens.inc(n)
+
+    def finish(self, item: Any, *, prompt_tokens: int | None) -> None:
+        """Record the request once its last delta (`RequestOutput`) arrived."""
+        error = getattr(item, "finish_reason", None) == "error"
+        self.metrics.record_request(
+            status="error" if error else (getattr(item, "finish_reason", None) or "stop"),
+            e2e_s=time.perf_counter() - self.start,
+            ttft_s=None if self.first is None else self.first - self.start,
+            prompt_tokens=None if error else prompt_tokens,
+            accept_lengths=() if error else list(getattr(item, "accept_lengths", ()) or ()))

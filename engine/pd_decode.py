@@ -34,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from specctl.engine import wire
+from specctl.engine.metrics import TokenClock
 from specctl.engine.pd_protocol import (
     PdAbort,
     PdGenerate,
@@ -53,6 +54,9 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 
 class DecodeBackend(EngineBackend):
+    supports_logprobs = False  # the first token is prefill's, whose log-prob does not travel (yet)
+    supports_logit_processors = True  # prefill applies logit_bias to the first token, decode the rest
+
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.fatal = asyncio.Event()
@@ -259,6 +263,8 @@ class DecodeBackend(EngineBackend):
                     timings[key] = float(extra[key])
             timings["transfer_s"] = max(0.0, time.time() - float(extra.get("sent_at", time.time())))
             self.ctx.metrics.transfer_bytes.inc(payload.nbytes, direction="received")
+            self.ctx.metrics.transfer_seconds.observe(timings["transfer_s"])
+            clock = TokenClock(self.ctx.metrics)  # decode's own generation / ITL / acceptance counts
             await self._acquire_slot(identity, req_id)
             slot = True
             admit = _Admit(self, list(msg.prompt_ids), sp, payload)
@@ -269,6 +275,9 @@ class DecodeBackend(EngineBackend):
                     first_at = time.perf_counter()
                     timings["decode_queue_s"] = first_at - received
                 count = item.completion_tokens
+                clock.tokens(len(item.token_ids))
+                if item.finished:
+                    clock.finish(item, prompt_tokens=None)  # prompt tokens are prefill's to count
                 out = PdTokens(req_id=req_id, token_ids=list(item.token_ids), completion_tokens=count,
                                finished=item.finished, finish_reason=item.finish_reason, error=item.error,
                                accept_lengths=list(item.accept_lengths),

@@ -56,6 +56,14 @@ def export_with_draft(runner: Any, draft_runner: Any | None, rid: int) -> dict[s
     return tensors
 
 
+class _FirstToken:
+    """The request as engine/penalties.py sees it when prefill samples its first token: no output yet."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+        self.output_ids: list[int] = []
+
+
 class PrefillBackend:
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
@@ -245,6 +253,7 @@ class PrefillBackend:
             self.transfer_s += sent.seconds
             self.ctx.metrics.transfer_bytes.inc(sent.nbytes, direction="sent")
             self.ctx.metrics.transfer_seconds.observe(sent.seconds)
+            self.ctx.metrics.record_prefill(prompt_tokens=len(msg.prompt_ids), compute_s=result["compute_s"])
         except asyncio.CancelledError:
             error = "aborted"
             self.ctx.metrics.transfer_failures.inc(reason="aborted")
@@ -278,6 +287,7 @@ class PrefillBackend:
         import torch
 
         from specctl.engine.model_runner import ForwardItem
+        from specctl.engine.penalties import adjust as adjust_logits
         from specctl.engine.sampling import make_generator, sample
 
         started = time.time()
@@ -295,7 +305,8 @@ class PrefillBackend:
         runner.allocate(rid, len(ids))
         logits = runner.forward([ForwardItem(rid, ids, 0)])
         gen = make_generator(params, runner.device)
-        first = int(sample(logits[-1:], [params], [gen]).tolist()[0])
+        # logit_bias applies to the first token too (penalties have no output to count yet): engine/penalties.py
+        first = int(sample(adjust_logits([_FirstToken(params)], logits[-1:]), [params], [gen]).tolist()[0])
         t_target = time.perf_counter()
         draft_length = 0
         if self.draft_runner is not None and msg.with_draft:

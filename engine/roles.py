@@ -110,6 +110,10 @@ def sampling_params_of(params: dict[str, Any]) -> Any:
         seed=params.get("seed"),
         stop=tuple(params.get("stop") or ()),
         ignore_eos=bool(params.get("ignore_eos", False)),
+        logprobs=params.get("logprobs"),
+        presence_penalty=float(params.get("presence_penalty", 0.0)),
+        frequency_penalty=float(params.get("frequency_penalty", 0.0)),
+        logit_bias=tuple((int(t), float(b)) for t, b in params.get("logit_bias") or ()),
     )
 
 
@@ -147,6 +151,9 @@ class TokenizingBackend:
 class EngineBackend(TokenizingBackend):
     """The HTTP backend over a local Engine (colocated role; decode reuses the engine half)."""
 
+    supports_logprobs = True  # the engine's sequences carry them (engine/logprobs.py)
+    supports_logit_processors = True  # logit_bias and penalties (engine/penalties.py)
+
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)
         self.engine: Any = None
@@ -159,6 +166,8 @@ class EngineBackend(TokenizingBackend):
         cfg = EngineConfig.from_role(self.ctx.role)
         self.engine = await asyncio.to_thread(Engine, cfg)
         self.tokenizer = engine_tokenizer(self.engine)
+        # A request the KV pool can never hold is the client's to fix: the front answers 400, not the engine 503.
+        self.max_context = min(self.max_context, int(self.engine.scheduler.max_request_tokens()))
         self.aengine = AsyncEngine(self.engine, name=self.ctx.role_name).start()
 
     # Backend protocol -----------------------------------------------------------------------------
@@ -239,6 +248,9 @@ def engine_fingerprints(engine: Any) -> dict[str, Any]:
 
 
 def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine: Any) -> None:
+    if isinstance(stats, dict) and isinstance(stats.get("num_running"), int):
+        metrics.running.set(stats["num_running"])
+        metrics.waiting.set(int(stats.get("num_waiting") or 0))
     runner = getattr(engine, "runner", None)
     if runner is not None:
         total = int(runner.num_total_pages)

@@ -48,6 +48,8 @@ class _Peer:
 
 
 class RouterBackend(TokenizingBackend):
+    supports_logit_processors = True  # decode and prefill apply them (engine/penalties.py); logprobs: not yet
+
     def __init__(self, ctx: RoleContext) -> None:
         dep = ctx.deployment
         pre, dec = dep.role("prefill"), dep.role("decode")

@@ -39,6 +39,11 @@ class SamplingParams:
     seed: int | None = None  # per-request generator seed; None = fresh randomness
     stop: tuple[str, ...] = ()  # output is cut where any of these strings first appears
     ignore_eos: bool = False
+    logprobs: int | None = None  # report each token's log-prob and this many top alternatives; None = off
+    # OpenAI's logit processors (engine/penalties.py), over the generated tokens.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
         # Users pass lists (JSON bodies); keep the dataclass hashable and immutable.
@@ -56,6 +61,17 @@ class SamplingParams:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidInput(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                raise InvalidInput(f"{name} must be a number in [-2, 2], got {value!r}")
+        if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in self.logit_bias):
+            raise InvalidInput("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise InvalidInput(f"logprobs must be an integer in [0, 20] (top alternatives), got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidInput(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
 

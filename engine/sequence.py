@@ -11,6 +11,8 @@ Contract:
   `prefill_target`; `num_cached` tracks its progress.
 - Timings are `time.monotonic()` seconds: arrival, first token, finish.
 - Speculative decoders append the accepted draft count of each verify step to `accepted_per_step`.
+- Requests with `params.logprobs` set keep one `TokenLogprob` per output token in `output_logprobs`
+  (the decoder leaves them in `pending_logprobs`; `append` keeps the one of each token it adds).
 
 Torch-free: the generator is an opaque per-request random stream created by the engine.
 """
@@ -58,6 +60,8 @@ class Sequence:
         self.num_cached = 0  # tokens of this request in the runner's cache (prefill progress)
         self.num_preemptions = 0
         self.accepted_per_step: list[int] = []  # speculative verify results (empty for plain decoding)
+        self.output_logprobs: list[Any] = []  # TokenLogprob per output token, when params.logprobs is set
+        self.pending_logprobs: list[Any] | None = None  # the decoder's, for the tokens it just returned
         self.generator: Any = None  # torch.Generator for sampled requests, None for greedy
         # PD prefill role: export the caches once the first token is sampled (see Engine.add_request).
         self.export_after_prefill = False
@@ -104,13 +108,15 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     # -- progress ------------------------------------------------------------------------------
-    def append(self, token_id: int, eos_token_id: int | None) -> str | None:
-        """Add one generated token; return the finish reason if it ends the request."""
+    def append(self, token_id: int, eos_token_id: int | None, logprob: Any = None) -> str | None:
+        """Add one generated token (and its TokenLogprob, if any); return the finish reason if it ends the request."""
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         if token_id == eos_token_id and not self.params.ignore_eos:
             return "stop"
         self.output_ids.append(token_id)
+        if self.params.logprobs is not None:
+            self.output_logprobs.append(logprob)
         if self.detokenizer is not None:
             new = self.detokenizer.append(token_id)
             if new:

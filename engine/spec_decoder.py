@@ -41,6 +41,10 @@ from typing import Any
 import torch
 
 from specctl.engine.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
+from specctl.engine.logprobs import attach as attach_logprobs
+from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
+from specctl.engine.penalties import adjust as adjust_logits
+from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.verify import greedy_verify, rejection_verify
@@ -225,7 +229,9 @@ class SpeculativeDecoder:
             idx = [i * (k + 1) + j for i in range(b) for j in range(nd[i] + 1)]
             target_logits.view(b * (k + 1), -1).index_copy_(
                 0, torch.as_tensor(idx, device=logits.device), logits.to(target_logits.dtype))
-        accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, target_logits)
+        # logit_bias / penalties per verify position (engine/penalties.py); raw logits stay for log-probs
+        adjusted = adjust_verify_logits(seqs, target_logits, draft_tokens, num_drafts)
+        accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, adjusted)
         acc = accepted.tolist()
         out_rows = out.tolist()
 
@@ -241,6 +247,7 @@ class SpeculativeDecoder:
             seq.accepted_per_step.append(a)
             self._hist[a] += 1
             new_tokens.append(out_rows[i][: a + 1])
+        attach_verify_logprobs(seqs, target_logits, new_tokens)  # the target's log-probs (engine/logprobs.py)
         t2 = time.perf_counter()
 
         self._draft_s += t1 - t0
@@ -263,7 +270,8 @@ class SpeculativeDecoder:
         b = len(seqs)
         t0 = time.perf_counter()
         logits = self.runner.forward([ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs])
-        ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        attach_logprobs(seqs, logits, ids)
         self._verify_s += time.perf_counter() - t0
         self._batches_per_steps[0] += 1
         self._counters["verify_batches"] += 1

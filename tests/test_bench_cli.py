@@ -43,8 +43,9 @@ def test_json_output_jsonl_record_and_plot(stub: StubServer, tmp_path: Path) -> 
     res = _bench(stub.url, "--request-rate", "60", "--slo", "ttft=0.5,tpot=0.05", "--format", "json",
                  "--output", str(out), "--plot", str(png), "--tag", "first")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.stdout)
-    (rec,) = doc["runs"]
+    (line,) = res.stdout.splitlines()  # JSON Lines: one record per sweep point, as --output appends
+    rec = json.loads(line)
+    assert rec == json.loads(out.read_text().splitlines()[-1])  # one record shape for both
     missing = [f for f in REQUIRED_FIELDS if f not in rec]
     assert not missing
     assert rec["completed"] == 12 and rec["request_rate"] == 60.0 and rec["tag"] == "first"
@@ -95,7 +96,7 @@ def test_server_without_extras_reports_na(tmp_path: Path) -> None:
     with StubServer(StubBehaviour(server_info=False, accept_pattern=())) as bare:
         res = _bench(bare.url, "--format", "json")
         assert res.exit_code == 0, res.output
-        (rec,) = json.loads(res.stdout)["runs"]
+        (rec,) = [json.loads(x) for x in res.stdout.splitlines()]
         assert rec["accept_length"] is None and rec["adaptive"] is None and rec["fingerprint"] is None
         res = _bench(bare.url)
         assert res.exit_code == 0 and "n/a" in res.stdout
@@ -117,7 +118,7 @@ def test_usage_errors_and_dead_server(tmp_path: Path) -> None:
     res = runner.invoke(app, ["bench", "--url", url, "--num-prompts", "2", "--warmup-requests", "0",
                               "--format", "json", "--no-progress"])
     assert res.exit_code == 3
-    assert json.loads(res.stdout)["runs"][0]["errors"] == {"connection": 2}
+    assert json.loads(res.stdout.splitlines()[0])["errors"] == {"connection": 2}
 
 
 def test_deployment_target_fails_cleanly_without_a_launchable_deployment(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ def test_bench_launches_benches_and_tears_down_the_builtin_deployment(tmp_path: 
          "--no-progress", "--format", "json", "--output", str(out), "--plot", str(png)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (rec,) = json.loads(proc.stdout)["runs"]
+    (rec,) = [json.loads(x) for x in proc.stdout.splitlines()]
     assert rec["completed"] == 6 and rec["errors"] == {}
     assert rec["url"] == f"http://127.0.0.1:{port}"
     # Real speculative statistics per request, from the engine's usage.

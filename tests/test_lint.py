@@ -71,6 +71,12 @@ STRICT = (
     "schemas/sglang/sniff.py",
     "cli/model.py",
     "cli/sglang_io.py",
+    "engine/openai_request.py",
+    "engine/http_server.py",
+    "engine/logprobs.py",
+    "engine/penalties.py",
+    "bench/request.py",
+    "bench/metrics.py",
 )
 
 

@@ -210,7 +210,8 @@ def test_up_disaggregated_with_draft_speculation_matches_colocated(
     assert info["roles"]["decode"]["server_info"]["pairing"]["prefill_fingerprint"]
     with urllib.request.urlopen(spec_topology["url"] + "/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    sent = [line for line in metrics.splitlines() if line.startswith('specctl_transfer_bytes_total{direction="sent"}')]
+    sent = [line for line in metrics.splitlines()  # every series also carries model_name (docs/metrics.md)
+            if line.startswith("specctl_transfer_bytes_total{") and 'direction="sent"' in line]
     assert len(sent) == 1 and float(sent[0].split()[-1]) > 0  # prefill's transfer metrics, mirrored once
     assert metrics.count("# TYPE specctl_transfer_bytes_total") == 1
     verify = next(x for x in metrics.splitlines() if x.startswith("specctl_spec_verify_steps_total"))
