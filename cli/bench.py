@@ -79,6 +79,12 @@ def bench(
     = False,
     progress: Annotated[bool, typer.Option(help="Show progress on stderr.")] = True,
     format: Annotated[OutputFormat, typer.Option("--format", help="text or json.")] = OutputFormat.text,
+    trace_out: Annotated[str | None, typer.Option(
+        "--trace-out", metavar="FILE", help="With -c: the launched engines append one JSON line per verify "
+        "batch to FILE (see `specctl serve --trace-out`).")] = None,
+    trace_steps: Annotated[int | None, typer.Option(
+        "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K every step (a counterfactual trace "
+        "for `specctl adaptive tune`).")] = None,
 ) -> None:
     """Load-test a server (--url) or launch a deployment and load-test it (-c); report latency, throughput,
     goodput, errors and speculative acceptance."""
@@ -97,6 +103,13 @@ def bench(
             raise UsageError(f"--endpoint must be one of {', '.join(bc.ENDPOINTS)}, got {endpoint!r}")
         if set_ and config is None:
             raise UsageError("--set applies to a deployment (-c), not to --url")
+        if (trace_out or trace_steps) and config is None:
+            raise UsageError("--trace-out records the engines bench launches: it needs -c DEPLOY, not --url",
+                             hint="run `specctl serve --trace-out FILE` on the server you pass to --url")
+        if trace_out or trace_steps:
+            from specctl.cli.serve import set_trace_env
+
+            set_trace_env(trace_out, trace_steps)
         workload = bc.WorkloadConfig(
             dataset_name=dataset_name, dataset_path=dataset_path, num_prompts=num_prompts,
             random_input_len=random_input_len, random_output_len=random_output_len,
