@@ -135,7 +135,8 @@ def merged_record(cfg: BenchConfig, run: VariantRun) -> dict[str, Any]:
         "rounds": [{m: pr.record.get(m) for m in ("duration", "completed", "total_output_tokens", *METRICS)}
                    for pr in run.rounds],
     }
-    return json_safe(rec)
+    safe: dict[str, Any] = json_safe(rec)
+    return safe
 
 
 def _round_sums(run: VariantRun) -> list[dict[str, float]]:
@@ -202,8 +203,9 @@ def comparison(runs: Sequence[VariantRun]) -> dict[str, Any]:
                 ratio, lo, hi = bootstrap_ratio(base, sums, m)
                 row[f"{m}_ratio"] = {"ratio": ratio, "ci95": [lo, hi]}
         rows.append(row)
-    return json_safe({"kind": "ab-comparison", "base": runs[0].variant.name, "metrics": list(METRICS),
-                      "bootstrap_resamples": AB_BOOTSTRAP, "variants": rows})
+    out: dict[str, Any] = json_safe({"kind": "ab-comparison", "base": runs[0].variant.name,
+                                     "metrics": list(METRICS), "bootstrap_resamples": AB_BOOTSTRAP, "variants": rows})
+    return out
 
 
 class _NamedPoint:
