@@ -232,24 +232,39 @@ def plot_runs(runs: Sequence[VariantRun]) -> list[PointRun]:
     return out
 
 
+def _fmt(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
 def render_comparison(console: Any, comp: dict[str, Any]) -> None:
-    """A table: each variant's throughput, TTFT, TPOT, accept length, and its ratio to the base (95% CI)."""
+    """Each variant's figures, then its ratios to the base with 95% intervals, then the base's speed-up."""
     from rich.table import Table
 
-    table = Table(title=f"A/B: ratio to {comp['base']} (95% bootstrap CI over rounds)")
-    table.add_column("variant")
-    for label in ("output tok/s", "mean TTFT ms", "mean TPOT ms", "accept length"):
-        table.add_column(label, justify="right")
+    labels = ("output tok/s", "mean TTFT ms", "mean TPOT ms", "accept length")
+    values = Table(title="A/B: per variant (all rounds)")
+    ratios = Table(title=f"A/B: ratio to {comp['base']} [95% bootstrap CI over rounds]")
+    values.add_column("variant")
+    ratios.add_column("variant")
+    for label in labels:
+        values.add_column(label, justify="right")
+        ratios.add_column(label, justify="right")
     for row in comp["variants"]:
-        cells = [row["variant"]]
+        values.add_row(row["variant"], *(_fmt(row.get(m)) for m in METRICS))
+        if row["variant"] == comp["base"] and "output_throughput_ratio" not in row:
+            continue
+        cells = []
         for m in METRICS:
-            v = row.get(m)
-            text = "-" if not isinstance(v, (int, float)) else f"{v:.2f}"
-            r = row.get(f"{m}_ratio")
-            if isinstance(r, dict) and isinstance(r.get("ratio"), (int, float)):
-                lo, hi = r["ci95"]
-                ci = f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else ""
-                text += f"  {r['ratio']:.2f}x{ci}"
-            cells.append(text)
-        table.add_row(*cells)
-    console.print(table)
+            r = row.get(f"{m}_ratio") or {}
+            lo, hi = (r.get("ci95") or [None, None])[:2]
+            ok = isinstance(r.get("ratio"), (int, float))
+            cells.append(f"{_fmt(r.get('ratio'))}x [{_fmt(lo)}, {_fmt(hi)}]" if ok else "-")
+        ratios.add_row(row["variant"], *cells)
+    console.print(values)
+    console.print(ratios)
+    for row in comp["variants"][1:]:
+        r = row.get("output_throughput_ratio") or {}
+        ratio, (lo, hi) = r.get("ratio"), (r.get("ci95") or [None, None])[:2]
+        if isinstance(ratio, (int, float)) and ratio > 0:
+            inv = [1 / x if isinstance(x, (int, float)) and x > 0 else None for x in (hi, lo)]
+            console.print(f"{comp['base']} is {1 / ratio:.2f}x the output throughput of {row['variant']} "
+                          f"(95% CI {_fmt(inv[0])}-{_fmt(inv[1])})", markup=False, highlight=False)
