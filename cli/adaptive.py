@@ -320,6 +320,9 @@ def profile_command(
                                        "(0 = plain decoding).")] = "0,1,2,3,4,5,6,7",
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 3,
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--threads", min=1, help="torch intra-op threads (default: torch's). Match what the served role gets: "
+        "`up` gives each engine process cpu_count / engines.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         "--output", "-o", help="Write the cost model here (default: stdout).", show_default=False)] = None,
     set_values: SetOption = None,
@@ -336,6 +339,10 @@ def profile_command(
         cfg = _engine_config(config, set_values or ())
         from specctl.engine.profile import profile_costs
 
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters,
                              progress=lambda line: sys.stderr.write(line + "\n"))
         text = json.dumps(cost.to_json(), indent=2) + "\n"

@@ -25,6 +25,12 @@ from specctl.errors import UsageError
 _PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        path = os.path.join("
 
 
+def _threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def profile_costs(
     config: EngineConfig,
     batch_sizes: Sequence[int],
@@ -87,6 +93,7 @@ def profile_costs(
         "algorithm": config.algorithm,
         "draft": config.speculative.get("draft"),
         "device": str(engine.runner.device),
+        "threads": _threads(),
         "rounds": rounds,
         "iters": iters,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

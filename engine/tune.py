@@ -10,9 +10,10 @@ Contract:
   a verify that drafted K tokens and accepted a of them would have accepted min(a, k) with any k <= K
   (greedy acceptance is a prefix test). Each trace record is one verify of the replayed run: it emits
   min(a, k) + 1 tokens per request and costs `step_time(batch, k)`; the policy is fed the
-  counterfactual accepted counts (zeros at steps 0, as the engine does). Predicted throughput is
-  tokens / seconds. A step above what a record drafted is only a lower bound (min(a, k) = a) and is
-  counted in `Prediction.lower_bound_verifies`; `tune` never proposes one.
+  counterfactual accepted counts (zeros at steps 0, as the engine does). Predicted throughput is the
+  workload's tokens over the time they take at the replayed rate per batch size (`Prediction`). A
+  step above what a record drafted is only a lower bound (min(a, k) = a) and is counted in
+  `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
   keys), candidate-step sets of up to three steps and then knobs (`ema_alpha`, `update_interval`,
   `down_hysteresis`) for the best few, maximising predicted tokens/s over the records routed to that
@@ -48,6 +49,7 @@ ALPHAS = (0.2, 0.5, 0.8)
 INTERVALS = (2, 5, 20)
 DOWN_HYSTERESES = (-0.25, 0.0)
 FINALISTS = 6  # candidate sets whose knobs are searched
+MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evidence, keep the user's bucket
 
 
 # ---- cost model ------------------------------------------------------------------------------------
@@ -147,7 +149,15 @@ def read_cost(path: str | Path) -> CostModel:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What replaying the trace under one config predicts."""
+    """What replaying the trace under one config predicts.
+
+    The replayed run has as many verifies as the trace, so it emits a different number of tokens than the
+    recorded one; a real run emits the workload's tokens and takes longer or shorter. So throughput is
+    predicted per batch size (tokens / seconds of the replayed verifies at that size) and combined with
+    the workload's own token counts as weights: time = sum_b W_b / rate_b, tokens/s = sum_b W_b / time,
+    W_b = the tokens the trace's verifies at batch size b emitted. Buckets own disjoint batch sizes, so
+    maximising each bucket's time separately maximises the total.
+    """
 
     tokens: int
     seconds: float
@@ -155,16 +165,25 @@ class Prediction:
     batches_per_steps: dict[int, int]
     switches: int
     lower_bound_verifies: int = 0
+    by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
+
+    @property
+    def predicted_seconds(self) -> float:
+        """Seconds the workload's tokens take at the replayed per-batch-size rates."""
+        return sum(w * sec / tok for tok, sec, w in self.by_batch.values() if tok > 0)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        if not self.by_batch:
+            return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        t = self.predicted_seconds
+        return sum(w for _, _, w in self.by_batch.values()) / t if t > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "tokens_per_s": self.tokens_per_s,
-            "tokens": self.tokens,
-            "seconds": self.seconds,
+            "replayed_tokens": self.tokens,
+            "replayed_seconds": self.seconds,
             "verifies": self.verifies,
             "batches_per_steps": {str(k): v for k, v in sorted(self.batches_per_steps.items())},
             "switches": self.switches,
@@ -206,10 +225,13 @@ def replay(
     seconds = 0.0
     used: Counter[int] = Counter()
     lower = 0
+    by_batch: dict[int, list[float]] = {}
     for rec in records:
         n = len(rec.accepted)
         if n == 0:
             continue
+        row = by_batch.setdefault(rec.batch_size, [0.0, 0.0, 0.0])
+        row[2] += sum(rec.accepted) + n  # what the recorded run emitted: the workload's weight
         state = policy.bucket_for_batch(rec.batch_size)
         k = state.steps
         if k == 0:
@@ -219,11 +241,15 @@ def replay(
             if any(a == d and k > d for a, d in zip(rec.accepted, drafted, strict=True)):
                 lower += 1
             acc = [min(a, k) for a in rec.accepted]
+        dt = cost.step_time(rec.batch_size, k)
         tokens += sum(acc) + n
-        seconds += cost.step_time(rec.batch_size, k)
+        seconds += dt
+        row[0] += sum(acc) + n
+        row[1] += dt
         used[k] += 1
         policy.on_verify_complete(acc, rec.batch_size)
-    return Prediction(tokens, seconds, sum(used.values()), dict(used), len(policy.switches), lower)
+    table = {b: (int(t), sec, int(w)) for b, (t, sec, w) in by_batch.items()}
+    return Prediction(tokens, seconds, sum(used.values()), dict(used), len(policy.switches), lower, table)
 
 
 class Unanswerable(ValueError):
@@ -374,10 +400,11 @@ def _route_key(cfg: AdaptiveConfig, batch_size: int, graphs: Sequence[int]) -> i
     return cfg.route(batch_size, graphs).min_batch_size
 
 
-def _bucket_score(bucket: Bucket, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int]) -> float:
-    # Alone in its config, a bucket starts at its middle candidate (initial steps are chosen last).
+def _bucket_score(bucket: Bucket, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
+                  initial_steps: int) -> float:
+    """Predicted tokens/s of the bucket's own records (its batch sizes) with the bucket alone in a config."""
     single = AdaptiveConfig((replace(bucket, min_batch_size=1),))
-    return replay(single, records, cost, initial_steps=-1, graph_batch_sizes=graphs).tokens_per_s
+    return replay(single, records, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).tokens_per_s
 
 
 def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> TuneResult:
@@ -399,14 +426,14 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     chosen: list[Bucket] = []
     for b in cur.buckets:
         recs = by_bucket[b.min_batch_size]
-        if not recs:
-            chosen.append(b)  # no evidence for this bucket: keep what the user wrote
+        if len(recs) < MIN_BUCKET_RECORDS:
+            chosen.append(b)  # (almost) no evidence for this bucket: keep what the user wrote
             continue
         base_knobs = replace(b.knobs, strategy="ema")
         scored: list[tuple[float, tuple[int, ...]]] = []
         for size in range(1, MAX_SET_SIZE + 1):
             for cands in itertools.combinations(allowed, size):
-                score = _bucket_score(Bucket(b.min_batch_size, cands, base_knobs), recs, cost, graphs)
+                score = _bucket_score(Bucket(b.min_batch_size, cands, base_knobs), recs, cost, graphs, -1)
                 evaluated += 1
                 scored.append((score, cands))
         scored.sort(key=lambda t: (-t[0], len(t[1]), t[1]))
@@ -417,7 +444,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
             for alpha, interval, down in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES):
                 knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down)
                 cand = Bucket(b.min_batch_size, cands, knobs)
-                score = _bucket_score(cand, recs, cost, graphs)
+                score = _bucket_score(cand, recs, cost, graphs, -1)
                 evaluated += 1
                 if score > best_score * (1 + 1e-9):
                     best_score, best = score, cand
@@ -435,6 +462,12 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     current = replay(cur, records, cost, initial_steps=setup.initial_steps, graph_batch_sizes=graphs)
     fixed = {k: replay(fixed_config(k), records, cost, initial_steps=k) for k in allowed}
     best_k = max(fixed, key=lambda k: (fixed[k].tokens_per_s, -k))
+    if best_pred.tokens_per_s < fixed[best_k].tokens_per_s:
+        # Per-bucket searches start each bucket at its middle candidate; should the chosen initial steps
+        # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
+        rec_cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,)) for b in rec_cfg.buckets))
+        best_init, best_pred = best_k, replay(rec_cfg, records, cost, initial_steps=best_k,
+                                              graph_batch_sizes=graphs)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
 
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)

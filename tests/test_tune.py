@@ -166,3 +166,10 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
     bad.write_text("{}")
     r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "cost model" in r.stderr
+
+
+def test_tune_and_trace_modules_do_not_import_torch():
+    code = ("import sys; import specctl.engine.tune, specctl.engine.trace, specctl.cli.adaptive; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
