@@ -136,7 +136,9 @@ class ModelDrafter:
     so after drafting the cache holds x_0, d_1..d_{k-1} from ONE forward starting at c', and after verify
     `commit` truncates to c' + 1 + min(accepted, k - 1), always inside it. The price is re-reading up to
     k - 1 tokens per forward (k(k+1)/2 positions instead of k), negligible next to per-forward overhead
-    for a small draft model; the number of forwards stays k.
+    for a small draft model; the number of forwards stays k. A draft of full-attention layers only can
+    truncate anywhere, so it feeds one token per forward j >= 2 instead (`incremental`): the cache ends
+    up holding the same tokens, and `commit` is the same.
     """
 
     name = "draft"
@@ -144,6 +146,11 @@ class ModelDrafter:
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
+        # A draft of full-attention layers only can truncate to any length, so each draft forward feeds just
+        # the newest proposal; sliding-window and mamba drafts re-feed from c' (see the class docstring).
+        cache = getattr(runner, "cache", None)
+        self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
+                                                      or getattr(cache, "mamba_index", None))
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
         self.forwards = 0
         self.capacity_misses = 0
@@ -221,6 +228,9 @@ class ModelDrafter:
                 if j == 0:
                     cached = self.runner.cached_len(seq.rid)
                     items.append(ForwardItem(seq.rid, seq.token_ids(cached, len(seq)), cached))
+                elif self.incremental:
+                    # The cache holds x_0, d_1..d_{j-1} but d_{j-1}: feed it alone (same cache as re-feeding).
+                    items.append(ForwardItem(seq.rid, [proposals[a][-1]], committed[a] + j))
                 else:
                     # Back to c' (inside the previous forward), then re-feed x_0 and the proposals so far.
                     self.runner.truncate(seq.rid, committed[a])
