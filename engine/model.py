@@ -201,6 +201,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementations, so bf16/fp16 runs stay stable.
         if _FUSED_RMS_NORM:
+            if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+                return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one op (same values)
             return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
