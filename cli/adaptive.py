@@ -382,6 +382,9 @@ def tune_command(
     graph_batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--graph-batch-sizes", metavar="1,2,4,8", help="Graph batch sizes for routing (default: the "
         "deployment's).", show_default=False)] = None,
+    steps: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--steps", metavar="0,1,3,5", help="Search only these steps (e.g. the ones you capture graphs for; "
+        "default: every step the cost model measures up to the trace's depth).", show_default=False)] = None,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -408,7 +411,8 @@ def tune_command(
         cost_model = read_cost(cost)
         rows = setup.coverage.rows
         max_bs = rows[-1].batch_max if rows else None
-        result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs), records,
+        allowed = tuple(_parse_steps(steps)) if steps else None
+        result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed), records,
                       cost_model)
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")

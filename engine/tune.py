@@ -326,6 +326,7 @@ class TuneSetup:
     initial_steps: int
     graph_batch_sizes: tuple[int, ...] = ()
     max_batch_size: int | None = None
+    steps: tuple[int, ...] | None = None  # search only these steps (default: every measured step <= the depth)
 
 
 @dataclass(frozen=True)
@@ -413,7 +414,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
     depth = trace_depth(records)
-    allowed = tuple(s for s in cost.steps if s <= depth)
+    allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
         raise UsageError(f"the cost model measures steps {list(cost.steps)}, none <= the trace's depth {depth}")
     graphs = setup.graph_batch_sizes
