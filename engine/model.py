@@ -179,11 +179,19 @@ class PackedLinear:
         self.weight, self.bias = weight, bias
         self.in_features = weight.shape[1]
         self.min_rows = PACKED_MIN_ROWS
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self._pack()
+
+    def _pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.version = self.weight._version  # in-place updates of the weight bump it: repack then
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // self.in_features < self.min_rows:
+        if not x.is_cpu or x.numel() // self.in_features < self.min_rows:
             return F.linear(x, self.weight, self.bias)
+        if self.weight._version != self.version or not self.weight.is_cpu:
+            if not self.weight.is_cpu:
+                return F.linear(x, self.weight, self.bias)
+            self._pack()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

@@ -99,3 +99,13 @@ def test_large_batch_decode_equals_each_alone(runner):
     torch.testing.assert_close(batch, alone, rtol=1e-4, atol=1e-4)
     for r in range(bs):
         runner.free(100 + r)
+
+
+@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+def test_packed_linear_follows_in_place_weight_updates():
+    w = torch.randn(48, 32)
+    lin = PackedLinear(w, None)
+    x = torch.randn(PACKED_MIN_ROWS, 32)
+    with torch.no_grad():
+        w.mul_(2.0)  # e.g. a test perturbing a loaded model's weights
+    torch.testing.assert_close(lin(x), F.linear(x, w), rtol=1e-5, atol=1e-5)
