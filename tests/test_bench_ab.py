@@ -83,3 +83,39 @@ def test_variants_move_every_role_port_and_bad_values_are_usage_errors():
             parse_ab([bad])
     res = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--ab", "x=1"])
     assert res.exit_code == 2 and "-c DEPLOY" in res.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ab_launches_a_variant_next_to_the_deployment_and_traces_the_base(tmp_path: Path) -> None:
+    """The issue's command on the colocated builtin preset: base (speculative) vs algorithm=none."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    trace = tmp_path / "verify.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "specctl.cli", "bench", "-c", "tiny-colocated", "--set", f"roles.colocated.port={port}",
+         "--ab", "speculative.algorithm=none", "--ab-rounds", "2", "--num-prompts", "4", "--max-concurrency", "2",
+         "--dataset-name", "code", "--random-output-len", "12", "--no-progress", "--format", "json",
+         "--trace-out", str(trace), "--trace-steps", "3"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    base, none = doc["runs"]
+    assert base["completed"] == none["completed"] == 4
+    assert base["url"] == f"http://127.0.0.1:{port}" and none["url"] != base["url"]  # side by side
+    assert base["deployment"]["config"]["speculative"]["algorithm"] == "draft"
+    assert none["ab"]["overrides"] == ["speculative.algorithm=none"]
+    ratio = doc["comparison"]["variants"][1]["output_throughput_ratio"]["ratio"]
+    assert isinstance(ratio, float) and ratio > 0
+    # only the speculative base verifies: its trace drafts 3 every step
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert lines and all(x["trace_steps"] == 3 and x["steps"] == 3 for x in lines)
