@@ -205,8 +205,8 @@ class ModelDrafter:
         from specctl.engine.model_runner import ForwardItem
 
         rows: list[int] = []  # batch rows that draft this round
+        buf.num_drafts[: len(seqs)].zero_()
         for i, (seq, k) in enumerate(zip(seqs, budgets, strict=True)):
-            buf.num_drafts[i] = 0
             if k > 0:
                 if self._ready(seq, k):
                     rows.append(i)
@@ -237,8 +237,11 @@ class ModelDrafter:
                     items.append(ForwardItem(seq.rid, [seq.last_token, *proposals[a]], committed[a]))
             logits = self.runner.forward(items)
             self.forwards += 1
-            ends = np.cumsum([len(it.token_ids) for it in items]) - 1
-            last = logits[torch.as_tensor(ends, device=logits.device)]
+            if logits.shape[0] == len(items):  # one token per item (incremental drafting): every row is last
+                last = logits
+            else:
+                ends = np.cumsum([len(it.token_ids) for it in items]) - 1
+                last = logits[torch.as_tensor(ends, device=logits.device)]
             if greedy:
                 toks = last.argmax(dim=-1)
             else:
@@ -249,14 +252,17 @@ class ModelDrafter:
                     buf.draft_probs[rows[a], j] = q[r]
             tok_list = toks.tolist()
             for r, a in enumerate(active):
-                i = rows[a]
-                buf.draft_tokens[i, j] = tok_list[r]
-                buf.num_drafts[i] = j + 1
                 proposals[a].append(tok_list[r])
             # The last proposal d_k is never fed: the draft cache never holds a token verify cannot accept.
             active = [a for a in active if j + 1 < budgets[rows[a]]]
             if not active:
                 break
+        # Into the runtime state's buffers once (a tensor write per element costs microseconds each).
+        for a, i in enumerate(rows):
+            buf.draft_tokens[i, : len(proposals[a])] = torch.tensor(proposals[a], dtype=torch.long)
+        counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
+        buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
+                                   counts.to(buf.num_drafts.device))
 
     def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
         rid = seq.rid
