@@ -343,8 +343,10 @@ def profile_command(
             import torch
 
             torch.set_num_threads(threads)
-        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters,
-                             progress=lambda line: sys.stderr.write(line + "\n"))
+        def progress(line: str) -> None:
+            sys.stderr.write(line + "\n")
+
+        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, progress=progress)
         text = json.dumps(cost.to_json(), indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)
