@@ -320,6 +320,9 @@ def profile_command(
                                        "(0 = plain decoding).")] = "0,1,2,3,4,5,6,7",
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 3,
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
+    temperature: Annotated[float, typer.Option(
+        "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
+        "(sampled verify is rejection sampling, which costs more than greedy).")] = 0.0,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         "--threads", min=1, help="torch intra-op threads (default: torch's). Match what the served role gets: "
         "`up` gives each engine process cpu_count / engines.", show_default=False)] = None,
@@ -346,7 +349,8 @@ def profile_command(
         def progress(line: str) -> None:
             sys.stderr.write(line + "\n")
 
-        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, progress=progress)
+        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
+                             progress=progress)
         text = json.dumps(cost.to_json(), indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)

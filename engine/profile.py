@@ -1,10 +1,12 @@
 """Step-cost profiling: the wall time of one decode step (draft + verify) per (batch size, steps).
 
 `profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with
-its runtime sized for the largest step, and for each batch size keeps that many greedy requests
-decoding while it pins the decoder to each step in turn (`SpeculativeDecoder.pin_steps`; steps 0 is
-the plain path). Each (batch size, steps) point is timed over `iters` engine steps in each of `rounds`
-rounds, the steps interleaved within a round so load drift on a shared machine hits every point alike;
+its runtime sized for the largest step, and for each batch size keeps that many requests decoding
+(greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify, so profile at
+the temperature the workload uses) while it pins the decoder to each step in turn
+(`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed
+over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
+drift on a shared machine hits every point alike;
 a point's cost is the median over all its timed steps. Requests that finish are replaced before the
 next timing (a step always runs the full batch). The result is a `specctl.engine.tune.CostModel`.
 """
@@ -38,6 +40,7 @@ def profile_costs(
     *,
     rounds: int = 3,
     iters: int = 6,
+    temperature: float = 0.0,
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
     from specctl.engine.engine import Engine
@@ -54,7 +57,9 @@ def profile_costs(
     engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
     decoder: Any = engine.decoder
     tokens_per_round = iters * (kmax + 1) + 8
-    params = SamplingParams(max_tokens=rounds * len(steps) * tokens_per_round + 64, ignore_eos=True)
+    # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
+    params = SamplingParams(max_tokens=rounds * len(steps) * tokens_per_round + 64, ignore_eos=True,
+                            temperature=temperature, seed=0 if temperature > 0 else None)
     samples: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
     for b in batch_sizes:
         rids: list[int] = []
@@ -95,6 +100,7 @@ def profile_costs(
         "device": str(engine.runner.device),
         "threads": _threads(),
         "rounds": rounds,
+        "temperature": temperature,
         "iters": iters,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
