@@ -322,7 +322,7 @@ def profile_command(
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
     temperature: Annotated[float, typer.Option(
         "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
-        "(sampled verify is rejection sampling, which costs more than greedy).")] = 0.0,
+        "(sampled verify is rejection sampling, which costs somewhat more than greedy).")] = 0.0,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         "--threads", min=1, help="torch intra-op threads (default: torch's). Match what the served role gets: "
         "`up` gives each engine process cpu_count / engines.", show_default=False)] = None,
