@@ -173,3 +173,18 @@ def test_tune_and_trace_modules_do_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
+    """`adaptive profile` on the builtin colocated preset: every (batch size, steps) point measured, and
+    more drafting costs more time than none."""
+    out = tmp_path / "cost.json"
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "1,2", "--steps", "0,3",
+             "--rounds", "1", "--iters", "3", "--threads", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    cm = CostModel.from_json(json.loads(out.read_text()))
+    assert cm.batch_sizes == (1, 2) and cm.steps == (0, 3)
+    assert all(cm.step_time(b, 3) > cm.step_time(b, 0) > 0 for b in (1, 2))
+    assert json.loads(out.read_text())["threads"] == 1
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
+    assert r.returncode == 2 and "max_batch_size" in r.stderr
