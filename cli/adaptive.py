@@ -1,9 +1,17 @@
-"""`specctl adaptive simulate`: replay recorded verify results through the adaptive-steps policy.
+"""`specctl adaptive simulate|profile|tune`: the adaptive-steps policy offline.
+
+- `simulate CONFIG --trace FILE`: replay recorded verify results through the policy (below).
+- `profile -c DEPLOY`: measure one decode step's cost per (batch size, steps) -> cost model JSON
+  (`specctl.engine.profile`; this one imports torch, the others do not).
+- `tune CONFIG --trace FILE --cost FILE`: counterfactual replay of an engine trace (recorded with
+  `serve|bench --trace-out FILE [--trace-steps K]`) through the same policy, searching candidate sets
+  and knobs per bucket for the best predicted tokens/s (`specctl.engine.tune`).
 
 CONFIG is an SGLang `--speculative-adaptive-config` JSON, or a deployment file / preset (its decode
 or colocated role's `speculative.adaptive`). TRACE is JSON Lines, one verify per line:
-`{"batch_size": 4, "accepted": [2, 3, 0, 1]}` (accepted draft tokens per request; other keys are
-ignored, blank lines skipped). The policy is the engine's own (`specctl.engine.adaptive`), so what
+`{"batch_size": 4, "accepted": [2, 3, 0, 1]}` (accepted draft tokens per request; the engine's
+extra keys -- steps, drafted, rids, times -- are described in `specctl.engine.trace`; blank lines
+skipped). The policy is the engine's own (`specctl.engine.adaptive`), so what
 this prints is what the engine would do. `--format json` prints one object per trace record:
 `{"index", "batch_size", "steps", "ema", "switched"}`: the 0-based record number (blank lines are
 skipped), then the routed bucket's steps and EMA after that update and whether it switched. Text
@@ -16,7 +24,6 @@ config or trace (a bad trace line is named by its line number). Torch-free.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -29,26 +36,16 @@ import typer
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
+from specctl.engine.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
 
 adaptive_app = typer.Typer(
-    help="Adaptive speculative steps: replay traces through the step policy offline.", no_args_is_help=True
+    help="Adaptive speculative steps: replay traces through the step policy (simulate), measure step costs "
+    "(profile), recommend a config from a trace and a cost model (tune).", no_args_is_help=True
 )
 app.add_typer(adaptive_app, name="adaptive")
-
-MAX_TRACE_LINE = 1 << 20  # one verify record; a longer line is not one
-
-
-@dataclass(frozen=True)
-class TraceRecord:
-    """One verify result: the batch size and the accepted draft tokens of each request."""
-
-    line: int
-    batch_size: int
-    accepted: tuple[int, ...]
-
 
 @dataclass(frozen=True)
 class SimulationSetup:
@@ -84,53 +81,6 @@ class SimStep:
             "ema": self.ema,
             "switched": self.switched,
         }
-
-
-def _bad_line(path: str, line: int, what: str) -> UsageError:
-    return UsageError(
-        f"{path}:{line}: {what}",
-        hint='each trace line is one JSON object such as {"batch_size": 4, "accepted": [2, 3, 0, 1]}',
-    )
-
-
-def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Parse a JSONL trace; UsageError naming the file and line for anything malformed."""
-    name = str(path)
-    try:
-        with open(path, "rb") as fh:
-            raw_lines = fh.read().split(b"\n")
-    except IsADirectoryError:
-        raise UsageError(f"{name}: is a directory, not a trace file") from None
-    except OSError as exc:
-        raise UsageError(f"{name}: cannot read trace: {exc.strerror or exc}") from None
-    records: list[TraceRecord] = []
-    for lineno, raw in enumerate(raw_lines, start=1):
-        if len(raw) > MAX_TRACE_LINE:
-            raise _bad_line(name, lineno, f"line longer than {MAX_TRACE_LINE} bytes")
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise _bad_line(name, lineno, "not UTF-8 text") from None
-        if not text:
-            continue
-        try:
-            obj = json.loads(text, parse_constant=lambda c: float("nan"))
-        except (ValueError, RecursionError) as exc:
-            raise _bad_line(name, lineno, f"not valid JSON ({str(exc).split(':')[0]})") from None
-        if not isinstance(obj, dict):
-            raise _bad_line(name, lineno, f"expected a JSON object, got {type(obj).__name__}")
-        bs = obj.get("batch_size")
-        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-            raise _bad_line(name, lineno, f"batch_size must be a positive integer, got {json.dumps(bs)}")
-        acc = obj.get("accepted")
-        if not isinstance(acc, list):
-            raise _bad_line(name, lineno, f"accepted must be a list of non-negative integers, got {json.dumps(acc)}")
-        for i, a in enumerate(acc):
-            if not isinstance(a, int) or isinstance(a, bool) or a < 0:
-                shown = json.dumps(a) if not (isinstance(a, float) and not math.isfinite(a)) else str(a)
-                raise _bad_line(name, lineno, f"accepted[{i}] must be a non-negative integer, got {shown}")
-        records.append(TraceRecord(lineno, bs, tuple(acc)))
-    return records
 
 
 def _with_positions(findings: Sequence[Finding], doc: Any) -> list[Finding]:
@@ -346,3 +296,158 @@ def simulate_command(
             sys.stdout.write("".join(json.dumps(s.to_json()) + "\n" for s in steps))
         else:
             sys.stdout.write(render_text(setup, steps, policy))
+
+
+def _engine_config(config: str, overrides: Sequence[str]) -> Any:
+    """The EngineConfig of the deployment's decoding role (decode, else colocated)."""
+    from specctl.engine.config import EngineConfig
+    from specctl.schemas.deployment import load_deployment
+
+    dep = load_deployment(config, overrides=overrides)
+    role_name = next((r for r in ("decode", "colocated") if r in dep.roles), None)
+    if role_name is None:
+        raise UsageError(f"{config}: no decode or colocated role (roles: {', '.join(dep.roles)}); nothing decodes here")
+    return EngineConfig.from_role(dep.role(role_name))
+
+
+@adaptive_app.command("profile")
+def profile_command(
+    config: Annotated[str, typer.Option("-c", "--config", help="Deployment file or preset (its decode or "
+                                        "colocated role is profiled).", show_default=False)],
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", metavar="1,2,4,8",
+                                             help="Batch sizes to measure.")] = "1,2,4,8",
+    steps: Annotated[str, typer.Option("--steps", metavar="0,1,...", help="Speculative steps to measure "
+                                       "(0 = plain decoding).")] = "0,1,2,3,4,5,6,7",
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 3,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
+    temperature: Annotated[float, typer.Option(
+        "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
+        "(sampled verify is rejection sampling, which costs somewhat more than greedy).")] = 0.0,
+    threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--threads", min=1, help="torch intra-op threads (default: torch's). Match what the served role gets: "
+        "`up` gives each engine process cpu_count / engines.", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        "--output", "-o", help="Write the cost model here (default: stdout).", show_default=False)] = None,
+    set_values: SetOption = None,
+) -> None:
+    """Measure one decode step's wall time (draft + verify) per (batch size, steps): the cost model `tune` reads.
+
+    Runs the deployment's engine in this process (no server), greedy requests kept decoding at each batch
+    size while the decoder is pinned to each step in turn; medians over interleaved rounds. Progress on
+    stderr; the JSON goes to --output or stdout.
+    """
+    with handle_errors():
+        sizes = parse_int_list(batch_sizes, option="--batch-sizes")
+        step_list = _parse_steps(steps)
+        cfg = _engine_config(config, set_values or ())
+        from specctl.engine.profile import profile_costs
+
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        def progress(line: str) -> None:
+            sys.stderr.write(line + "\n")
+
+        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
+                             progress=progress)
+        text = json.dumps(cost.to_json(), indent=2) + "\n"
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            try:
+                output.write_text(text)
+            except OSError as exc:
+                raise UsageError(f"{output}: cannot write the cost model: {exc.strerror or exc}") from None
+            sys.stderr.write(f"wrote {output}\n")
+
+
+def _parse_steps(text: str) -> list[int]:
+    items = [t.strip() for t in text.replace(" ", ",").split(",") if t.strip()]
+    try:
+        values = sorted({int(t) for t in items})
+    except ValueError:
+        values = []
+    if not values or values[0] < 0:
+        raise UsageError(f"--steps {text!r}: expected comma-separated integers >= 0, e.g. 0,1,3,5,7")
+    return values
+
+
+@adaptive_app.command("tune")
+def tune_command(
+    config: Annotated[str, typer.Argument(
+        help="The current config: SGLang adaptive JSON, or a deployment file / preset.", show_default=False)],
+    trace: Annotated[Path, typer.Option(
+        "--trace", help="Verify trace from `serve/bench --trace-out` (best: recorded with --trace-steps K).",
+        show_default=False)],
+    cost: Annotated[Path, typer.Option("--cost", help="Cost model from `specctl adaptive profile`.",
+                                       show_default=False)],
+    initial_steps: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--initial-steps", min=0, help="The current config's initial steps (default: as `simulate`).",
+        show_default=False)] = None,
+    graph_batch_sizes: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--graph-batch-sizes", metavar="1,2,4,8", help="Graph batch sizes for routing (default: the "
+        "deployment's).", show_default=False)] = None,
+    steps: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--steps", metavar="0,1,3,5", help="Search only these steps (e.g. the ones you capture graphs for; "
+        "default: every step the cost model measures up to the trace's depth).", show_default=False)] = None,
+    set_values: SetOption = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
+) -> None:
+    """Recommend an adaptive config: replay the trace counterfactually through the step policy, maximise
+    predicted tokens/s under the cost model, and validate the recommendation.
+
+    A verify that drafted K tokens and accepted a would have accepted min(a, k) with any k <= K, so a trace
+    recorded with `--trace-steps K` answers every candidate up to K. Candidate sets (up to three steps) per
+    bucket and the knobs ema_alpha, update_interval and down_hysteresis are searched; the result prints as
+    SGLang JSON and as a deployment snippet, with its predicted speed-up over the current config, the best
+    fixed step and no speculation. Confirm it with `specctl bench --ab`.
+    """
+    with handle_errors():
+        from specctl.engine.tune import TuneSetup, read_cost, tune
+
+        graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
+        try:
+            setup = load_setup(config, initial_steps=initial_steps, graph_batch_sizes=graphs,
+                               overrides=set_values or ())
+        except InvalidInput as exc:
+            _print_findings(getattr(exc, "findings", ()), config)
+            raise
+        records = read_trace(trace)
+        cost_model = read_cost(cost)
+        rows = setup.coverage.rows
+        max_bs = rows[-1].batch_max if rows else None
+        allowed = tuple(_parse_steps(steps)) if steps else None
+        result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed), records,
+                      cost_model)
+        if output is OutputFormat.json:
+            sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        else:
+            sys.stdout.write(render_tune(result))
+
+
+def render_tune(result: Any) -> str:
+    sp = result.speedups()
+    lines = ["recommended adaptive config (SGLang --speculative-adaptive-config JSON):",
+             json.dumps(result.sglang_json(), indent=2), "",
+             f"as a deployment snippet (initial steps {result.initial_steps}):", result.deployment_snippet().rstrip(),
+             "", "predicted on the trace (tokens/s under the cost model):"]
+    rows = [("recommended", result.predicted), ("current", result.current),
+            (f"best fixed (steps {result.best_fixed_steps})", result.best_fixed), ("no speculation", result.none)]
+    width = max(len(n) for n, _ in rows)
+    for name, p in rows:
+        used = ", ".join(f"{k}: {v}" for k, v in sorted(p.batches_per_steps.items()))
+        lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
+    lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
+                 f"{sp['vs_none']:.2f}x no speculation")
+    lines.append(f"(steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed)")
+    lines.append("")
+    lines.append("validation of the recommendation (specctl validate's step coverage):")
+    lines.append(result.coverage.render_text())
+    errors = [f for f in result.findings if f.severity == "error"]
+    for f in result.findings:
+        if f.severity != "info":
+            lines.append(f"  {f.code} {f.path}: {f.severity}: {f.message}")
+    lines.append("valid: no error findings" if not errors else f"INVALID: {len(errors)} error finding(s)")
+    lines.append("confirm with: specctl bench -c DEPLOY --ab speculative.adaptive=... (see `specctl bench --help`)")
+    return "\n".join(lines) + "\n"

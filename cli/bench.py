@@ -85,6 +85,21 @@ def bench(
         help="With --url: first preflight this prefill/decode pair (exit 3 on any difference) and bind both "
              "fingerprints to the records.", show_default=False)] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="text or json.")] = OutputFormat.text,
+    ab: Annotated[list[str] | None, typer.Option(
+        "--ab", metavar="KEY=VALUE[;KEY=VALUE]", help="With -c: also launch a variant of the deployment with "
+        "these overrides (repeat for more variants) and compare them on the same workload, interleaved in "
+        "rounds; e.g. --ab speculative.algorithm=none prints the speed-up of speculation with its interval.")]
+    = None,
+    ab_url: Annotated[list[str] | None, typer.Option(
+        "--ab-url", metavar="URL", help="With --url: compare against this server too (repeatable).")] = None,
+    ab_rounds: Annotated[int, typer.Option("--ab-rounds", min=1, help="Rounds the --ab workload is split into "
+                                           "(the bootstrap interval resamples them).")] = 5,
+    trace_out: Annotated[str | None, typer.Option(
+        "--trace-out", metavar="FILE", help="With -c: the launched engines append one JSON line per verify "
+        "batch to FILE (see `specctl serve --trace-out`).")] = None,
+    trace_steps: Annotated[int | None, typer.Option(
+        "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K every step (a counterfactual trace "
+        "for `specctl adaptive tune`).")] = None,
 ) -> None:
     """Load-test a server (--url) or launch a deployment and load-test it (-c); report latency, throughput,
     goodput, errors and speculative acceptance."""
@@ -105,6 +120,13 @@ def bench(
             raise UsageError("--set applies to a deployment (-c), not to --url")
         if preflight_pair and config is not None:
             raise UsageError("--preflight applies to --url; with -c the launched pair is preflighted itself")
+        if (trace_out or trace_steps) and config is None:
+            raise UsageError("--trace-out records the engines bench launches: it needs -c DEPLOY, not --url",
+                             hint="run `specctl serve --trace-out FILE` on the server you pass to --url")
+        if trace_out or trace_steps:
+            from specctl.cli.serve import set_trace_env
+
+            set_trace_env(trace_out, trace_steps)
         workload = bc.WorkloadConfig(
             dataset_name=dataset_name, dataset_path=dataset_path, num_prompts=num_prompts,
             random_input_len=random_input_len, random_output_len=random_output_len,
@@ -121,6 +143,16 @@ def bench(
             request_timeout_s=request_timeout, slo=bc.parse_slo(slo), stream=not disable_stream,
             ignore_eos=not disable_ignore_eos, temperature=temperature,
             extra_request_body=bc.parse_extra_body(extra_request_body), tag=tag, output_details=output_details)
+        if ab or ab_url:
+            from specctl.bench.ab import parse_ab
+
+            if ab and config is None:
+                raise UsageError("--ab varies a deployment: it needs -c DEPLOY (with --url use --ab-url URL)")
+            if ab_url and url is None:
+                raise UsageError("--ab-url compares servers: it needs --url (with -c use --ab KEY=VALUE)")
+            _run_ab(cfg, config, set_ or [], parse_ab(ab or []), list(ab_url or []), rounds=ab_rounds,
+                    output=output, plot=plot, fmt=format, show_progress=progress)
+            return
         _run(cfg, config, set_ or [], output=output, plot=plot, fmt=format, show_progress=progress,
              preflight_pair=preflight_pair)
 
@@ -138,6 +170,67 @@ def _preflight_provenance(pair: tuple[str, str] | None) -> Provenance:
         raise RuntimeFailure(f"preflight refused the pair: {rows}",
                              hint=f"run `specctl preflight --prefill {pair[0]} --decode {pair[1]}` for the fixes")
     return Provenance(preflight={"ok": True, **report.fingerprints()})
+
+
+def _run_ab(cfg: BenchConfig, deploy: str | None, overrides: list[str], variants: list[tuple[str, ...]],
+            urls: list[str], *, rounds: int, output: Path | None, plot: Path | None, fmt: OutputFormat,
+            show_progress: bool) -> None:
+    import contextlib
+
+    from specctl.bench.ab import Variant, comparison, plot_runs, port_overrides, render_comparison, run_ab
+    from specctl.bench.progress import make_progress
+    from specctl.bench.record import append_jsonl, json_safe
+    from specctl.bench.report import render_record
+    from specctl.errors import RuntimeFailure
+
+    err = stderr_console()
+    sink = make_progress(err, enabled=show_progress)
+    try:
+        with contextlib.ExitStack() as stack:
+            if deploy is None:
+                assert cfg.url
+                targets = [Variant("base", (), cfg.url)] + [Variant(u, (), u) for u in urls]
+            else:
+                from specctl.bench.target import launched
+                from specctl.schemas.deployment import load_deployment
+
+                raw = load_deployment(deploy, overrides=overrides).raw
+                targets = []
+                for name, extra in [("base", ())] + [(";".join(v), v) for v in variants]:
+                    moved = port_overrides(raw) if extra else []  # variants run next to the base
+                    err.print(f"launching {name} ...", markup=False)
+                    target = stack.enter_context(launched(deploy, [*overrides, *moved, *extra]))
+                    err.print(f"{name} ready at {target.url}", markup=False)
+                    targets.append(Variant(name, tuple(extra), target.url, target.provenance))
+            runs = run_ab(cfg, targets, rounds=rounds, progress=sink)
+    finally:
+        if sink is not None:
+            sink.close()
+    comp = comparison(runs)
+    records = [r.record for r in runs]
+    if output is not None:
+        append_jsonl(output, [*records, comp])
+    if plot is not None:
+        from specctl.bench.plot import write_plot
+
+        write_plot(plot, plot_runs(runs))
+    if fmt is OutputFormat.json:
+        # The shape --output appends: one record per line, the comparison record last.
+        for rec in [*records, comp]:
+            typer.echo(json.dumps(json_safe(rec)))
+    else:
+        out = stdout_console()
+        if not out.is_terminal:
+            out.width = max(out.width, 120)
+        for rec in records:
+            render_record(out, rec)
+        render_comparison(out, comp)
+        if output is not None:
+            err.print(f"appended {len(records) + 1} record(s) to {output}", markup=False)
+        if plot is not None:
+            err.print(f"wrote {plot}", markup=False)
+    if not all(rec.get("completed") for rec in records):
+        raise RuntimeFailure("a variant completed no request", hint="see errors by kind in its report")
 
 
 def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: Path | None, plot: Path | None,

@@ -43,9 +43,17 @@ def serve(
     role: Annotated[Role, typer.Option("--role", help="Which process of the deployment to run.")],
     config: ConfigOption,
     set_: SetOption = None,
+    trace_out: Annotated[str | None, typer.Option(
+        "--trace-out", metavar="FILE", help="Append one JSON line per verify batch (time, batch size, steps, "
+        "accepted and drafted per request, draft and verify seconds) to FILE: the trace `specctl adaptive "
+        "simulate|tune` read.")] = None,
+    trace_steps: Annotated[int | None, typer.Option(
+        "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K tokens every step whatever the "
+        "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
 ) -> None:
     """Run one process of a deployment (prefill, decode, router or colocated) until Ctrl-C / SIGTERM."""
     with handle_errors():
+        set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
         from specctl.engine.roles import serve_role
 
@@ -57,6 +65,22 @@ def serve(
         # Everything is closed by now; skip interpreter finalization, which tears down torch for
         # seconds on a busy machine and would delay `specctl up`'s clean stop.
         _fast_exit(code)
+
+
+def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
+    """Hand --trace-out/--trace-steps to the engine config (and to processes launched from here)."""
+    import os
+    from pathlib import Path
+
+    from specctl.engine.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
+    from specctl.errors import UsageError
+
+    if trace_steps is not None and trace_out is None:
+        raise UsageError("--trace-steps needs --trace-out FILE", hint="add --trace-out verify_trace.jsonl")
+    if trace_out is not None:
+        os.environ[TRACE_OUT_ENV] = str(Path(trace_out).resolve())  # children may run elsewhere
+    if trace_steps is not None:
+        os.environ[TRACE_STEPS_ENV] = str(trace_steps)
 
 
 def _fast_exit(code: int) -> None:

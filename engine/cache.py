@@ -23,6 +23,7 @@ positions, oldest first, zeros before position 0), `mamba_conv` [n_mamba, conv_d
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ class _Request:
     pages: list[int]
     length: int = 0
     page_tensor: torch.Tensor | None = None  # cached torch copy of `pages`
+    slot_tensor: torch.Tensor | None = None  # cached flat KV slots of every position the pages hold
+    slot_index: torch.Tensor | None = None  # cached tensor([slot])
     rollback: _Rollback | None = None
 
 
@@ -103,6 +106,8 @@ class HybridCache:
         self._free_pages = list(range(self.num_pages - 1, -1, -1))  # pop() hands out low pages first
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self.requests: dict[int, _Request] = {}
+        self._arange = torch.arange(1024, device=device)
+        self._trues = torch.ones(64, dtype=torch.bool, device=device)
 
     # ---- allocator -------------------------------------------------------------------------------
 
@@ -139,6 +144,7 @@ class HybridCache:
             return False
         req.pages.extend(self._free_pages.pop() for _ in range(extra))
         req.page_tensor = None
+        req.slot_tensor = None
         return True
 
     def free(self, rid: int) -> None:
@@ -161,6 +167,27 @@ class HybridCache:
         if req.page_tensor is None:
             req.page_tensor = torch.tensor(req.pages or [0], dtype=torch.long, device=self.device)
         return req.page_tensor
+
+    def _all_slots(self, req: _Request) -> torch.Tensor:
+        """Flat full-KV slot of every position 0 .. len(pages) * page_size - 1 of `req` (cached until its
+        pages change), so a lone request's keys and writes are slices, not index arithmetic per forward."""
+        if req.slot_tensor is None:
+            pages = self._pages(req)
+            req.slot_tensor = (pages[:, None] * self.page_size
+                               + torch.arange(self.page_size, device=self.device)).reshape(-1)
+        return req.slot_tensor
+
+    def _true(self, n: int) -> torch.Tensor:
+        """n True values as a slice of one cached tensor."""
+        if self._trues.numel() < n:
+            self._trues = torch.ones(max(n, 2 * self._trues.numel()), dtype=torch.bool, device=self.device)
+        return self._trues[:n]
+
+    def _positions(self, n: int) -> torch.Tensor:
+        """arange(n) as a slice of one cached tensor."""
+        if self._arange.numel() < n:
+            self._arange = torch.arange(max(n, 2 * self._arange.numel()), device=self.device)
+        return self._arange[:n]
 
     # ---- rollback --------------------------------------------------------------------------------
 
@@ -279,15 +306,21 @@ class Group:
         self.rids = list(rids)
         self.starts_list, self.lens_list = list(starts), list(lens)
         self.lmax = max(lens)
-        self.starts = torch.tensor(starts, dtype=torch.long, device=dev)
-        self.lens = torch.tensor(lens, dtype=torch.long, device=dev)
-        ar = torch.arange(self.lmax, device=dev)
-        self._valid = ar[None, :] < self.lens[:, None]
-        self.positions = self.starts[:, None] + ar[None, :]
-        # padded queries get a huge position so they never act as keys; as queries they see everything
-        self.kpos_new = torch.where(self._valid, self.positions, torch.full_like(self.positions, _PAD_POS))
+        if len(self.reqs) == 1:
+            # One request (batch-1 decode, a verify, every draft forward): slices of cached tensors only.
+            start, n = self.starts_list[0], self.lens_list[0]
+            self.positions = cache._positions(start + n)[start:][None]
+            self._valid = cache._true(n)[None]
+            req = self.reqs[0]
+            if req.slot_index is None:
+                req.slot_index = torch.tensor([req.slot], dtype=torch.long, device=dev)
+            self.slots = req.slot_index
+        else:
+            ar = torch.arange(self.lmax, device=dev)
+            self._valid = ar[None, :] < self.lens[:, None]
+            self.positions = self.starts[:, None] + ar[None, :]
+            self.slots = torch.tensor([r.slot for r in self.reqs], dtype=torch.long, device=dev)
         self.short = self.lmax <= cache.rollback_tokens
-        self.slots = torch.tensor([r.slot for r in self.reqs], dtype=torch.long, device=dev)
         self.all_valid = min(lens) == self.lmax
         self.ends_list = [s + n for s, n in zip(self.starts_list, self.lens_list, strict=True)]
         self._key_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -300,6 +333,19 @@ class Group:
         ]
         for req, rb in zip(self.reqs, self._rollback, strict=True):
             req.rollback = rb
+
+    @functools.cached_property
+    def starts(self) -> torch.Tensor:
+        return torch.tensor(self.starts_list, dtype=torch.long, device=self.cache.device)
+
+    @functools.cached_property
+    def lens(self) -> torch.Tensor:
+        return torch.tensor(self.lens_list, dtype=torch.long, device=self.cache.device)
+
+    @functools.cached_property
+    def kpos_new(self) -> torch.Tensor:
+        # padded queries get a huge position so they never act as keys; as queries they see everything
+        return torch.where(self._valid, self.positions, torch.full_like(self.positions, _PAD_POS))
 
     @property
     def valid(self) -> torch.Tensor:
@@ -337,6 +383,18 @@ class Group:
         slot 0 at position _PAD_POS (never visible). Built once per forward, shared by the layers."""
         if name in self._key_cache:
             return self._key_cache[name]
+        if kind == "swa" and len(self.reqs) == 1:
+            c = self.cache
+            pos = c._positions(hi[0])[lo[0]:][None]
+            out = (pos % c.ring + self.reqs[0].slot * c.ring, pos)
+            self._key_cache[name] = out
+            return out
+        if kind == "full" and len(self.reqs) == 1 and lo[0] == 0:
+            # One request reading [0, end): a slice of its cached slot table and of one arange.
+            end = hi[0]
+            out = (self.cache._all_slots(self.reqs[0])[:end][None], self.cache._positions(end)[None])
+            self._key_cache[name] = out
+            return out
         dev = self.cache.device
         counts = [h - lo_ for lo_, h in zip(lo, hi, strict=True)]
         kmax = max(counts)
@@ -390,6 +448,10 @@ class Group:
 
     def _write(self, kind: str, store: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this forward's k/v ([b, L, KV, d]) at their positions (index computed once per kind)."""
+        if kind not in self._dst and kind == "full" and len(self.reqs) == 1:
+            # One request writing [start, start + n): a slice of its slot table.
+            start, n = self.starts_list[0], self.lens_list[0]
+            self._dst[kind] = (self.cache._all_slots(self.reqs[0])[start : start + n], None)
         if kind not in self._dst:
             c = self.cache
             sel = self._valid

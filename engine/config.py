@@ -30,6 +30,10 @@ class EngineConfig:
     # Prompt tokens prefilled per step across all requests (long prompts are chunked).
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     name: str = ""
+    # Verify traces (engine/trace.py): set by `serve --trace-out/--trace-steps` through the environment
+    # (SPECCTL_TRACE_OUT / SPECCTL_TRACE_STEPS), so `up` and `bench` reach the launched engine processes.
+    trace_out: str | None = None
+    trace_steps: int | None = None  # draft this many every step (a counterfactual-complete trace)
 
     @property
     def algorithm(self) -> str:
@@ -46,6 +50,8 @@ class EngineConfig:
         for bucket in (adaptive.get("buckets") or {}).values():
             if isinstance(bucket, Mapping):
                 steps.extend(int(s) for s in bucket.get("candidate_steps") or ())
+        if self.trace_steps is not None:
+            steps.append(self.trace_steps)
         return max(steps) + 1
 
     @classmethod
@@ -71,7 +77,29 @@ class EngineConfig:
                 serve, "serve.max_prefill_tokens", "max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS
             ),
             name=str(role.get("name") or ""),
+            **_trace_settings(),
         )
+
+
+def _trace_settings() -> dict[str, Any]:
+    """`trace_out` / `trace_steps` from the environment `serve --trace-out/--trace-steps` sets."""
+    import os
+
+    from specctl.engine.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
+
+    out = os.environ.get(TRACE_OUT_ENV) or None
+    raw = os.environ.get(TRACE_STEPS_ENV) or None
+    steps = None
+    if raw is not None:
+        try:
+            steps = int(raw)
+        except ValueError:
+            steps = 0
+        if steps < 1:
+            raise InvalidInput(f"{TRACE_STEPS_ENV}={raw!r}: --trace-steps must be a positive integer")
+        if out is None:
+            raise InvalidInput("--trace-steps needs --trace-out: a counterfactual trace must be written somewhere")
+    return {"trace_out": out, "trace_steps": steps}
 
 
 def _section(role: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -136,7 +136,9 @@ class ModelDrafter:
     so after drafting the cache holds x_0, d_1..d_{k-1} from ONE forward starting at c', and after verify
     `commit` truncates to c' + 1 + min(accepted, k - 1), always inside it. The price is re-reading up to
     k - 1 tokens per forward (k(k+1)/2 positions instead of k), negligible next to per-forward overhead
-    for a small draft model; the number of forwards stays k.
+    for a small draft model; the number of forwards stays k. A draft of full-attention layers only can
+    truncate anywhere, so it feeds one token per forward j >= 2 instead (`incremental`): the cache ends
+    up holding the same tokens, and `commit` is the same.
     """
 
     name = "draft"
@@ -144,6 +146,11 @@ class ModelDrafter:
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
+        # A draft of full-attention layers only can truncate to any length, so each draft forward feeds just
+        # the newest proposal; sliding-window and mamba drafts re-feed from c' (see the class docstring).
+        cache = getattr(runner, "cache", None)
+        self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
+                                                      or getattr(cache, "mamba_index", None))
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
         self.forwards = 0
         self.capacity_misses = 0
@@ -198,8 +205,8 @@ class ModelDrafter:
         from specctl.engine.model_runner import ForwardItem
 
         rows: list[int] = []  # batch rows that draft this round
+        buf.num_drafts[: len(seqs)].zero_()
         for i, (seq, k) in enumerate(zip(seqs, budgets, strict=True)):
-            buf.num_drafts[i] = 0
             if k > 0:
                 if self._ready(seq, k):
                     rows.append(i)
@@ -221,14 +228,20 @@ class ModelDrafter:
                 if j == 0:
                     cached = self.runner.cached_len(seq.rid)
                     items.append(ForwardItem(seq.rid, seq.token_ids(cached, len(seq)), cached))
+                elif self.incremental:
+                    # The cache holds x_0, d_1..d_{j-1} but d_{j-1}: feed it alone (same cache as re-feeding).
+                    items.append(ForwardItem(seq.rid, [proposals[a][-1]], committed[a] + j))
                 else:
                     # Back to c' (inside the previous forward), then re-feed x_0 and the proposals so far.
                     self.runner.truncate(seq.rid, committed[a])
                     items.append(ForwardItem(seq.rid, [seq.last_token, *proposals[a]], committed[a]))
             logits = self.runner.forward(items)
             self.forwards += 1
-            ends = np.cumsum([len(it.token_ids) for it in items]) - 1
-            last = logits[torch.as_tensor(ends, device=logits.device)]
+            if logits.shape[0] == len(items):  # one token per item (incremental drafting): every row is last
+                last = logits
+            else:
+                ends = np.cumsum([len(it.token_ids) for it in items]) - 1
+                last = logits[torch.as_tensor(ends, device=logits.device)]
             if greedy:
                 toks = last.argmax(dim=-1)
             else:
@@ -239,14 +252,17 @@ class ModelDrafter:
                     buf.draft_probs[rows[a], j] = q[r]
             tok_list = toks.tolist()
             for r, a in enumerate(active):
-                i = rows[a]
-                buf.draft_tokens[i, j] = tok_list[r]
-                buf.num_drafts[i] = j + 1
                 proposals[a].append(tok_list[r])
             # The last proposal d_k is never fed: the draft cache never holds a token verify cannot accept.
             active = [a for a in active if j + 1 < budgets[rows[a]]]
             if not active:
                 break
+        # Into the runtime state's buffers once (a tensor write per element costs microseconds each).
+        for a, i in enumerate(rows):
+            buf.draft_tokens[i, : len(proposals[a])] = torch.tensor(proposals[a], dtype=torch.long)
+        counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
+        buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
+                                   counts.to(buf.num_drafts.device))
 
     def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
         rid = seq.rid

@@ -41,6 +41,12 @@ _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_GQA = _TORCH >= (2, 5)
 _FUSED_RMS_NORM = _TORCH >= (2, 4)
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [b, L, 1, head_dim]
+# oneDNN's prepacked fp32 linear has a fixed cost of ~12 us a call but grows slowly with the rows; the
+# default kernel costs ~4 us for one row and grows linearly. Inside a whole forward (weights no longer hot
+# in cache) the packed kernel only wins from about 16 rows: builtin hybrid, batch 32 decode 3.3 vs 3.7 ms,
+# but batch 8 1.75 vs 1.64 ms and a 4-position verify slower too (measured on this 2-core EPYC).
+PACKED_MIN_ROWS = 16
+PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only for models up to 1 GiB
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,46 @@ class CacheContext(Protocol):
         ...
 
 
+def _can_pack(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+class PackedLinear:
+    """y = x W^T + b through whichever CPU kernel is faster for this many rows (see PACKED_MIN_ROWS).
+
+    The weight stays the module's parameter (loading, saving and the 1-row path use it); the packed copy
+    is oneDNN's blocked layout of the same values, so both kernels compute the same function."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.in_features = weight.shape[1]
+        self.min_rows = PACKED_MIN_ROWS
+        self._pack()
+
+    def _pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.version = self.weight._version  # in-place updates of the weight bump it: repack then
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cpu or x.numel() // self.in_features < self.min_rows:
+            return F.linear(x, self.weight, self.bias)
+        if self.weight._version != self.version or not self.weight.is_cpu:
+            if not self.weight.is_cpu:
+                return F.linear(x, self.weight, self.bias)
+            self._pack()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def apply_linear(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
+    packed: PackedLinear | None = getattr(lin, "packed", None)
+    return packed(x) if packed is not None else lin(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -163,6 +209,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementations, so bf16/fp16 runs stay stable.
         if _FUSED_RMS_NORM:
+            if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+                return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one op (same values)
             return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -229,6 +277,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+        self.qkv_packed: PackedLinear | None = None  # set by pack()
 
     def fuse(self) -> None:
         """Serve q/k/v with one matmul: the three weights become views into one concatenated tensor
@@ -244,13 +293,19 @@ class Attention(nn.Module):
                 lin.bias.data = b[lo:hi]
         self.qkv = (w, b)
 
+    def pack(self) -> None:
+        if self.qkv is not None:
+            self.qkv_packed = PackedLinear(*self.qkv)
+        self.o_proj.packed = PackedLinear(self.o_proj.weight, None)  # type: ignore[assignment]
+
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
     ) -> torch.Tensor:
         b, n, _ = x.shape
         if self.qkv is not None:
             nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = torch.split(F.linear(x, *self.qkv), [nq, nk, nk], dim=-1)
+            qkv = self.qkv_packed(x) if self.qkv_packed is not None else F.linear(x, *self.qkv)
+            q, k, v = torch.split(qkv, [nq, nk, nk], dim=-1)
             q = q.view(b, n, self.num_heads, self.head_dim)
             k = k.view(b, n, self.num_kv_heads, self.head_dim)
             v = v.view(b, n, self.num_kv_heads, self.head_dim)
@@ -264,7 +319,7 @@ class Attention(nn.Module):
         else:
             mask = attention_mask(positions, positions, self.window)
             o = sdpa(q, k, v, mask)
-        return self.o_proj(o.reshape(b, n, self.num_heads * self.head_dim))
+        return apply_linear(o.reshape(b, n, self.num_heads * self.head_dim), self.o_proj)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -340,6 +395,46 @@ def ssd_scan(
     return torch.cat(ys, dim=1), h, tail
 
 
+def ssd_short(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h0: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every per-position state of a short forward (a speculative verify) at once, and y from them.
+
+    x [b, q, H, P], dt [b, q, H] (0 at padding), bm/cm [b, q, N], h0 [b, H, P, N]. Returns y [b, q, H, P]
+    (without the D skip) and the states after each position [b, q, H, P, N]. The same maths as
+    `ssd_chunk` with keep == q, but the verify needs every state anyway (for rollback), so y is read
+    off them (y_t = h_t C_t) instead of through a second quadratic form:
+
+        h_t = exp(cs_t) h0 + sum_{s <= t} exp(cs_t - cs_s) dt_s x_s B_s^T,    cs_t = sum_{r <= t} dt_r A
+
+    Four batched ops whatever q is, where the recurrence would take q dependent steps.
+    """
+    b, q, nh, p = x.shape
+    a = dt * A
+    cs = torch.cumsum(a, dim=1)  # [b, q, H]
+    seg = cs[:, :, None, :] - cs[:, None, :, :]  # [b, t, s, H]
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    w = torch.exp(seg.masked_fill(~causal[None, :, :, None], float("-inf"))) * dt[:, None, :, :]  # [b, t, s, H]
+    # inputs x_s B_s^T as one [b*H, s, P*N] operand so the sum over s is a single batched matmul
+    xb = (x[..., None] * bm[:, :, None, None, :]).permute(0, 2, 1, 3, 4).reshape(b * nh, q, p * bm.shape[-1])
+    wt = w.permute(0, 3, 1, 2).reshape(b * nh, q, q)
+    states = torch.bmm(wt, xb).view(b, nh, q, p, -1).transpose(1, 2)  # [b, t, H, P, N]
+    states = states + torch.exp(cs)[..., None, None] * h0[:, None]
+    y = (states * cm[:, :, None, None, :]).sum(-1)  # h_t C_t: [b, t, H, P]
+    return y, states
+
+
+def causal_conv(xcat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv of the serving path: xcat [b, C, d_conv-1+L] -> [b, C, L].
+
+    conv[c, t] = bias[c] + sum_j weight[c, 0, j] xcat[c, t + j]. As an unfold and a multiply-add it is a
+    few tiny ops; oneDNN's grouped convolution costs tens of microseconds per call at these sizes. The
+    cache-free reference keeps `F.conv1d`, so the cache tests compare the two.
+    """
+    windows = xcat.unfold(2, weight.shape[-1], 1)  # [b, C, L, d_conv] (a view)
+    return torch.einsum("bclk,ck->bcl", windows, weight[:, 0]) + bias[:, None]
+
+
 def ssd_step(
     x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,7 +484,7 @@ class Mamba(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: CacheContext | None) -> torch.Tensor:
         b, n, _ = x.shape
-        zxbcdt = self.in_proj(x)
+        zxbcdt = apply_linear(x, self.in_proj)
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
         if ctx is None:
             conv_state = xbc.new_zeros(b, self.conv_dim, self.d_conv - 1)
@@ -402,7 +497,10 @@ class Mamba(nn.Module):
             keep = ctx.keep_states
         # Causal depthwise conv over (previous d_conv-1 inputs ++ this forward's inputs).
         xcat = torch.cat((conv_state.to(xbc.dtype), xbc.transpose(1, 2)), dim=2)  # [b, C, d_conv-1+L]
-        conv = F.conv1d(xcat, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)  # [b, C, L]
+        if ctx is None:
+            conv = F.conv1d(xcat, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)  # [b, C, L]
+        else:
+            conv = causal_conv(xcat, self.conv1d.weight, self.conv1d.bias)
         xbc = F.silu(conv.transpose(1, 2))
         xs, bm, cm = torch.split(xbc, [self.d_inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float())
@@ -415,13 +513,17 @@ class Mamba(nn.Module):
             y, h = ssd_step(xh[:, 0], dt[:, 0], A, bm[:, 0].float(), cm[:, 0].float(), h0.float())
             y = y[:, None]
             tail = h[:, None] if keep else None
+        elif ctx is not None and n <= keep:
+            # A speculative verify (or a short prefill): the cache keeps every per-position state.
+            y, tail = ssd_short(xh, dt, A, bm.float(), cm.float(), h0.float())
+            h = tail[:, -1]
         else:
             y, h, tail = ssd_scan(xh, dt, A, bm.float(), cm.float(), h0.float(), keep=keep)
         if ctx is not None:
             ctx.mamba_commit(self.layer, xcat.transpose(1, 2), tail if tail is not None else h[:, None])
         y = y + self.D.float()[:, None] * xh
         y = self.norm(y.reshape(b, n, self.d_inner).to(x.dtype), z)
-        return self.out_proj(y)
+        return apply_linear(y, self.out_proj)
 
 
 class MLP(nn.Module):
@@ -431,6 +533,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up: torch.Tensor | None = None  # set by fuse()
+        self.gate_up_packed: PackedLinear | None = None  # set by pack()
 
     def fuse(self) -> None:
         """One matmul for gate and up (their weights become views into the fused tensor)."""
@@ -439,10 +542,16 @@ class MLP(nn.Module):
         self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
         self.gate_up = w
 
+    def pack(self) -> None:
+        if self.gate_up is not None:
+            self.gate_up_packed = PackedLinear(self.gate_up, None)
+        self.down_proj.packed = PackedLinear(self.down_proj.weight, None)  # type: ignore[assignment]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            gu = self.gate_up_packed(x) if self.gate_up_packed is not None else F.linear(x, self.gate_up)
+            gate, up = gu.chunk(2, dim=-1)
+            return apply_linear(F.silu(gate) * up, self.down_proj)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -514,7 +623,35 @@ class HybridForCausalLM(nn.Module):
             if layer.kind != "mamba":
                 layer.self_attn.fuse()
             layer.mlp.fuse()
+        self._pack()
         return self
+
+    def _pack(self) -> None:
+        """Prepack every serving matmul for oneDNN (CPU float32 only; see PackedLinear)."""
+        nbytes = sum(p.numel() * p.element_size() for p in self.parameters())
+        if nbytes > PACKED_MAX_BYTES or not _can_pack(self.lm_head.weight):
+            return
+        try:
+            for layer in self.model.layers:
+                if layer.kind == "mamba":
+                    layer.mixer.in_proj.packed = PackedLinear(layer.mixer.in_proj.weight, None)
+                    layer.mixer.out_proj.packed = PackedLinear(layer.mixer.out_proj.weight, None)
+                else:
+                    layer.self_attn.pack()
+                layer.mlp.pack()
+            self.lm_head.packed = PackedLinear(self.lm_head.weight, None)  # type: ignore[assignment]
+        except RuntimeError:
+            # A torch build whose oneDNN refuses to pack: the default kernels serve everything.
+            self._unpack()
+
+    def _unpack(self) -> None:
+        for mod in self.modules():
+            if isinstance(mod, nn.Linear):
+                mod.packed = None  # type: ignore[assignment]
+            elif isinstance(mod, Attention):
+                mod.qkv_packed = None
+            elif isinstance(mod, MLP):
+                mod.gate_up_packed = None
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

@@ -22,6 +22,7 @@ import torch
 from specctl.engine.cache import HybridCache
 from specctl.engine.checkpoint import load_model, model_config, weights_hash
 from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
+from specctl.engine.model import apply_linear
 from specctl.engine.tokenizer import Tokenizer, load_tokenizer
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import ModelFacts, resolve_model_dir
@@ -135,7 +136,7 @@ class ModelRunner:
             for it in items:
                 self.cache.requests[it.rid].length = it.start_pos + len(it.token_ids)
             flat = torch.cat([h for h in hidden_rows if h is not None], dim=0)
-            return self.model.lm_head(flat).float()
+            return apply_linear(flat, self.model.lm_head).float()
 
     # ---- PD facts --------------------------------------------------------------------------------
 

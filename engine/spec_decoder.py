@@ -47,6 +47,7 @@ from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
+from specctl.engine.trace import TraceWriter
 from specctl.engine.verify import greedy_verify, rejection_verify
 from specctl.errors import RuntimeFailure
 
@@ -169,9 +170,13 @@ class SpeculativeDecoder:
         self.max_batch_size = int(config.max_batch_size)
         vocab = int(runner.facts.vocab_size)
         device = torch.device(runner.device)
+        # `--trace-steps K` drafts K every step whatever the policy says (a counterfactual-complete
+        # trace, engine/trace.py); K gets its runtime state like any selectable step.
+        self.trace_steps: int | None = getattr(config, "trace_steps", None)
+        selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps else set())
         self.states: dict[int, RuntimeState] = {
             s: RuntimeState.build(s, self.max_batch_size, vocab, device, self.drafter.samples)
-            for s in coverage.required_states
+            for s in sorted(selectable)
         }
         self.lookahead = max(self.states) + 1
         runner_max = getattr(runner, "max_draft_tokens", None)
@@ -189,9 +194,26 @@ class SpeculativeDecoder:
                           "emitted_tokens": 0}
         self._draft_s = 0.0
         self._verify_s = 0.0
+        self.trace: TraceWriter | None = None
+        if getattr(config, "trace_out", None):
+            self.trace = TraceWriter(config.trace_out, trace_steps=self.trace_steps)
+
+    def pin_steps(self, steps: int) -> None:
+        """Profiling (`specctl adaptive profile`): run every batch at `steps`, bypassing the policy. A step
+        without a runtime state gets one built here (never on the serving path); it must fit the lookahead
+        the scheduler was given, so build the engine with `trace_steps` = the largest step to pin."""
+        if steps < 0 or steps + 1 > self.lookahead:
+            raise RuntimeFailure(f"cannot pin steps {steps}: this decoder verifies at most {self.lookahead} "
+                                 "positions", hint="build the EngineConfig with trace_steps = the largest step")
+        if steps not in self.states:
+            self.states[steps] = RuntimeState.build(steps, self.max_batch_size, int(self.runner.facts.vocab_size),
+                                                    torch.device(self.runner.device), self.drafter.samples)
+        self.trace_steps = steps
 
     # -- the Decoder seam ----------------------------------------------------------------------
     def current_steps(self, batch_size: int) -> int:
+        if self.trace_steps is not None:
+            return self.trace_steps
         return self.policy.steps_for_batch(batch_size) if self.policy is not None else self.initial_steps
 
     def decode(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -258,7 +280,10 @@ class SpeculativeDecoder:
         self._counters["draft_tokens"] += sum(nd)
         self._counters["accepted_tokens"] += sum(acc)
         self._counters["emitted_tokens"] += sum(a + 1 for a in acc)
-        if self.policy is not None:
+        if self.trace is not None:
+            self.trace.record(batch_size=b, steps=steps, accepted=acc, drafted=nd, rids=[s.rid for s in seqs],
+                              draft_s=t1 - t0, verify_s=t2 - t1)
+        if self.policy is not None and self.trace_steps is None:
             self.policy.on_verify_complete(acc, b)
         return new_tokens
 
@@ -272,7 +297,11 @@ class SpeculativeDecoder:
         logits = self.runner.forward([ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs])
         ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
         attach_logprobs(seqs, logits, ids)
-        self._verify_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self._verify_s += dt
+        if self.trace is not None:
+            self.trace.record(batch_size=b, steps=0, accepted=[0] * b, drafted=[0] * b,
+                              rids=[s.rid for s in seqs], draft_s=0.0, verify_s=dt)
         self._batches_per_steps[0] += 1
         self._counters["verify_batches"] += 1
         self._counters["verify_requests"] += b
@@ -349,6 +378,8 @@ class SpeculativeDecoder:
             "verify_s": self._verify_s,
             "drafter": self.drafter.stats(),
         }
+        if self.trace is not None:
+            out["trace"] = {"path": self.trace.path, "records": self.trace.records, "trace_steps": self.trace_steps}
         if self.policy is not None:
             snap = self.policy.snapshot()
             out["buckets"] = snap["buckets"]  # per bucket: current steps, ema, batches, candidates

@@ -89,8 +89,10 @@ def rejection_verify(
     """
     b, k1, _v = target_probs.shape
     k = k1 - 1
-    tokens = out_tokens if out_tokens is not None else torch.empty(b, k1, dtype=torch.long, device=target_probs.device)
-    accepted = torch.zeros(b, dtype=torch.long, device=target_probs.device)
+    dev = target_probs.device
+    tokens = out_tokens if out_tokens is not None else torch.empty(b, k1, dtype=torch.long, device=dev)
+    nd = num_drafts.tolist()
+    acc = [0] * b
     if k:
         tokens[:, :k] = draft_tokens
         safe_drafts = draft_tokens.clamp(min=0)
@@ -101,46 +103,44 @@ def rejection_verify(
         else:
             q_at_draft = draft_probs.gather(2, safe_drafts.unsqueeze(2)).squeeze(2)
         # min(1, p/q); q(d) > 0 because d was drawn from q (the clamp only guards padding).
-        accept_prob = (p_at_draft / q_at_draft.clamp(min=1e-30)).clamp(max=1.0)
-    nd = num_drafts.tolist()
-    for i in range(b):
-        gen = generators[i] if i < len(generators) else None
-        n = nd[i]
-        a = 0
-        if n:
+        accept_prob = (p_at_draft / q_at_draft.clamp(min=1e-30)).clamp(max=1.0).tolist()
+        for i in range(b):
+            n = nd[i]
+            if not n:
+                continue
+            gen = generators[i] if i < len(generators) else None
             # One uniform per draft, drawn up front from the request's own generator (reproducible).
-            u = torch.rand(n, generator=gen, device=_gen_device(gen, target_probs))
-            ok = (u.to(accept_prob.device) < accept_prob[i, :n]).tolist()
-            while a < n and ok[a]:
+            u = torch.rand(n, generator=gen, device=_gen_device(gen, target_probs)).tolist()
+            a = 0
+            while a < n and u[a] < accept_prob[i][a]:
                 a += 1
-        accepted[i] = a
-        if a < n:
-            # Rejected d_{a+1}: sample from normalize(max(0, p - q)) at that position.
-            p = target_probs[i, a]
-            if draft_probs is None:
-                residual = p.clone()
-                residual[int(draft_tokens[i, a])] = 0.0  # p - onehot(d), clipped at 0
-            else:
-                residual = (p - draft_probs[i, a]).clamp(min=0.0)
-            total = float(residual.sum())
-            # Exact arithmetic never reaches here with residual == 0 (that needs p <= q everywhere, i.e.
-            # p == q, where the accept probability is 1); float rounding can, and then p itself is correct.
-            dist = residual / total if total > 0.0 else p
+            acc[i] = a
+    accepted = torch.tensor(acc, dtype=torch.long, device=dev)
+    rows = torch.arange(b, device=dev)
+    # The distribution of each request's one target-chosen token, all rows at once: at the first
+    # rejected position j = a the residual normalize(max(0, p_j - q_j)); after all n accepted, p_{n+1}
+    # (row n of the target's output, which is where a == n points too).
+    p = target_probs[rows, accepted]  # [B, V]
+    rejected = accepted < torch.tensor(nd, dtype=torch.long, device=dev)
+    if bool(rejected.any()):
+        j = accepted.clamp(max=max(k - 1, 0))
+        if draft_probs is None:
+            q = torch.zeros_like(p).scatter_(1, draft_tokens[rows, j].clamp(min=0).unsqueeze(1), 1.0)  # p - onehot(d)
         else:
-            # Every draft accepted: the bonus token comes from the target's next-position distribution.
-            dist = target_probs[i, n]
-        tokens[i, a] = _sample_one(dist, gen)
+            q = draft_probs[rows, j]
+        residual = (p - q).clamp(min=0.0)
+        total = residual.sum(dim=-1, keepdim=True)
+        # Exact arithmetic never reaches total == 0 at a rejection (that needs p <= q everywhere, i.e.
+        # p == q, where the accept probability is 1); float rounding can, and then p itself is correct.
+        use = rejected.unsqueeze(1) & (total > 0.0)
+        dist = torch.where(use, residual / total.clamp(min=1e-30), p)
+    else:
+        dist = p
+    # One draw per request from its own generator, after its uniforms: the same draws as one at a time.
+    gens = [generators[i] if i < len(generators) else None for i in range(b)]
+    tokens.scatter_(1, accepted.unsqueeze(1), sample_from_probs(dist, gens).unsqueeze(1))
     return accepted, tokens
 
 
 def _gen_device(gen: torch.Generator | None, like: torch.Tensor) -> torch.device:
     return gen.device if gen is not None else like.device
-
-
-def _sample_one(dist: torch.Tensor, gen: torch.Generator | None) -> int:
-    """One draw from a probability vector with the request's generator.
-
-    The same inverse-CDF draw (one uniform) as plain sampling, so steps 0 through this path reproduces
-    plain decoding's seeded samples exactly.
-    """
-    return int(sample_from_probs(dist.unsqueeze(0), [gen])[0])

@@ -77,6 +77,10 @@ STRICT = (
     "engine/penalties.py",
     "bench/request.py",
     "bench/metrics.py",
+    "engine/trace.py",
+    "engine/tune.py",
+    "engine/profile.py",
+    "bench/ab.py",
 )
 
 

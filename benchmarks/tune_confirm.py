@@ -1,0 +1,115 @@
+"""Does `specctl adaptive tune`'s prediction hold? trace -> profile -> tune -> `bench --ab`, per workload.
+
+For each workload (bench's `code` and `random` datasets by default) on a launched deployment (tiny-pd):
+
+1. `specctl bench -c DEPLOY --trace-out T --trace-steps K` records a counterfactual verify trace;
+2. `specctl adaptive profile -c DEPLOY --threads N` measures the step costs once (N = the threads the
+   launcher gives the decoding process: cpu_count / engine processes);
+3. `specctl adaptive tune DEPLOY --trace T --cost C --format json` recommends a config and predicts its
+   speed-up over no speculation;
+4. the recommendation is written into a copy of the deployment, and `specctl bench -c COPY --ab
+   speculative.algorithm=none` measures the same ratio (interleaved rounds, bootstrap CI).
+
+The issue-13 target: predicted within 10% of measured on two workloads. Prints a table, then a last-line
+JSON summary (with each recommendation). Ports: --port-base (default 34100) and up, on 127.0.0.1.
+
+    python benchmarks/tune_confirm.py [--deploy tiny-pd] [--workloads code,random] [--num-prompts 32]
+                                      [--concurrency 4] [--output-len 64] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, env=env,
+                         timeout=1800)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+        raise SystemExit(f"specctl {' '.join(args[:3])} failed with exit {out.returncode}")
+    return out
+
+
+def deployment_with(deploy: str, rec: dict[str, Any], path: Path, env: dict[str, str]) -> Path:
+    """A copy of the deployment whose speculative block runs the tune recommendation."""
+    shown = cli("presets", "show", deploy, env=env).stdout if not Path(deploy).exists() else Path(deploy).read_text()
+    doc = yaml.safe_load(shown)
+    cfg = rec["sglang_adaptive_config"]
+    buckets = {int(k): v for k, v in cfg.items() if k.isdigit()}
+    spec = doc.setdefault("speculative", {})
+    spec["num_steps"] = rec["initial_steps"]
+    spec["adaptive"] = {"strategy": "ema", "buckets": buckets}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--deploy", default="tiny-pd")
+    ap.add_argument("--workloads", default="code,random")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--trace-steps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2))
+    ap.add_argument("--port-base", type=int, default=34100)
+    args = ap.parse_args()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = args.port_base
+    ports = ["--set", f"roles.router.port={p}", "--set", f"roles.prefill.port={p + 1}", "--set",
+             f"roles.decode.port={p + 2}", "--set", f"roles.prefill.bootstrap_port={p + 3}"]
+    load = ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
+            "--random-output-len", str(args.output_len), "--random-input-len", "128", "--no-progress"]
+    tmp = Path(tempfile.mkdtemp(prefix="tune_confirm_"))
+    cost = tmp / "cost.json"
+    cli("adaptive", "profile", "-c", args.deploy, "--threads", str(args.threads), "--batch-sizes",
+        ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost), env=env)
+    rows = []
+    for kind in args.workloads.split(","):
+        trace = tmp / f"{kind}.trace.jsonl"
+        cli("bench", "-c", args.deploy, *ports, "--dataset-name", kind, *load, "--trace-out", str(trace),
+            "--trace-steps", str(args.trace_steps), "--seed", "11", env=env)
+        tuned = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(trace), "--cost", str(cost),
+                               "--format", "json", env=env).stdout)
+        copy = deployment_with(args.deploy, tuned["recommended"], tmp / f"{kind}.deploy.yaml", env)
+        out = json.loads(cli("bench", "-c", str(copy), *ports, "--dataset-name", kind, *load, "--ab",
+                             "speculative.algorithm=none", "--ab-rounds", str(args.rounds), "--format", "json",
+                             env=env).stdout)
+        none_row = out["comparison"]["variants"][1]["output_throughput_ratio"]
+        measured = 1.0 / none_row["ratio"]
+        lo, hi = none_row["ci95"]
+        ci = [1.0 / hi if isinstance(hi, (int, float)) else None, 1.0 / lo if isinstance(lo, (int, float)) else None]
+        predicted = tuned["speedup"]["vs_none"]
+        rows.append({"workload": kind, "predicted_vs_none": round(predicted, 3), "measured_vs_none": round(measured, 3),
+                     "measured_ci95": [round(x, 3) if x else None for x in ci],
+                     "predicted_over_measured": round(predicted / measured, 3),
+                     "within_10pct": abs(predicted / measured - 1) <= 0.10,
+                     "recommended": tuned["recommended"]["sglang_adaptive_config"],
+                     "initial_steps": tuned["recommended"]["initial_steps"],
+                     "predicted_vs_best_fixed": round(tuned["speedup"]["vs_best_fixed"], 3),
+                     "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3)})
+        r = rows[-1]
+        print(f"{kind:8s} predicted {r['predicted_vs_none']:.2f}x none, measured {r['measured_vs_none']:.2f}x "
+              f"[{r['measured_ci95'][0]}, {r['measured_ci95'][1]}]  pred/meas {r['predicted_over_measured']:.2f}",
+              file=sys.stderr)
+    print(f"{'workload':8s} {'predicted':>9s} {'measured':>9s} {'95% CI':>16s} {'pred/meas':>9s}")
+    for r in rows:
+        print(f"{r['workload']:8s} {r['predicted_vs_none']:9.2f} {r['measured_vs_none']:9.2f} "
+              f"{str(r['measured_ci95']):>16s} {r['predicted_over_measured']:9.2f}")
+    print(json.dumps({"bench": "tune_confirm", "deploy": args.deploy, "threads": args.threads, "rows": rows,
+                      "all_within_10pct": all(r["within_10pct"] for r in rows)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Step-cost profiling: the wall time of one decode step (draft + verify) per (batch size, steps).
+
+`profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with
+its runtime sized for the largest step, and for each batch size keeps that many requests decoding
+(greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify, so profile at
+the temperature the workload uses) while it pins the decoder to each step in turn
+(`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed
+over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
+drift on a shared machine hits every point alike;
+a point's cost is the median over all its timed steps. Requests that finish are replaced before the
+next timing (a step always runs the full batch). The result is a `specctl.engine.tune.CostModel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specctl.engine.config import EngineConfig
+from specctl.engine.tune import CostModel
+from specctl.errors import UsageError
+
+# Code-like text so a draft model agrees with the target about as often as it does on real prompts.
+_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        path = os.path.join("
+
+
+def _threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def profile_costs(
+    config: EngineConfig,
+    batch_sizes: Sequence[int],
+    steps: Sequence[int],
+    *,
+    rounds: int = 3,
+    iters: int = 6,
+    temperature: float = 0.0,
+    progress: Callable[[str], None] | None = None,
+) -> CostModel:
+    from specctl.engine.engine import Engine
+    from specctl.engine.sampling import SamplingParams
+
+    if config.algorithm == "none":
+        raise UsageError("the deployment does not speculate (speculative.algorithm: none): nothing to profile",
+                         hint="profile the speculative deployment; steps 0 is measured as its plain decode")
+    too_big = [b for b in batch_sizes if b > config.max_batch_size]
+    if too_big:
+        raise UsageError(f"--batch-sizes {too_big} exceed serve.max_batch_size {config.max_batch_size}",
+                         hint="pick batch sizes the deployment can run")
+    kmax = max(steps)
+    engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
+    decoder: Any = engine.decoder
+    tokens_per_round = iters * (kmax + 1) + 8
+    # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
+    params = SamplingParams(max_tokens=rounds * len(steps) * tokens_per_round + 64, ignore_eos=True,
+                            temperature=temperature, seed=0 if temperature > 0 else None)
+    samples: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
+    for b in batch_sizes:
+        rids: list[int] = []
+
+        def refill(rids: list[int] = rids, b: int = b) -> None:
+            live = [r for r in rids if r in engine._seqs]
+            rids[:] = live
+            while len(rids) < b:
+                rids.append(engine.add_request(_PROMPT, params))
+            # step until every request is decoding (prefilled, first token out)
+            while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
+                engine.step()
+
+        for _ in range(rounds):
+            for k in steps:
+                decoder.pin_steps(k)
+                refill()
+                engine.step()  # warm this step's path
+                refill()
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    engine.step()
+                    samples[b][k].append(time.perf_counter() - t0)
+                    refill()
+        for r in list(rids):
+            engine.abort(r)
+        while engine.has_unfinished():
+            engine.step()
+        if progress is not None:
+            row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
+            progress(f"batch {b}: {row}")
+    table = {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
+    meta = {
+        "deployment": config.name,
+        "target": config.model_ref,
+        "algorithm": config.algorithm,
+        "draft": config.speculative.get("draft"),
+        "device": str(engine.runner.device),
+        "threads": _threads(),
+        "rounds": rounds,
+        "temperature": temperature,
+        "iters": iters,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return CostModel(table, meta)

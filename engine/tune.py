@@ -1,0 +1,488 @@
+"""Adaptive-config tuning: replay a verify trace counterfactually through the policy, against a cost model.
+
+Contract:
+
+- `CostModel` is what `specctl adaptive profile` writes: the wall time of one decode step (draft +
+  verify) per (batch size, steps) on one machine, steps 0 being plain decoding. `step_time(b, k)`
+  interpolates linearly between measured batch sizes (and extrapolates from the last two).
+- `replay(cfg, records, cost, ...)` runs the trace through the engine's own policy
+  (`specctl.engine.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
+  a verify that drafted K tokens and accepted a of them would have accepted min(a, k) with any k <= K
+  (greedy acceptance is a prefix test). Each trace record is one verify of the replayed run: it emits
+  min(a, k) + 1 tokens per request and costs `step_time(batch, k)`; the policy is fed the
+  counterfactual accepted counts (zeros at steps 0, as the engine does). Predicted throughput is the
+  workload's tokens over the time they take at the replayed rate per batch size (`Prediction`). A
+  step above what a record drafted is only a lower bound (min(a, k) = a) and is counted in
+  `Prediction.lower_bound_verifies`; `tune` never proposes one.
+- `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
+  keys), candidate-step sets of up to three steps and then knobs (`ema_alpha`, `update_interval`,
+  `down_hysteresis`) for the best few, maximising predicted tokens/s over the records routed to that
+  bucket; then picks the initial steps. It returns the recommended config as SGLang JSON and as a
+  deployment snippet, the predictions for the current config, the best fixed step and no speculation,
+  and the recommendation's own validation (`step_coverage` findings and the reachable table: the
+  functions `specctl validate` runs).
+
+Torch-free (it imports only the policy and the schemas), so it runs wherever `validate` runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specctl.engine.adaptive import AdaptivePolicy
+from specctl.engine.trace import TraceRecord
+from specctl.errors import UsageError
+from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs, StepCoverage, parse_sglang_config, step_coverage
+from specctl.schemas.findings import Finding
+
+COST_KIND = "specctl-cost-model"
+COST_VERSION = 1
+MAX_SET_SIZE = 3
+ALPHAS = (0.2, 0.5, 0.8)
+INTERVALS = (2, 5, 20)
+DOWN_HYSTERESES = (-0.25, 0.0)
+FINALISTS = 6  # candidate sets whose knobs are searched
+MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evidence, keep the user's bucket
+
+
+# ---- cost model ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of one decode step per (batch size, steps), measured on one machine."""
+
+    step_s: Mapping[int, Mapping[int, float]]  # batch size -> steps -> seconds
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.step_s))
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """Steps measured at every batch size."""
+        sets = [set(v) for v in self.step_s.values()]
+        return tuple(sorted(set.intersection(*sets))) if sets else ()
+
+    def step_time(self, batch_size: int, steps: int) -> float:
+        sizes = self.batch_sizes
+        if steps not in self.steps:
+            raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(self.steps)})",
+                             hint="re-run `specctl adaptive profile` with --steps covering it")
+        if batch_size in self.step_s:
+            return float(self.step_s[batch_size][steps])
+        if len(sizes) == 1:
+            return float(self.step_s[sizes[0]][steps]) * batch_size / sizes[0]
+        lo, hi = sizes[0], sizes[1]
+        for a, b in itertools.pairwise(sizes):
+            lo, hi = a, b
+            if batch_size < b:
+                break
+        tl, th = self.step_s[lo][steps], self.step_s[hi][steps]
+        t = tl + (th - tl) * (batch_size - lo) / (hi - lo)
+        return float(max(t, min(tl, th) * 0.5))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": COST_KIND,
+            "version": COST_VERSION,
+            **dict(self.meta),
+            "batch_sizes": list(self.batch_sizes),
+            "steps": list(self.steps),
+            "step_s": {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.step_s.items())},
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, *, source: str = "cost model") -> CostModel:
+        hint = "write one with `specctl adaptive profile -c DEPLOY --output cost.json`"
+        if not isinstance(obj, dict) or obj.get("kind") != COST_KIND:
+            raise UsageError(f"{source}: not a specctl cost model (kind {COST_KIND!r} missing)", hint=hint)
+        table = obj.get("step_s")
+        if not isinstance(table, dict) or not table:
+            raise UsageError(f"{source}: step_s must map batch sizes to {{steps: seconds}}", hint=hint)
+        out: dict[int, dict[int, float]] = {}
+        for bkey, row in table.items():
+            try:
+                b = int(bkey)
+            except ValueError:
+                b = 0
+            if b < 1 or not isinstance(row, dict) or not row:
+                raise UsageError(f"{source}: step_s.{bkey}: expected a positive batch size with a steps table",
+                                 hint=hint)
+            out[b] = {}
+            for kkey, sec in row.items():
+                try:
+                    k = int(kkey)
+                except ValueError:
+                    k = -1
+                ok = isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec) and sec > 0
+                if k < 0 or not ok:
+                    raise UsageError(f"{source}: step_s.{bkey}.{kkey}: expected steps >= 0 -> seconds > 0, "
+                                     f"got {kkey!r}: {sec!r}", hint=hint)
+                out[b][k] = float(sec)
+        cm = cls(out, {k: v for k, v in obj.items() if k not in ("kind", "version", "step_s", "batch_sizes", "steps")})
+        if not cm.steps:
+            raise UsageError(f"{source}: no steps value is measured at every batch size", hint=hint)
+        return cm
+
+
+def read_cost(path: str | Path) -> CostModel:
+    try:
+        obj = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read cost model: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: not valid JSON ({str(exc).split(':')[0]})") from None
+    return CostModel.from_json(obj, source=str(path))
+
+
+# ---- counterfactual replay -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What replaying the trace under one config predicts.
+
+    The replayed run has as many verifies as the trace, so it emits a different number of tokens than the
+    recorded one; a real run emits the workload's tokens and takes longer or shorter. So throughput is
+    predicted per batch size (tokens / seconds of the replayed verifies at that size) and combined with
+    the workload's own token counts as weights: time = sum_b W_b / rate_b, tokens/s = sum_b W_b / time,
+    W_b = the tokens the trace's verifies at batch size b emitted. Buckets own disjoint batch sizes, so
+    maximising each bucket's time separately maximises the total.
+    """
+
+    tokens: int
+    seconds: float
+    verifies: int
+    batches_per_steps: dict[int, int]
+    switches: int
+    lower_bound_verifies: int = 0
+    by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
+
+    @property
+    def predicted_seconds(self) -> float:
+        """Seconds the workload's tokens take at the replayed per-batch-size rates."""
+        return sum(w * sec / tok for tok, sec, w in self.by_batch.values() if tok > 0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        if not self.by_batch:
+            return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        t = self.predicted_seconds
+        return sum(w for _, _, w in self.by_batch.values()) / t if t > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_s": self.tokens_per_s,
+            "replayed_tokens": self.tokens,
+            "replayed_seconds": self.seconds,
+            "verifies": self.verifies,
+            "batches_per_steps": {str(k): v for k, v in sorted(self.batches_per_steps.items())},
+            "switches": self.switches,
+            "lower_bound_verifies": self.lower_bound_verifies,
+        }
+
+
+def trace_depth(records: Sequence[TraceRecord]) -> int:
+    """The largest k the trace answers for every verify: its --trace-steps, else the smallest steps run."""
+    ts = {r.trace_steps for r in records if r.trace_steps is not None}
+    if ts:
+        return min(ts)
+    steps = [r.steps for r in records if r.steps is not None and r.steps > 0]
+    if not steps:
+        raise UsageError(
+            "the trace records no steps: an `adaptive simulate` trace says what was accepted, not what was drafted",
+            hint="record one with `specctl serve --trace-out FILE --trace-steps 7` (or `bench --trace-out`)",
+        )
+    return min(steps)
+
+
+def _drafted(rec: TraceRecord) -> tuple[int, ...]:
+    d = rec.drafted_per_request
+    return d if d is not None else rec.accepted
+
+
+def replay(
+    cfg: AdaptiveConfig,
+    records: Sequence[TraceRecord],
+    cost: CostModel,
+    *,
+    initial_steps: int,
+    graph_batch_sizes: Sequence[int] = (),
+) -> Prediction:
+    """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring)."""
+    policy = AdaptivePolicy(cfg, initial_steps=initial_steps, graph_batch_sizes=graph_batch_sizes,
+                            clock=lambda: 0.0)
+    tokens = 0
+    seconds = 0.0
+    used: Counter[int] = Counter()
+    lower = 0
+    by_batch: dict[int, list[float]] = {}
+    for rec in records:
+        n = len(rec.accepted)
+        if n == 0:
+            continue
+        row = by_batch.setdefault(rec.batch_size, [0.0, 0.0, 0.0])
+        row[2] += sum(rec.accepted) + n  # what the recorded run emitted: the workload's weight
+        state = policy.bucket_for_batch(rec.batch_size)
+        k = state.steps
+        if k == 0:
+            acc = [0] * n
+        else:
+            drafted = _drafted(rec)
+            if any(a == d and k > d for a, d in zip(rec.accepted, drafted, strict=True)):
+                lower += 1
+            acc = [min(a, k) for a in rec.accepted]
+        dt = cost.step_time(rec.batch_size, k)
+        tokens += sum(acc) + n
+        seconds += dt
+        row[0] += sum(acc) + n
+        row[1] += dt
+        used[k] += 1
+        policy.on_verify_complete(acc, rec.batch_size)
+    table = {b: (int(t), sec, int(w)) for b, (t, sec, w) in by_batch.items()}
+    return Prediction(tokens, seconds, sum(used.values()), dict(used), len(policy.switches), lower, table)
+
+
+class Unanswerable(ValueError):
+    """The trace does not determine what a replayed verify would have accepted."""
+
+
+def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool = True) -> dict[int, list[int]]:
+    """Exact per-request replay of greedy decoding at fixed `steps` from a deeper trace (needs `rids`).
+
+    With greedy target and drafter, what a verify accepts depends only on where it starts: the drafter's
+    proposals are its greedy continuation of the (correct) text, so a verify starting at output position
+    p accepts min(L(p), drafted), L(p) being how many of the drafter's next tokens match the target's
+    from p. A traced verify at p that drafted d and accepted a < d fixes L(p + j) = a - j for j <= a; one
+    that accepted all d only bounds L(p + j) >= d - j. Following each request's verifies in trace order
+    gives those facts; replaying `steps` then walks the same positions the real run would (drafting
+    min(steps, tokens left - 1), as the engine caps it). Returns rid -> accepted drafts per verify, the
+    `accepted_per_step` a real run at `steps` records. Where the trace only bounds L below the drafted
+    count (a position right after a fully accepted traced verify) it raises `Unanswerable`, or with
+    `strict=False` ends that request's list there (a prefix of the real run's).
+    """
+    exact: dict[int, dict[int, int]] = {}
+    lower: dict[int, dict[int, int]] = {}
+    total: dict[int, int] = {}
+    for rec in records:
+        if rec.rids is None:
+            raise UsageError("the trace has no rids: positional replay needs an engine trace (--trace-out)")
+        for rid, a, d in zip(rec.rids, rec.accepted, _drafted(rec), strict=True):
+            p = total.get(rid, 0)
+            ex, lo = exact.setdefault(rid, {}), lower.setdefault(rid, {})
+            for j in range(a + 1):
+                if a < d:
+                    ex[p + j] = a - j
+                else:
+                    lo[p + j] = d - j
+            total[rid] = p + a + 1
+    out: dict[int, list[int]] = {}
+    for rid, n in total.items():
+        accepted: list[int] = []
+        p = 0
+        while p < n:
+            # tokens emitted by verifies so far: p; the engine drafts at most max_tokens - len(output) - 1
+            # = (n + 1) - (p + 1) - 1 = n - 1 - p (n + 1 tokens in all, the first one from prefill)
+            drafted = max(0, min(steps, n - 1 - p))
+            if drafted == 0:
+                a = 0
+            elif p in exact[rid]:
+                a = min(exact[rid][p], drafted)
+            elif lower[rid].get(p, -1) >= drafted:
+                a = drafted
+            elif strict:
+                raise Unanswerable(f"request {rid}: the trace does not say whether {drafted} drafts at output "
+                                   f"position {p} would all be accepted")
+            else:
+                break
+            accepted.append(a)
+            p += a + 1
+        out[rid] = accepted
+    return out
+
+
+def fixed_config(steps: int) -> AdaptiveConfig:
+    """One bucket with one candidate: the policy never moves (fixed steps, or 0 = no speculation)."""
+    return AdaptiveConfig((Bucket(1, (steps,), Knobs()),))
+
+
+# ---- search ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TuneSetup:
+    """What `tune` needs from the current deployment/config (built by the CLI from `load_setup`)."""
+
+    cfg: AdaptiveConfig
+    initial_steps: int
+    graph_batch_sizes: tuple[int, ...] = ()
+    max_batch_size: int | None = None
+    steps: tuple[int, ...] | None = None  # search only these steps (default: every measured step <= the depth)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    recommended: AdaptiveConfig
+    initial_steps: int
+    predicted: Prediction
+    current: Prediction
+    best_fixed_steps: int
+    best_fixed: Prediction
+    none: Prediction
+    allowed_steps: tuple[int, ...]
+    coverage: StepCoverage
+    findings: tuple[Finding, ...]
+    evaluated: int
+
+    def speedups(self) -> dict[str, float]:
+        r = self.predicted.tokens_per_s
+
+        def ratio(p: Prediction) -> float:
+            return r / p.tokens_per_s if p.tokens_per_s else math.inf
+
+        return {"vs_current": ratio(self.current), "vs_best_fixed": ratio(self.best_fixed), "vs_none": ratio(self.none)}
+
+    def sglang_json(self) -> dict[str, Any]:
+        return sglang_json(self.recommended)
+
+    def deployment_snippet(self) -> str:
+        return deployment_snippet(self.recommended, self.initial_steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recommended": {"sglang_adaptive_config": self.sglang_json(), "initial_steps": self.initial_steps,
+                            "deployment_snippet": self.deployment_snippet()},
+            "predicted": self.predicted.to_json(),
+            "current": self.current.to_json(),
+            "best_fixed": {"steps": self.best_fixed_steps, **self.best_fixed.to_json()},
+            "none": self.none.to_json(),
+            "speedup": self.speedups(),
+            "allowed_steps": list(self.allowed_steps),
+            "evaluated_configs": self.evaluated,
+            "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
+        }
+
+
+_KNOB_FIELDS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis",
+                "ceiling_coeff")
+
+
+def sglang_json(cfg: AdaptiveConfig) -> dict[str, Any]:
+    """The config as SGLang's `--speculative-adaptive-config` JSON (every knob written in its bucket)."""
+    out: dict[str, Any] = {}
+    for b in cfg.buckets:
+        entry: dict[str, Any] = {"candidate_steps": list(b.candidate_steps)}
+        for name in _KNOB_FIELDS:
+            entry[name] = getattr(b.knobs, name)
+        out[str(b.min_batch_size)] = entry
+    return out
+
+
+def deployment_snippet(cfg: AdaptiveConfig, initial_steps: int) -> str:
+    """The same config as a deployment file's `speculative` block (YAML)."""
+    lines = ["speculative:", f"  num_steps: {initial_steps}", "  adaptive:", "    strategy: ema", "    buckets:"]
+    for b in cfg.buckets:
+        knobs = ", ".join(f"{n}: {getattr(b.knobs, n)}" for n in _KNOB_FIELDS)
+        steps = ", ".join(map(str, b.candidate_steps))
+        lines.append(f"      {b.min_batch_size}: {{candidate_steps: [{steps}], {knobs}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _route_key(cfg: AdaptiveConfig, batch_size: int, graphs: Sequence[int]) -> int:
+    return cfg.route(batch_size, graphs).min_batch_size
+
+
+def _bucket_score(bucket: Bucket, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
+                  initial_steps: int) -> float:
+    """Predicted tokens/s of the bucket's own records (its batch sizes) with the bucket alone in a config."""
+    single = AdaptiveConfig((replace(bucket, min_batch_size=1),))
+    return replay(single, records, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).tokens_per_s
+
+
+def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> TuneResult:
+    """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring)."""
+    records = [r for r in records if r.accepted]
+    if not records:
+        raise UsageError("the trace has no non-empty verify records: nothing to tune on")
+    depth = trace_depth(records)
+    allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
+    if not allowed:
+        raise UsageError(f"the cost model measures steps {list(cost.steps)}, none <= the trace's depth {depth}")
+    graphs = setup.graph_batch_sizes
+    cur = setup.cfg
+    by_bucket: dict[int, list[TraceRecord]] = {b.min_batch_size: [] for b in cur.buckets}
+    for r in records:
+        by_bucket[_route_key(cur, r.batch_size, graphs)].append(r)
+
+    evaluated = 0
+    chosen: list[Bucket] = []
+    for b in cur.buckets:
+        recs = by_bucket[b.min_batch_size]
+        if len(recs) < MIN_BUCKET_RECORDS:
+            chosen.append(b)  # (almost) no evidence for this bucket: keep what the user wrote
+            continue
+        base_knobs = replace(b.knobs, strategy="ema")
+        scored: list[tuple[float, tuple[int, ...]]] = []
+        for size in range(1, MAX_SET_SIZE + 1):
+            for cands in itertools.combinations(allowed, size):
+                score = _bucket_score(Bucket(b.min_batch_size, cands, base_knobs), recs, cost, graphs, -1)
+                evaluated += 1
+                scored.append((score, cands))
+        scored.sort(key=lambda t: (-t[0], len(t[1]), t[1]))
+        best_score, best = scored[0][0], Bucket(b.min_batch_size, scored[0][1], base_knobs)
+        for _, cands in scored[:FINALISTS]:
+            if len(cands) == 1:
+                continue  # a single candidate never moves: knobs change nothing
+            for alpha, interval, down in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES):
+                knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down)
+                cand = Bucket(b.min_batch_size, cands, knobs)
+                score = _bucket_score(cand, recs, cost, graphs, -1)
+                evaluated += 1
+                if score > best_score * (1 + 1e-9):
+                    best_score, best = score, cand
+        chosen.append(best)
+    rec_cfg = AdaptiveConfig(tuple(chosen), strategy="ema")
+
+    # The initial steps: any step of the union (validate's rule); keep the best whole-config prediction.
+    best_init, best_pred = rec_cfg.default_initial_steps, None
+    for init in rec_cfg.union_steps:
+        pred = replay(rec_cfg, records, cost, initial_steps=init, graph_batch_sizes=graphs)
+        if best_pred is None or pred.tokens_per_s > best_pred.tokens_per_s * (1 + 1e-9):
+            best_init, best_pred = init, pred
+    assert best_pred is not None
+
+    current = replay(cur, records, cost, initial_steps=setup.initial_steps, graph_batch_sizes=graphs)
+    fixed = {k: replay(fixed_config(k), records, cost, initial_steps=k) for k in allowed}
+    best_k = max(fixed, key=lambda k: (fixed[k].tokens_per_s, -k))
+    if best_pred.tokens_per_s < fixed[best_k].tokens_per_s:
+        # Per-bucket searches start each bucket at its middle candidate; should the chosen initial steps
+        # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
+        rec_cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,)) for b in rec_cfg.buckets))
+        best_init, best_pred = best_k, replay(rec_cfg, records, cost, initial_steps=best_k,
+                                              graph_batch_sizes=graphs)
+    none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
+
+    findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
+    return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
+                      tuple(findings), evaluated)
+
+
+def validate_recommendation(
+    cfg: AdaptiveConfig, initial_steps: int, setup: TuneSetup
+) -> tuple[list[Finding], StepCoverage]:
+    """Re-parse the recommendation as SGLang JSON and run step coverage on it, as `validate` would."""
+    parsed, findings = parse_sglang_config(sglang_json(cfg))
+    if parsed is None:
+        raise AssertionError(f"tune produced an unparsable config: {findings}")
+    coverage, more = step_coverage(parsed, initial_steps=initial_steps, graph_batch_sizes=setup.graph_batch_sizes,
+                                   max_batch_size=setup.max_batch_size)
+    return findings + more, coverage

@@ -1,0 +1,122 @@
+"""`specctl bench --ab` / `--ab-url` on stub servers with known timings: the known ratios come out.
+
+Stub A streams a token every 8 ms, stub B every 4 ms (first token after one gap too), requests one at a
+time: B's output throughput is 2x A's and its TPOT half, and the bootstrap interval brackets that.
+Also: variants of a deployment get their own free ports; bad --ab values are usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specctl.bench.ab import bootstrap_ratio, parse_ab, port_overrides
+from specctl.bench.stub_server import StubBehaviour, StubServer
+from specctl.cli.main import app
+from specctl.errors import UsageError
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def stubs() -> Iterator[tuple[StubServer, StubServer]]:
+    with StubServer(StubBehaviour(ttft_s=0.008, itl_s=0.008)) as a, StubServer(
+            StubBehaviour(ttft_s=0.004, itl_s=0.004)) as b:
+        yield a, b
+
+
+def test_ab_url_gives_the_known_ratio_with_an_interval(stubs, tmp_path: Path):
+    a, b = stubs
+    out, png = tmp_path / "ab.jsonl", tmp_path / "ab.png"
+    res = runner.invoke(app, ["bench", "--url", a.url, "--ab-url", b.url, "--num-prompts", "20", "--ab-rounds", "5",
+                              "--random-input-len", "8", "--random-output-len", "12", "--max-concurrency", "1",
+                              "--no-progress", "--format", "json", "--output", str(out), "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    *runs, comp = [json.loads(line) for line in res.stdout.splitlines()]  # JSON Lines, as --output appends
+    assert comp["kind"] == "ab-comparison" and [json.loads(x) for x in out.read_text().splitlines()][-1] == comp
+    base, other = runs
+    assert base["completed"] == other["completed"] == 20
+    assert base["ab"]["variant"] == "base" and len(base["ab"]["rounds"]) == 5
+    row = comp["variants"][1]
+    thr = row["output_throughput_ratio"]
+    assert 1.7 < thr["ratio"] < 2.3, thr  # 2x, less the fixed per-request overhead
+    lo, hi = thr["ci95"]
+    assert lo <= thr["ratio"] <= hi and hi - lo < 0.6
+    tpot = row["mean_tpot_ms_ratio"]
+    assert 0.4 < tpot["ratio"] < 0.6, tpot
+    # JSONL: one record per variant, then the comparison
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x.get("kind") for x in lines] == [None, None, "ab-comparison"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png.read_bytes()[16:24])[0] > 100
+    # the text report ends with the comparison table
+    res = runner.invoke(app, ["bench", "--url", a.url, "--ab-url", b.url, "--num-prompts", "4", "--ab-rounds", "2",
+                              "--random-output-len", "4", "--max-concurrency", "1", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "A/B: ratio to base" in res.stdout
+
+
+def test_bootstrap_ratio_is_paired_and_brackets_the_point():
+    base = [{"tokens": 100.0, "duration": d, "ttft_sum": 0.0, "ttft_n": 0.0, "tpot_sum": 0.0, "tpot_n": 0.0,
+             "acc": 2.0} for d in (1.0, 2.0, 1.5, 3.0)]
+    # the variant is exactly 1.5x faster in every round, whatever the round's drift
+    other = [{**r, "duration": r["duration"] / 1.5} for r in base]
+    ratio, lo, hi = bootstrap_ratio(base, other, "output_throughput")
+    assert ratio == pytest.approx(1.5) and lo == pytest.approx(1.5) and hi == pytest.approx(1.5)
+
+
+def test_variants_move_every_role_port_and_bad_values_are_usage_errors():
+    raw = {"roles": {"prefill": {"port": 30001, "bootstrap_port": 8998}, "router": {"port": 30000},
+                     "decode": {"host": "127.0.0.1"}}}
+    moved = port_overrides(raw)
+    keys = sorted(m.split("=")[0] for m in moved)
+    assert keys == ["roles.prefill.bootstrap_port", "roles.prefill.port", "roles.router.port"]
+    ports = [int(m.split("=")[1]) for m in moved]
+    assert len(set(ports)) == 3 and not {30000, 30001, 8998} & set(ports)
+    assert parse_ab(["speculative.algorithm=none", "a=1;b=2"]) == [("speculative.algorithm=none",), ("a=1", "b=2")]
+    for bad in ("novalue", "=3", ""):
+        with pytest.raises(UsageError):
+            parse_ab([bad])
+    res = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--ab", "x=1"])
+    assert res.exit_code == 2 and "-c DEPLOY" in res.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ab_launches_a_variant_next_to_the_deployment_and_traces_the_base(tmp_path: Path) -> None:
+    """The issue's command on the colocated builtin preset: base (speculative) vs algorithm=none."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    trace = tmp_path / "verify.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "specctl.cli", "bench", "-c", "tiny-colocated", "--set", f"roles.colocated.port={port}",
+         "--ab", "speculative.algorithm=none", "--ab-rounds", "2", "--num-prompts", "4", "--max-concurrency", "2",
+         "--dataset-name", "code", "--random-output-len", "12", "--no-progress", "--format", "json",
+         "--trace-out", str(trace), "--trace-steps", "3"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    *runs, comp = [json.loads(line) for line in proc.stdout.splitlines()]
+    base, none = runs
+    assert base["completed"] == none["completed"] == 4
+    assert base["url"] == f"http://127.0.0.1:{port}" and none["url"] != base["url"]  # side by side
+    assert base["deployment"]["config"]["speculative"]["algorithm"] == "draft"
+    assert none["ab"]["overrides"] == ["speculative.algorithm=none"]
+    ratio = comp["variants"][1]["output_throughput_ratio"]["ratio"]
+    assert isinstance(ratio, float) and ratio > 0
+    # only the speculative base verifies: its trace drafts 3 every step
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert lines and all(x["trace_steps"] == 3 and x["steps"] == 3 for x in lines)

@@ -1,0 +1,190 @@
+"""`specctl adaptive tune` on synthetic traces whose optimum is known, and its CLI.
+
+The cost model is synthetic too (a verify of k drafts costs 1 + 0.15 k plain steps), so the right
+answer can be worked out by hand: always-right drafter -> the largest step; never-right -> 0 (no
+speculation); a trace that alternates long always-right and never-right phases -> an adaptive set that
+follows the phases and beats every fixed step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specctl.engine.trace import TraceRecord, read_trace
+from specctl.engine.tune import (
+    CostModel,
+    TuneSetup,
+    Unanswerable,
+    fixed_config,
+    replay,
+    replay_positions,
+    sglang_json,
+    trace_depth,
+    tune,
+)
+from specctl.errors import UsageError
+from specctl.schemas.adaptive import AdaptiveConfig, parse_sglang_config
+
+K = 7
+
+
+def cost_model(per_draft: float = 0.15) -> CostModel:
+    return CostModel({b: {k: 0.001 * b ** 0.5 * (1 + per_draft * k) for k in range(K + 1)} for b in (1, 2, 4, 8)})
+
+
+def records(accepted: list[int], batch: int = 1) -> list[TraceRecord]:
+    return [TraceRecord(line=i + 1, batch_size=batch, accepted=(a,) * batch, steps=K, drafted=(K,) * batch,
+                        trace_steps=K) for i, a in enumerate(accepted)]
+
+
+def setup(cfg: dict | None = None) -> TuneSetup:
+    parsed, findings = parse_sglang_config(cfg or {"1": {"candidate_steps": [1, 3, 5]}})
+    assert parsed is not None and not [f for f in findings if f.severity == "error"]
+    return TuneSetup(parsed, initial_steps=3, max_batch_size=8)
+
+
+def test_always_right_recommends_the_largest_step():
+    res = tune(setup(), records([K] * 300), cost_model())
+    assert res.recommended.bucket(1).candidate_steps[-1] == K
+    assert res.predicted.batches_per_steps.get(K, 0) >= 0.9 * 300
+    assert res.best_fixed_steps == K
+    assert res.speedups()["vs_none"] > 2.5  # 8 tokens for 2.05 steps' cost
+    assert res.speedups()["vs_best_fixed"] >= 0.99
+
+
+def test_never_right_recommends_no_speculation():
+    res = tune(setup(), records([0] * 300), cost_model())
+    assert res.predicted.batches_per_steps.get(0, 0) >= 0.95 * 300
+    assert res.best_fixed_steps == 0
+    assert res.speedups()["vs_none"] >= 0.999
+    # the user's config (1, 3, 5 without a 0) pays for every draft
+    assert res.speedups()["vs_current"] > 1.1
+
+
+def test_phase_change_picks_an_adaptive_set_that_follows_it():
+    phases = ([K] * 150 + [0] * 150) * 3
+    res = tune(setup(), records(phases), cost_model())
+    cands = res.recommended.bucket(1).candidate_steps
+    assert len(cands) >= 2 and min(cands) <= 1 and max(cands) >= 5, cands
+    # it follows the phases: beats the best fixed step clearly, and runs both ends
+    assert res.speedups()["vs_best_fixed"] > 1.1, res.to_json()
+    used = res.predicted.batches_per_steps
+    assert used.get(min(cands), 0) > 100 and used.get(max(cands), 0) > 100
+
+
+def test_recommendation_validates_and_round_trips_as_sglang_json():
+    res = tune(setup({"1": {"candidate_steps": [1, 3]}, "4": {"candidate_steps": [0, 1]}}),
+               records([K] * 100) + records([0] * 100, batch=4), cost_model())
+    assert not [f for f in res.findings if f.severity == "error"]
+    assert set(res.recommended.union_steps) <= set(res.coverage.required_states)
+    assert res.initial_steps in res.recommended.union_steps
+    parsed, findings = parse_sglang_config(json.loads(json.dumps(res.sglang_json())))
+    assert parsed == parse_sglang_config(sglang_json(res.recommended))[0]
+    assert res.recommended.bucket(4).candidate_steps == (0,) or res.predicted.batches_per_steps.get(0, 0) >= 90
+
+
+def test_candidates_never_exceed_the_trace_depth():
+    shallow = [TraceRecord(line=i, batch_size=1, accepted=(3,), steps=3, drafted=(3,), trace_steps=3)
+               for i in range(200)]
+    assert trace_depth(shallow) == 3
+    res = tune(setup(), shallow, cost_model())
+    assert max(res.recommended.union_steps) <= 3
+    assert res.predicted.lower_bound_verifies == 0
+    # replaying deeper than the trace is flagged as a lower bound
+    assert replay(fixed_config(5), shallow, cost_model(), initial_steps=5).lower_bound_verifies == 200
+
+
+def test_an_acceptance_only_trace_is_refused_with_a_hint():
+    old = [TraceRecord(line=1, batch_size=2, accepted=(1, 2))]
+    with pytest.raises(UsageError, match="records no steps") as exc:
+        tune(setup(), old, cost_model())
+    assert "--trace-steps" in str(exc.value.hint)
+
+
+def test_replay_counts_tokens_and_costs_exactly():
+    cm = cost_model()
+    recs = records([2, 7, 0])
+    p = replay(fixed_config(3), recs, cm, initial_steps=3)
+    assert p.tokens == (2 + 1) + (3 + 1) + (0 + 1)
+    assert p.seconds == pytest.approx(3 * cm.step_time(1, 3))
+    assert replay(fixed_config(0), recs, cm, initial_steps=0).tokens == 3
+
+
+def test_positional_replay_follows_each_request():
+    # rid 0 drafts 4 each verify: accepted 2 (L = 2, 1, 0 at positions 0..2), then 1 at 3, then 4 (all) at 5
+    recs = [TraceRecord(line=1, batch_size=1, accepted=(2,), drafted=(4,), rids=(0,)),
+            TraceRecord(line=2, batch_size=1, accepted=(1,), drafted=(4,), rids=(0,)),
+            TraceRecord(line=3, batch_size=1, accepted=(4,), drafted=(4,), rids=(0,))]
+    # 10 tokens emitted by verifies; at steps 1: p0 min(2,1)=1 -> p2 L=0 -> p3 L=1 -> p5 >=4 -> p7 >=2 -> p9 cap 0
+    assert replay_positions(recs, 1) == {0: [1, 0, 1, 1, 1, 0]}
+    with pytest.raises(Unanswerable):
+        replay_positions(recs[:2] + [TraceRecord(line=3, batch_size=1, accepted=(1,), drafted=(1,), rids=(0,)),
+                                     TraceRecord(line=4, batch_size=1, accepted=(0,), drafted=(4,), rids=(0,))], 2)
+
+
+def test_cost_model_round_trips_and_interpolates():
+    cm = cost_model()
+    again = CostModel.from_json(json.loads(json.dumps(cm.to_json())))
+    assert again.step_s == cm.step_s
+    mid = again.step_time(3, 2)
+    assert cm.step_time(2, 2) < mid < cm.step_time(4, 2)
+    with pytest.raises(UsageError):
+        CostModel.from_json({"kind": "nope"})
+    with pytest.raises(UsageError):
+        CostModel.from_json({"kind": "specctl-cost-model", "step_s": {"1": {"0": -1}}})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_tune_cli_prints_json_and_text(tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records(([K] * 60 + [0] * 60) * 2)))
+    assert read_trace(trace)[0].trace_steps == K
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(cost_model().to_json()))
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 5]}}))
+    r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(cost), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rec = out["recommended"]["sglang_adaptive_config"]
+    cfg2, findings = parse_sglang_config(rec)
+    assert isinstance(cfg2, AdaptiveConfig) and not [f for f in findings if f.severity == "error"]
+    assert out["speedup"]["vs_best_fixed"] >= 1.0
+    assert "candidate_steps" in out["recommended"]["deployment_snippet"]
+    r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(cost))
+    assert r.returncode == 0 and "speed-up:" in r.stdout and "valid: no error findings" in r.stdout
+    # a bad cost file is a usage error (exit 2), never a traceback
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "cost model" in r.stderr
+
+
+def test_tune_and_trace_modules_do_not_import_torch():
+    code = ("import sys; import specctl.engine.tune, specctl.engine.trace, specctl.cli.adaptive; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
+    """`adaptive profile` on the builtin colocated preset: every (batch size, steps) point measured, and
+    more drafting costs more time than none."""
+    out = tmp_path / "cost.json"
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "1,2", "--steps", "0,3",
+             "--rounds", "1", "--iters", "3", "--threads", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    cm = CostModel.from_json(json.loads(out.read_text()))
+    assert cm.batch_sizes == (1, 2) and cm.steps == (0, 3)
+    assert all(cm.step_time(b, 3) > cm.step_time(b, 0) > 0 for b in (1, 2))
+    assert json.loads(out.read_text())["threads"] == 1
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
+    assert r.returncode == 2 and "max_batch_size" in r.stderr
