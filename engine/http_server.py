@@ -251,6 +251,9 @@ class OpenAIServer:
             web.get("/server_info", self.server_info),
         ])
         self.in_flight = 0
+        from specctl.engine.sglang_http import add_sglang_routes
+
+        add_sglang_routes(self)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -344,6 +347,12 @@ class OpenAIServer:
 
     async def _generate(self, request: web.Request, body: dict, ids: list[int], *, chat: bool) -> web.StreamResponse:
         params = sampling_params(body, prompt_len=len(ids), max_context=self.backend.max_context)
+        from specctl.engine.sglang_http import bootstrap_fields
+
+        params.update(bootstrap_fields(body))  # sglang-router's PD fields reach the backend
+        check = getattr(self.backend, "check_params", None)
+        if check is not None:
+            check(params)  # a role that cannot serve these params says why (4xx) before any stream starts
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream must be a boolean", param="stream")
