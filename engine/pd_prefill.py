@@ -451,8 +451,12 @@ class PrefillBackend(EngineBackend):
         info["pool"] = await self._pool()
         info["in_flight"] = len(self._rooms)
         stats = vars(self.bootstrap.stats) if self.bootstrap else {}
+        # Endpoints are no secret: claiming a room needs a session (ids never leave the handshake) and, with a
+        # shared secret, that session's key.
         info["bootstrap"] = {**stats, "sessions": len(self.bootstrap.peers) if self.bootstrap else 0,
-                             "auth_failures": self.auth_failures}
+                             "auth_failures": self.auth_failures, "authenticated": bool(secret_of(self.ctx)),
+                             "endpoint": self.bootstrap.endpoint if self.bootstrap else None,
+                             "control": self.info.endpoints.get("control") if self.info else None}
         info["timing"].update({"completed": self.completed, "failed": self.failed,
                                "mean_compute_s": self.compute_s / self.completed if self.completed else None,
                                "mean_transfer_s": self.transfer_s / self.completed if self.completed else None})
