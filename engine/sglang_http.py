@@ -107,7 +107,8 @@ def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: f
 
 def native_body(body: dict[str, Any]) -> dict[str, Any]:
     """SGLang's `sampling_params` as the OpenAI fields `sampling_params()` understands."""
-    sp = body.get("sampling_params") or {}
+    sp = body.get("sampling_params")
+    sp = {} if sp is None else sp
     if not isinstance(sp, dict):
         raise RequestError("sampling_params must be an object", param="sampling_params")
     out: dict[str, Any] = {k: sp[k] for k in ("temperature", "top_p", "top_k", "stop", "ignore_eos", "seed")
