@@ -153,7 +153,7 @@ class PrefillLink:
         try:
             while sock is self.sock:
                 try:
-                    if not await sock.poll(300, zmq.POLLIN):
+                    if not await sock.poll(300, zmq.POLLIN):  # type: ignore[call-arg]
                         continue
                     frames = [f.bytes for f in await sock.recv_multipart(copy=False)]
                 except zmq.ZMQError:
@@ -164,6 +164,8 @@ class PrefillLink:
                     continue
                 try:
                     msg = wire.decode(body, as_torch=False, expect=(PdProgress, PdDone)).msg
+                    if not isinstance(msg, (PdProgress, PdDone)):
+                        raise wire.WireError(f"unexpected {type(msg).__name__}")
                 except wire.WireError as exc:
                     log.warning("bad message from prefill %s: %s", self.endpoint, exc)
                     continue
@@ -190,9 +192,9 @@ class DecodeBackend(EngineBackend):
         self.receiver: Any = None
         self.zctx = zmq.asyncio.Context()
         self.links: dict[int, PrefillLink] = {}  # by bootstrap port
-        self.waiting: dict[str, asyncio.Future] = {}
+        self.waiting: dict[str, asyncio.Future[Any]] = {}
         self.stage: dict[str, tuple[str, float]] = {}  # room -> (prefill stage, loop time it was reported)
-        self.bg: list[asyncio.Task] = []
+        self.bg: list[asyncio.Task[Any]] = []
         self._stop = threading.Event()
         self._recv_thread: threading.Thread | None = None
         self.handshakes = 0
@@ -319,7 +321,7 @@ class DecodeBackend(EngineBackend):
             extra = payload.extra
             timings["prefill_wait_s"] = received - t0
             timings["prefill_s"] = float(extra.get("prefill_s", 0.0))
-            timings["prefill_queue_s"] = max(0.0, timings["prefill_wait_s"] - timings["prefill_s"])
+            timings["prefill_queue_s"] = float(extra.get("queue_s", 0.0))  # arrival on prefill -> its prefill step
             timings["transfer_s"] = max(0.0, time.time() - float(extra.get("sent_at", time.time())))
             self.ctx.metrics.transfer_bytes.inc(payload.nbytes, direction="received")
             await self._batch_slots.acquire()
@@ -356,7 +358,7 @@ class DecodeBackend(EngineBackend):
                 with contextlib.suppress(Exception):
                     await link.send(PdAbort(req_id=req_id, pairing_id=link.pairing.session_id))
 
-    async def _await_payload(self, link: PrefillLink, req_id: str, fut: asyncio.Future) -> Any:
+    async def _await_payload(self, link: PrefillLink, req_id: str, fut: asyncio.Future[Any]) -> Any:
         """Wait for the room's payload; the timeout measures prefill's liveness (see the module doc)."""
         timeout = self.ctx.timeout_s
         sent_at = self.loop.time()

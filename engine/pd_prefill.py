@@ -112,9 +112,10 @@ class PrefillBackend(EngineBackend):
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
-        self._draft_queue: list[tuple[list[int], asyncio.Future]] = []
+        self._draft_queue: list[tuple[list[int], asyncio.Future[dict[str, Any]]]] = []
         self._draft_rids = itertools.count(1 << 40)  # never an Engine rid
-        self._bg: list[asyncio.Task] = []
+        self._pending: set[Any] = set()  # Sequences admitted, first token not yet sampled (engine thread only)
+        self._bg: list[asyncio.Task[Any]] = []
         self.completed = 0
         self.failed = 0
         self.auth_failures = 0
@@ -129,6 +130,8 @@ class PrefillBackend(EngineBackend):
 
         self.faults = FaultPlan.from_env()
         await super().load()
+        assert self.aengine is not None
+        self.aengine.on_step = self._on_step
         engine = self.engine
         host = str(self.ctx.role.get("host") or "127.0.0.1")
         warn_unauthenticated(self.ctx, host)
@@ -258,6 +261,16 @@ class PrefillBackend(EngineBackend):
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error)
 
+    def _on_step(self, engine: Any) -> None:
+        """Engine thread, after each step: the start of the step that sampled a room's first token splits its
+        time on prefill into queueing (arrival -> that step) and compute (that step)."""
+        if not self._pending or self.aengine is None or not self.aengine.step_times:
+            return
+        start = time.monotonic() - self.aengine.step_times[-1]
+        for seq in [s for s in self._pending if s.first_token_time is not None]:
+            seq.prefill_step_start = start
+            self._pending.discard(seq)
+
     async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Any, RequestOutput]:
         # Prefill samples token 1 only; decode applies the request's stop conditions to it (add_imported),
         # so here nothing may finish the request before its caches are exported.
@@ -266,7 +279,9 @@ class PrefillBackend(EngineBackend):
 
         def admit(engine: Any) -> int:
             rid = int(engine.add_request(prompt_ids, sp, export_after_prefill=True))
-            holder["seq"] = engine._seqs.get(rid)  # the Sequence carries the export and the generator
+            seq = holder["seq"] = engine._seqs.get(rid)  # the Sequence carries the export and the generator
+            if seq is not None:
+                self._pending.add(seq)
             return rid
 
         assert self.aengine is not None
@@ -274,12 +289,19 @@ class PrefillBackend(EngineBackend):
         async for item in self.aengine.generate(prompt_ids, sp, admit=admit):
             if item.finished:
                 final = item
-        return holder.get("seq"), final
+        seq = holder.get("seq")
+        if seq is not None:
+            await self.aengine.call(lambda eng: self._pending.discard(seq))
+            start = getattr(seq, "prefill_step_start", None)
+            if start is not None and seq.first_token_time is not None:
+                final.timings["queue_s"] = max(0.0, start - seq.arrival_time)
+                final.timings["compute_s"] = max(0.0, seq.first_token_time - start)
+        return seq, final
 
     async def _draft_prefill(self, prompt_ids: list[int]) -> dict[str, Any]:
         """The draft model's cache of the prompt (decode's drafter continues from it instead of recomputing
         it). Rooms that get here together share one batched draft forward on the engine thread."""
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._draft_queue.append((prompt_ids, fut))
         if len(self._draft_queue) == 1:
             asyncio.ensure_future(self._flush_drafts())
@@ -325,8 +347,10 @@ class PrefillBackend(EngineBackend):
         tensors.update({n: t for n, t in exported.items() if n not in tensors})
         if self.faults.corrupt_marker and self.faults.corrupt_marker in self.tokenizer.decode(list(seq.prompt_ids)):
             tensors = dict(reversed(list(tensors.items())))
-        extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("ttft_s", 0.0)),
-                                 "queue_s": 0.0, "draft_length": len(seq.prompt_ids) if draft else 0}
+        ttft = float(out.timings.get("ttft_s", 0.0))
+        extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),
+                                 "queue_s": float(out.timings.get("queue_s", 0.0)),
+                                 "draft_length": len(seq.prompt_ids) if draft else 0}
         if seq.generator is not None:
             extra["rng_state"] = bytes(seq.generator.get_state().to(torch.uint8).numpy().tobytes())
         seq.exported = None
@@ -346,7 +370,7 @@ class PrefillBackend(EngineBackend):
         sock = self._sock
         assert sock is not None
         while True:
-            if not await sock.poll(500, zmq.POLLIN):
+            if not await sock.poll(500, zmq.POLLIN):  # type: ignore[call-arg]
                 continue
             frames = [f.bytes for f in await sock.recv_multipart(copy=False)]
             try:
@@ -359,6 +383,8 @@ class PrefillBackend(EngineBackend):
             # Parse first to learn the session, then check the MAC with that session's key (msgspec decoding
             # is safe on untrusted bytes; nothing is acted on before the MAC is checked).
             msg = wire.decode(frames[:1], as_torch=False, expect=(PdClaim, PdAbort)).msg
+            if not isinstance(msg, (PdClaim, PdAbort)):
+                raise wire.WireError(f"unexpected {type(msg).__name__}")
         except wire.WireError as exc:
             self.auth_failures += 1
             log.warning("refused a malformed control message: %s", exc)

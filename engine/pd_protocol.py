@@ -27,7 +27,7 @@ from typing import Any
 from specctl.engine.wire import Message
 
 
-class PdClaim(Message, tag="pd.claim"):
+class PdClaim(Message, tag="pd.claim", frozen=True):
     """decode -> prefill: decode holds the HTTP half of `req_id` (the room) and wants its KV + state."""
 
     req_id: str
@@ -36,7 +36,7 @@ class PdClaim(Message, tag="pd.claim"):
     pairing_id: str  # the session this decode holds; a prefill that restarted refuses stale ids
 
 
-class PdProgress(Message, tag="pd.progress"):
+class PdProgress(Message, tag="pd.progress", frozen=True):
     """prefill -> decode: liveness of one room. `queued` once prefill holds the claim, `started` when both
     halves are present and compute begins; decode's transfer timeout counts from there."""
 
@@ -44,7 +44,7 @@ class PdProgress(Message, tag="pd.progress"):
     stage: str  # "queued" | "started"
 
 
-class PdDone(Message, tag="pd.done"):
+class PdDone(Message, tag="pd.done", frozen=True):
     """prefill -> decode: room `req_id` failed on prefill (success is the payload itself)."""
 
     req_id: str
@@ -52,7 +52,7 @@ class PdDone(Message, tag="pd.done"):
     error: str | None = None
 
 
-class PdAbort(Message, tag="pd.abort"):
+class PdAbort(Message, tag="pd.abort", frozen=True):
     """decode -> prefill: stop serving this room (the client went away); prefill drops what it holds."""
 
     req_id: str
