@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -64,8 +65,9 @@ def burst(url: str, prompts: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def run_burst(dep: Any, overrides: list[str], log_dir: Path, prompts: list[str], rounds: int) -> list[float]:
-    la = Launcher(dep, overrides=overrides, log_dir=log_dir)
+def run_burst(dep: Any, overrides: list[str], log_dir: Path, prompts: list[str], rounds: int,
+              env: dict[str, str]) -> list[float]:
+    la = Launcher(dep, overrides=overrides, log_dir=log_dir, env=env)
     try:
         la.start()
         la.wait_ready(600)
@@ -115,6 +117,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--colocated-port", type=int, default=30100)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="OMP_NUM_THREADS of every engine process, PD and colocated alike (at low load decode "
+                    "idles while prefill computes, so each prefill gets what the colocated engine gets)")
     ap.add_argument("--burst", type=int, default=16, help="concurrent requests of the burst part (0: skip it)")
     ap.add_argument("--burst-tokens", type=int, default=200)
     ap.add_argument("--burst-rounds", type=int, default=3)
@@ -126,7 +131,9 @@ def main() -> int:
     pd = load_deployment(args.config, overrides=args.set)
     tmp = Path(tempfile.mkdtemp(prefix="specctl-ttft-"))
     colo = load_deployment(colocated_file(pd, args.colocated_port, tmp))
-    launchers = [Launcher(pd, overrides=args.set, log_dir=tmp / "pd"), Launcher(colo, log_dir=tmp / "colocated")]
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    launchers = [Launcher(pd, overrides=args.set, log_dir=tmp / "pd", env=env),
+                 Launcher(colo, log_dir=tmp / "colocated", env=env)]
     try:
         for la in launchers:
             la.start()
@@ -149,10 +156,10 @@ def main() -> int:
     queue: dict[str, Any] = {}
     if args.burst:
         bprompts = corpus_slices(args.burst, args.burst_tokens)
-        batched = run_burst(pd, args.set, tmp / "burst-batched", bprompts, args.burst_rounds)
+        batched = run_burst(pd, args.set, tmp / "burst-batched", bprompts, args.burst_rounds, env)
         pd_base = load_deployment(args.config, overrides=[*args.set, "roles.prefill.serve.max_batch_size=1"])
         baseline = run_burst(pd_base, [*args.set, "roles.prefill.serve.max_batch_size=1"], tmp / "burst-baseline",
-                             bprompts, args.burst_rounds)
+                             bprompts, args.burst_rounds, env)
         mb, mo = statistics.mean(batched), statistics.mean(baseline)
         queue = {"burst": args.burst, "burst_tokens": args.burst_tokens, "rounds": args.burst_rounds,
                  "mean_prefill_queue_batched_s": mb, "mean_prefill_queue_one_at_a_time_s": mo,

@@ -2,10 +2,11 @@
 
 Contract:
 - Loads an Engine like the colocated role (target, and the draft's runner when decode speculates with a
-  draft: its layout is part of the registration), builds its RegistrationInfo from the live layouts and
-  serves the bootstrap endpoint on `bootstrap_port` (decodes register there; every decode is its own
-  session, bootstrap.py), plus a ZMQ control socket (`endpoints["control"]`) where paired decodes claim
-  rooms (`PdClaim`, pd_protocol.py).
+  draft: its layout is part of the registration; prefill never runs it, decode's drafter builds its own
+  cache from the prompt, so the draft components travel empty with `draft_length: 0`), builds its
+  RegistrationInfo from the live layouts and serves the bootstrap endpoint on `bootstrap_port` (decodes
+  register there; every decode is its own session, bootstrap.py), plus a ZMQ control socket
+  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd_protocol.py).
 - sglang-router sends each request to prefill and to decode at once with `bootstrap_room`. Prefill's HTTP
   half is admitted into the Engine with `export_after_prefill`: batched and chunked by the same Scheduler as
   every other request; once the prompt is cached the first token is sampled, the caches are exported and
@@ -29,7 +30,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import itertools
 import logging
 import os
 import time
@@ -112,8 +112,6 @@ class PrefillBackend(EngineBackend):
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
-        self._draft_queue: list[tuple[list[int], asyncio.Future[dict[str, Any]]]] = []
-        self._draft_rids = itertools.count(1 << 40)  # never an Engine rid
         self._pending: set[Any] = set()  # Sequences admitted, first token not yet sampled (engine thread only)
         self._bg: list[asyncio.Task[Any]] = []
         self.completed = 0
@@ -236,8 +234,7 @@ class PrefillBackend(EngineBackend):
                 raise _Fail(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
                             f"{len(prompt_ids)} tokens); the router must send the same request to both")
             first = int(seq.output_ids[0])
-            draft = await self._draft_prefill(list(seq.prompt_ids)) if draft_runner_of(self.engine) else {}
-            sent = await self._send(room, seq, first, out, draft)
+            sent = await self._send(room, seq, first, out, self._empty_draft())
             self.completed += 1
             self.transfer_s += sent.seconds
             self.ctx.metrics.transfer_bytes.inc(sent.nbytes, direction="sent")
@@ -298,46 +295,21 @@ class PrefillBackend(EngineBackend):
                 final.timings["compute_s"] = max(0.0, seq.first_token_time - start)
         return seq, final
 
-    async def _draft_prefill(self, prompt_ids: list[int]) -> dict[str, Any]:
-        """The draft model's cache of the prompt (decode's drafter continues from it instead of recomputing
-        it). Rooms that get here together share one batched draft forward on the engine thread."""
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._draft_queue.append((prompt_ids, fut))
-        if len(self._draft_queue) == 1:
-            asyncio.ensure_future(self._flush_drafts())
-        return dict(await fut)
+    def _empty_draft(self) -> dict[str, Any]:
+        """The draft's components for zero cached tokens. Prefill does not run the draft model: decode's
+        drafter builds its cache from the prompt at its first step, as a colocated engine does after its first
+        token, so the draft's prefill stays out of TTFT. The components are still sent (the registration
+        fixes them) and `draft_length: 0` tells decode they hold nothing."""
+        import torch
 
-    async def _flush_drafts(self) -> None:
-        await asyncio.sleep(0)  # let every room whose target prefill finished in this step queue up
-        batch, self._draft_queue = self._draft_queue, []
-        rids = [next(self._draft_rids) for _ in batch]
-
-        def run(engine: Any) -> list[dict[str, Any]]:
-            from specctl.engine.model_runner import ForwardItem
-
-            runner = draft_runner_of(engine)
-            done: list[int] = []
-            try:
-                for rid, (ids, _) in zip(rids, batch, strict=True):
-                    runner.allocate(rid, len(ids))
-                    done.append(rid)
-                runner.forward([ForwardItem(rid, ids, 0) for rid, (ids, _) in zip(rids, batch, strict=True)])
-                return [{f"draft.{k}": v for k, v in runner.export_request(rid).items()} for rid in rids]
-            finally:
-                for rid in done:
-                    runner.free(rid)
-
-        assert self.aengine is not None
-        try:
-            results = await self.aengine.call(run, timeout=self.ctx.timeout_s)
-        except Exception as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(_Fail(f"draft prefill failed: {type(exc).__name__}: {exc}"))
-            return
-        for (_, fut), res in zip(batch, results, strict=True):
-            if not fut.done():
-                fut.set_result(res)
+        runner = draft_runner_of(self.engine)
+        if runner is None:
+            return {}
+        dtype = getattr(torch, str(runner.layout().get("dtype", "float32")))
+        out = {}
+        for name, shape in runner.cache.export_shapes(0).items():
+            out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)
+        return out
 
     async def _send(self, room: _Room, seq: Any, first: int, out: RequestOutput, draft: dict[str, Any]) -> Any:
         import torch
@@ -350,7 +322,7 @@ class PrefillBackend(EngineBackend):
         ttft = float(out.timings.get("ttft_s", 0.0))
         extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),
                                  "queue_s": float(out.timings.get("queue_s", 0.0)),
-                                 "draft_length": len(seq.prompt_ids) if draft else 0}
+                                 "draft_length": 0}
         if seq.generator is not None:
             extra["rng_state"] = bytes(seq.generator.get_state().to(torch.uint8).numpy().tobytes())
         seq.exported = None
