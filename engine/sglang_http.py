@@ -148,6 +148,9 @@ class SglangRoutes:
                                   "served_model_name": self.backend.model_name, "has_image_understanding": False,
                                   "has_audio_understanding": False, "preferred_sampling_params": None})
 
+    async def server_info(self, request: web.Request) -> web.Response:
+        return await self.server.server_info(request)  # SGLang serves both names
+
     async def get_load(self, request: web.Request) -> web.Response:
         load = getattr(self.backend, "load_info", None)
         info = load() if callable(load) else {}
@@ -256,6 +259,7 @@ def add_sglang_routes(server: OpenAIServer) -> None:
     server.app.add_routes([
         web.get("/model_info", routes.model_info),
         web.get("/get_model_info", routes.model_info),
+        web.get("/get_server_info", routes.server_info),
         web.get("/get_load", routes.get_load),
         web.post("/generate", routes.generate),
         web.get("/v1/models/{model_id:.+}", routes.model),
