@@ -146,21 +146,14 @@ def seal(key: bytes | None, frames: list[bytes]) -> list[bytes]:
     """`frames` + one MAC frame over all of them (nothing is added without a key)."""
     if key is None:
         return frames
-    mac = hmac.new(key, digestmod=hashlib.sha256)
-    for f in frames:
-        mac.update(len(f).to_bytes(8, "little"))
-        mac.update(f)
-    return [*frames, mac.digest()]
+    return [*frames, wire.mac_of(key, frames)]
 
 
 def open_sealed(key: bytes | None, frames: list[bytes]) -> list[bytes] | None:
     """The frames without their MAC, or None when the MAC is missing or wrong (keyless: as they came)."""
     if key is None:
         return frames
-    if len(frames) < 2:
-        return None
-    body, mac = frames[:-1], frames[-1]
-    return body if hmac.compare_digest(seal(key, body)[-1], mac) else None
+    return wire.strip_mac(key, frames)
 
 
 @dataclass

@@ -220,7 +220,11 @@ class DecodeBackend(EngineBackend):
             import tempfile
 
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
-        self.receiver = TransferReceiver(None, bind=bind, timeout_s=self.ctx.timeout_s)
+        from specctl.engine.pd_prefill import secret_of
+
+        # With a secret, a payload opens only with the key of the session that claimed its room.
+        auth = self._key_for if secret_of(self.ctx) else None
+        self.receiver = TransferReceiver(None, bind=bind, timeout_s=self.ctx.timeout_s, auth=auth)
         runner = self.engine.runner
         draft = draft_runner_of(self.engine)
         self.info = build_registration(
@@ -258,6 +262,13 @@ class DecodeBackend(EngineBackend):
                 link.sock.close(linger=0)
         self.zctx.destroy(linger=0)
         await super().close()
+
+    def _key_for(self, req_id: str) -> bytes | None:
+        """Transfer thread: the session key of the link that claimed `req_id`, or None (nobody did)."""
+        for link in list(self.links.values()):
+            if req_id in link.waiting:
+                return link.key
+        return None
 
     def update_state(self) -> None:
         if self.fatal.is_set():

@@ -108,7 +108,7 @@ class PrefillBackend(EngineBackend):
         self.info: Any = None
         self.faults = FaultPlan()
         self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
-        self._senders: dict[str, Any] = {}
+        self._senders: dict[tuple[str, bytes | None], Any] = {}
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
@@ -334,8 +334,8 @@ class PrefillBackend(EngineBackend):
         endpoint = str(room.peer.info.endpoints["transfer"])
         extra["sent_at"] = time.time()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._send_pool, self._send_sync, endpoint, room.key, tensors,
-                                          len(seq.prompt_ids), extra)
+        return await loop.run_in_executor(self._send_pool, self._send_sync, endpoint, room.peer.key, room.key,
+                                          tensors, len(seq.prompt_ids), extra)
 
     # control socket -------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -425,14 +425,16 @@ class PrefillBackend(EngineBackend):
             self._reply_to(room.identity, room.peer, msg)
 
     # sender thread --------------------------------------------------------------------------------
-    def _send_sync(self, endpoint: str, req_id: str, tensors: dict[str, Any], length: int,
+    def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
                    extra: dict[str, Any]) -> Any:
         from specctl.engine.transfer import TransferSender
 
-        sender = self._senders.get(endpoint)
+        # One sender per decode session: with a secret every payload carries that session's MAC.
+        sender = self._senders.get((endpoint, key))
         if sender is None:
-            sender = self._senders[endpoint] = TransferSender(
-                endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")), timeout_s=self.ctx.timeout_s)
+            sender = self._senders[(endpoint, key)] = TransferSender(
+                endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")), timeout_s=self.ctx.timeout_s,
+                key=key)
         return sender.send(req_id, tensors, length=length, extra=extra)
 
     def _close_senders(self) -> None:
