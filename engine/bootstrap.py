@@ -84,6 +84,8 @@ class Rejected(wire.Message, tag="bootstrap.rejected"):
 
 class Ping(wire.Message, tag="bootstrap.ping"):
     session_id: str
+    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce)
+    proof: bytes = b""
 
 
 class Pong(wire.Message, tag="bootstrap.pong"):
@@ -134,6 +136,10 @@ class Peer:
     paired_at: float
     key: bytes | None = None  # the session's message key (shared secret only)
     last_seen: float = field(default_factory=time.monotonic)
+
+
+def _ping_proof(key: bytes, session_id: str, nonce: bytes) -> bytes:
+    return hmac.new(key, b"ping\0" + session_id.encode() + b"\0" + nonce, hashlib.sha256).digest()
 
 
 def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes | None:
@@ -331,6 +337,9 @@ class BootstrapServer:
             # A ping keeps its session alive; knowing a session id is what a ping proves (ids are random
             # 128-bit values only the paired decode learned), and a ping grants nothing else.
             peer = self.peer_for(msg.session_id)
+            if peer is not None and peer.key is not None and not hmac.compare_digest(
+                    msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce)):
+                return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
             if peer is not None:
                 peer.last_seen = time.monotonic()
             return Pong(paired=peer is not None, server_epoch=self.server_epoch)
@@ -454,6 +463,13 @@ def register(
     raise HandshakeRejected("handshake nonce kept expiring (is prefill's clock or load extreme?)")
 
 
+def _ping(pairing: Pairing) -> Ping:
+    if pairing.key is None:
+        return Ping(session_id=pairing.session_id)
+    nonce = os.urandom(16)
+    return Ping(session_id=pairing.session_id, nonce=nonce, proof=_ping_proof(pairing.key, pairing.session_id, nonce))
+
+
 def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context | None = None) -> bool:
     """True while prefill is up and still paired with this session. False when prefill restarted
     (new epoch) or dropped the pairing: decode should `register()` again. Raises wire.WireTimeout
@@ -461,7 +477,7 @@ def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq
     env = wire.request(
         ctx or zmq.Context.instance(),
         pairing.endpoint,
-        Ping(session_id=pairing.session_id),
+        _ping(pairing),
         timeout_s=timeout_s,
         retries=retries,
         expect=(Pong,),

@@ -24,6 +24,8 @@ from specctl.engine.bootstrap import (
     Challenge,
     HandshakeRejected,
     Hello,
+    Ping,
+    Pong,
     Register,
     Rejected,
     open_sealed,
@@ -132,6 +134,11 @@ def test_session_keys_and_sealed_messages() -> None:
         assert open_sealed(other.key, sealed) is None  # another session's key
         assert open_sealed(peer.key, frames) is None  # no MAC at all
         assert open_sealed(peer.key, [b"header", b"BODY", sealed[-1]]) is None  # tampered
+        # A ping keeps a session alive only with its key's proof: knowing the session id is not enough.
+        forged = wire.request(zmq.Context.instance(), srv.endpoint, Ping(session_id=pairing.session_id),
+                              timeout_s=5).msg
+        assert isinstance(forged, Pong) and not forged.paired
+        assert ping(pairing)
     with BootstrapServer(_pre()) as srv:  # no secret: no key, messages pass as they are
         assert register(srv.endpoint, _dec(), timeout_s=5).key is None
         assert seal(None, frames) == frames and open_sealed(None, frames) == frames
