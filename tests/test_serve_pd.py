@@ -458,6 +458,15 @@ def test_kill_prefill_fails_in_flight_requests_and_decode_repairs(
     assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[2]]
 
 
+def test_the_router_role_stops_cleanly_with_its_sglang_router(plain: dict[str, Any]) -> None:
+    router = plain["router"]
+    t0 = time.monotonic()
+    router.p.terminate()
+    assert router.p.wait(20) == 0, router.text()[-2000:]
+    assert time.monotonic() - t0 < 10  # a short shutdown grace, not sglang-router's default 180 s
+    assert http("GET", plain["url"]["router"] + "/readiness", timeout=2)[0] is None  # its child is gone too
+
+
 # ------------------------------------------------------------------------------------------ burst vs. timeout
 
 
