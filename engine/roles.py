@@ -199,6 +199,9 @@ class EngineBackend(TokenizingBackend):
         rate = (spec or {}).get("mean_tokens_per_verify") if isinstance(spec, dict) else None
         info.update(sglang_server_args(self.ctx.role, self.ctx.role_name,
                                        accept_length=float(rate) if isinstance(rate, (int, float)) else None))
+        target = info["fingerprints"].get("target") or {}
+        if target.get("state_types") is not None:
+            info["state_types"] = list(target["state_types"])  # the live cache's, in registration order
         return info
 
     def timing(self) -> dict[str, Any]:

@@ -86,6 +86,13 @@ def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: f
     except Exception:  # an unreadable model must not make /server_info fail: it reports what it knows
         model_path = tok_path = ref
     algo = str(spec.get("algorithm") or "none")
+    draft_path = None
+    if algo == "draft" and spec.get("draft"):
+        try:
+            draft_path = model_paths(str(spec["draft"]))[0]
+        except Exception:
+            draft_path = str(spec["draft"])
+    adaptive = spec.get("adaptive")
     return {
         "model_path": model_path,
         "tokenizer_path": tok_path,
@@ -99,7 +106,16 @@ def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: f
         "disaggregation_transfer_backend": (role.get("transfer") or {}).get("backend"),
         "speculative_algorithm": None if algo == "none" else algo.upper(),
         "speculative_num_steps": spec.get("num_steps") if algo != "none" else None,
-        "speculative_adaptive": bool(spec.get("adaptive")),
+        "speculative_adaptive": bool(adaptive),
+        # SGLang passes a file path; specctl's adaptive config is inline: its canonical JSON.
+        "speculative_adaptive_config": json.dumps(adaptive, sort_keys=True) if adaptive else None,
+        "speculative_draft_model_path": draft_path,
+        "speculative_num_draft_tokens": (int(spec.get("num_steps") or 0) + 1) if algo != "none" else None,
+        "kv_cache_dtype": "auto",
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "state_types": list(cache.get("state_types") or []) or None,
         "internal_states": [{"avg_spec_accept_length": accept_length}],
         "version": VERSION,
     }
