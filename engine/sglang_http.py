@@ -102,7 +102,9 @@ def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: f
         "page_size": cache.get("page_size"),
         "max_running_requests": serve.get("max_batch_size"),
         "disaggregation_mode": role_name if role_name in ("prefill", "decode") else "null",
-        "disaggregation_bootstrap_port": role.get("bootstrap_port"),
+        # Not `disaggregation_bootstrap_port`: SGLang's bootstrap answers HTTP `/route` there, specctl's is the
+        # ZMQ handshake (specctl_bootstrap_port), and a client of SGLang's key would wait on it for HTTP.
+        "specctl_bootstrap_port": role.get("bootstrap_port"),
         "disaggregation_transfer_backend": (role.get("transfer") or {}).get("backend"),
         "speculative_algorithm": None if algo == "none" else algo.upper(),
         "speculative_num_steps": spec.get("num_steps") if algo != "none" else None,
