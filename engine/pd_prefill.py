@@ -48,6 +48,7 @@ from specctl.engine.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
 
+MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
 HOLD_ENV = "SPECCTL_TEST_PREFILL_HOLD_S"
 CORRUPT_ENV = "SPECCTL_TEST_PREFILL_CORRUPT"
 
@@ -386,6 +387,13 @@ class PrefillBackend(EngineBackend):
                                                   error=f"{msg.req_id} is already claimed"))
             return
         if room is None:
+            # Claims whose HTTP half has not come are bounded per session: a peer cannot pile them up.
+            waiting = sum(1 for r in self._rooms.values()
+                          if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
+            if waiting >= MAX_UNMATCHED_CLAIMS:
+                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False, error=(
+                    f"{waiting} claims of this session wait for rooms prefill never received; refused")))
+                return
             room = self._rooms[msg.req_id] = _Room(msg.req_id)
             self._bg.append(asyncio.create_task(self._expire_unsent(room)))
         room.claim, room.identity, room.peer = msg, identity, peer
