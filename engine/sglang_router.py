@@ -55,8 +55,9 @@ def router_argv(deployment: Any, *, python: str = sys.executable) -> list[str]:
     argv += [
         "--policy", "round_robin",
         "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),
-        # A request may wait for its KV up to the transfer timeout, then decode for a while.
-        "--request-timeout-secs", str(int(max(60.0, timeout_s * 4))),
+        # A request may wait for its KV up to the transfer timeout, then decode for minutes on a CPU; the
+        # engines fail a stuck request themselves (transfer.timeout_s), this only bounds a hung worker.
+        "--request-timeout-secs", str(int(max(600.0, timeout_s * 4))),
         "--health-check-interval-secs", "1",
         "--health-failure-threshold", "2",
         "--health-success-threshold", "1",
