@@ -193,6 +193,7 @@ class DecodeBackend(EngineBackend):
         self.zctx = zmq.asyncio.Context()
         self.links: dict[int, PrefillLink] = {}  # by bootstrap port
         self.waiting: dict[str, asyncio.Future[Any]] = {}
+        self._recent: dict[str, tuple[bytes, float]] = {}  # room -> (its session key, loop time it expires)
         self.stage: dict[str, tuple[str, float]] = {}  # room -> (prefill stage, loop time it was reported)
         self.bg: list[asyncio.Task[Any]] = []
         self._stop = threading.Event()
@@ -264,11 +265,23 @@ class DecodeBackend(EngineBackend):
         await super().close()
 
     def _key_for(self, req_id: str) -> bytes | None:
-        """Transfer thread: the session key of the link that claimed `req_id`, or None (nobody did)."""
+        """Transfer thread: the session key of the link that claimed `req_id`, or None (nobody did). A room
+        that just ended (timed out, aborted) keeps its key a while, so a late payload is still authenticated
+        and acknowledged (and dropped) instead of leaving prefill's sender waiting for an ack."""
         for link in list(self.links.values()):
             if req_id in link.waiting:
                 return link.key
-        return None
+        recent = self._recent.get(req_id)
+        return recent[0] if recent is not None else None
+
+    def _remember(self, req_id: str, key: bytes | None) -> None:
+        if key is None:
+            return
+        now = self.loop.time()
+        for rid, (_, until) in list(self._recent.items()):
+            if until < now:
+                del self._recent[rid]
+        self._recent[req_id] = (key, now + 2 * self.ctx.timeout_s)
 
     def update_state(self) -> None:
         if self.fatal.is_set():
@@ -357,6 +370,8 @@ class DecodeBackend(EngineBackend):
             finished = True
             yield RequestOutput([], True, "error", str(exc))
         finally:
+            if req_id in link.waiting:
+                self._remember(req_id, link.key)
             self.waiting.pop(req_id, None)
             self.stage.pop(req_id, None)
             link.waiting.discard(req_id)
