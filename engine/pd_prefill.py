@@ -260,13 +260,14 @@ class PrefillBackend(EngineBackend):
             yield RequestOutput([], True, "error", error)
 
     def _on_step(self, engine: Any) -> None:
-        """Engine thread, after each step: the start of the step that sampled a room's first token splits its
-        time on prefill into queueing (arrival -> that step) and compute (that step)."""
+        """Engine thread, after each step: the duration of the step that sampled a room's first token (its
+        batch's forward and export) splits the room's time on prefill into compute (that step) and queueing
+        (the rest, from its arrival)."""
         if not self._pending or self.aengine is None or not self.aengine.step_times:
             return
-        start = time.monotonic() - self.aengine.step_times[-1]
+        duration = self.aengine.step_times[-1]
         for seq in [s for s in self._pending if s.first_token_time is not None]:
-            seq.prefill_step_start = start
+            seq.prefill_step_s = duration
             self._pending.discard(seq)
 
     async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Any, RequestOutput]:
@@ -290,10 +291,10 @@ class PrefillBackend(EngineBackend):
         seq = holder.get("seq")
         if seq is not None:
             await self.aengine.call(lambda eng: self._pending.discard(seq))
-            start = getattr(seq, "prefill_step_start", None)
-            if start is not None and seq.first_token_time is not None:
-                final.timings["queue_s"] = max(0.0, start - seq.arrival_time)
-                final.timings["compute_s"] = max(0.0, seq.first_token_time - start)
+            step = getattr(seq, "prefill_step_s", None)
+            if step is not None and seq.first_token_time is not None:
+                final.timings["compute_s"] = float(step)
+                final.timings["queue_s"] = max(0.0, seq.first_token_time - seq.arrival_time - float(step))
         return seq, final
 
     def _empty_draft(self) -> dict[str, Any]:
