@@ -13,9 +13,11 @@ TTFT = client send -> first streamed token. Reports medians and the PD/colocated
 table, then one JSON line.
 
 Burst part: `--burst` concurrent `--burst-tokens`-token prompts through the router, `--burst-rounds` times,
-on the deployment as it is (prefill admits every room into its Engine: batched, chunked) and then on the
-baseline, the same topology with `roles.prefill.serve.max_batch_size=1` (prefill runs one request per
-forward, what the old one-at-a-time prefill path did). Mean prefill queue = arrival of the room on prefill
+on the deployment with `roles.prefill.serve.max_batch_size=--prefill-batch` (prefill admits every room into
+its Engine: batched, chunked; a prefill holds a room only until its KV is sent, so its batch is sized for
+bursts, not for decoding) and then on the baseline, the same topology with
+`roles.prefill.serve.max_batch_size=1` (prefill runs one request per forward, what the old one-at-a-time
+prefill path did). Mean prefill queue = arrival of the room on prefill
 -> the engine step that prefills it (decode reports it as `prefill_queue_s`); target: baseline / batched
 >= 3.
 """
@@ -71,7 +73,8 @@ def run_burst(dep: Any, overrides: list[str], log_dir: Path, prompts: list[str],
     try:
         la.start()
         la.wait_ready(600)
-        stream_ttft(la.url, prompts[0])  # warm-up
+        stream_ttft(la.url, prompts[0])  # warm-up: first forwards
+        burst(la.url, prompts)  # warm-up: the router opens its connections to the workers (one per concurrent)
         queues: list[float] = []
         for _ in range(rounds):
             queues += [float(t.get("prefill_queue_s", 0.0)) for t in burst(la.url, prompts)]
@@ -122,7 +125,8 @@ def main() -> int:
                     "idles while prefill computes, so each prefill gets what the colocated engine gets)")
     ap.add_argument("--burst", type=int, default=16, help="concurrent requests of the burst part (0: skip it)")
     ap.add_argument("--burst-tokens", type=int, default=200)
-    ap.add_argument("--burst-rounds", type=int, default=3)
+    ap.add_argument("--burst-rounds", type=int, default=5)
+    ap.add_argument("--prefill-batch", type=int, default=16, help="prefill's serve.max_batch_size, batched run")
     ap.add_argument("--set", action="append", default=["transfer.timeout_s=300"],
                     help="deployment override a.b.c=value (repeatable); a long transfer timeout by default so "
                     "a slow first forward on a busy machine does not fail the warm-up")
@@ -156,12 +160,15 @@ def main() -> int:
     queue: dict[str, Any] = {}
     if args.burst:
         bprompts = corpus_slices(args.burst, args.burst_tokens)
-        batched = run_burst(pd, args.set, tmp / "burst-batched", bprompts, args.burst_rounds, env)
+        sized = [*args.set, f"roles.prefill.serve.max_batch_size={args.prefill_batch}"]
+        batched = run_burst(load_deployment(args.config, overrides=sized), sized, tmp / "burst-batched", bprompts,
+                            args.burst_rounds, env)
         pd_base = load_deployment(args.config, overrides=[*args.set, "roles.prefill.serve.max_batch_size=1"])
         baseline = run_burst(pd_base, [*args.set, "roles.prefill.serve.max_batch_size=1"], tmp / "burst-baseline",
                              bprompts, args.burst_rounds, env)
         mb, mo = statistics.mean(batched), statistics.mean(baseline)
         queue = {"burst": args.burst, "burst_tokens": args.burst_tokens, "rounds": args.burst_rounds,
+                 "prefill_batch": args.prefill_batch,
                  "mean_prefill_queue_batched_s": mb, "mean_prefill_queue_one_at_a_time_s": mo,
                  "queue_ratio_one_at_a_time_over_batched": mo / mb if mb > 0 else float("inf"), "target_ratio": 3.0}
 

@@ -260,14 +260,15 @@ class PrefillBackend(EngineBackend):
             yield RequestOutput([], True, "error", error)
 
     def _on_step(self, engine: Any) -> None:
-        """Engine thread, after each step: the duration of the step that sampled a room's first token (its
-        batch's forward and export) splits the room's time on prefill into compute (that step) and queueing
-        (the rest, from its arrival)."""
+        """Engine thread, after each step: the step that sampled a room's first token splits the room's time on
+        prefill into queueing (its arrival -> that step's start) and compute (that step: its batch's forward
+        and export)."""
         if not self._pending or self.aengine is None or not self.aengine.step_times:
             return
         duration = self.aengine.step_times[-1]
+        start = time.monotonic() - duration
         for seq in [s for s in self._pending if s.first_token_time is not None]:
-            seq.prefill_step_s = duration
+            seq.prefill_step = (start, duration)
             self._pending.discard(seq)
 
     async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Any, RequestOutput]:
@@ -291,10 +292,10 @@ class PrefillBackend(EngineBackend):
         seq = holder.get("seq")
         if seq is not None:
             await self.aengine.call(lambda eng: self._pending.discard(seq))
-            step = getattr(seq, "prefill_step_s", None)
-            if step is not None and seq.first_token_time is not None:
-                final.timings["compute_s"] = float(step)
-                final.timings["queue_s"] = max(0.0, seq.first_token_time - seq.arrival_time - float(step))
+            step = getattr(seq, "prefill_step", None)
+            if step is not None:
+                final.timings["queue_s"] = max(0.0, float(step[0]) - seq.arrival_time)
+                final.timings["compute_s"] = float(step[1])
         return seq, final
 
     def _empty_draft(self) -> dict[str, Any]:
