@@ -1,6 +1,8 @@
-"""TTFT of a disaggregated deployment vs the same engine colocated, side by side in one run (low load).
+"""TTFT of a disaggregated deployment vs the same engine colocated (low load), and prefill queueing under a
+burst with batched prefill vs one-at-a-time prefill, side by side in one run.
 
     python benchmarks/ttft_pd_bench.py [-c tiny-pd] [--prompt-tokens 1000] [--requests 10]
+        [--burst 16 --burst-tokens 200 --burst-rounds 3] [--set roles.router.port=...]
 
 Launches the deployment's prefill/decode/router topology AND a colocated process with the same model,
 cache and speculative settings (a temporary deployment file), then sends one streaming request at a
@@ -9,12 +11,22 @@ time, alternating between the two (so machine noise hits both alike), each with 
 TTFT = client send -> first streamed token. Reports medians and the PD/colocated ratio (issue target
 <= 1.25), plus the server-side split of PD TTFT (prefill compute, transfer, decode queueing). Prints a
 table, then one JSON line.
+
+Burst part: `--burst` concurrent `--burst-tokens`-token prompts through the router, `--burst-rounds` times,
+on the deployment with `roles.prefill.serve.max_batch_size=--prefill-batch` (prefill admits every room into
+its Engine: batched, chunked; a prefill holds a room only until its KV is sent, so its batch is sized for
+bursts, not for decoding) and then on the baseline, the same topology with
+`roles.prefill.serve.max_batch_size=1` (prefill runs one request per forward, what the old one-at-a-time
+prefill path did). Mean prefill queue = arrival of the room on prefill
+-> the engine step that prefills it (decode reports it as `prefill_queue_s`); target: baseline / batched
+>= 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -39,8 +51,40 @@ def corpus_slices(n: int, size: int) -> list[str]:
     return [data[i * step : i * step + size] for i in range(n)]
 
 
+def burst(url: str, prompts: list[str]) -> list[dict[str, Any]]:
+    import threading
+
+    out: list[dict[str, Any]] = [{} for _ in prompts]
+
+    def one(i: int) -> None:
+        out[i] = stream_ttft(url, prompts[i])[1]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+def run_burst(dep: Any, overrides: list[str], log_dir: Path, prompts: list[str], rounds: int,
+              env: dict[str, str]) -> list[float]:
+    la = Launcher(dep, overrides=overrides, log_dir=log_dir, env=env)
+    try:
+        la.start()
+        la.wait_ready(600)
+        stream_ttft(la.url, prompts[0])  # warm-up: first forwards
+        burst(la.url, prompts)  # warm-up: the router opens its connections to the workers (one per concurrent)
+        queues: list[float] = []
+        for _ in range(rounds):
+            queues += [float(t.get("prefill_queue_s", 0.0)) for t in burst(la.url, prompts)]
+        return queues
+    finally:
+        la.stop()
+
+
 def stream_ttft(url: str, prompt: str) -> tuple[float, dict[str, Any]]:
-    body = json.dumps({"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
                        "ignore_eos": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -76,6 +120,13 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--colocated-port", type=int, default=30100)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="OMP_NUM_THREADS of every engine process, PD and colocated alike (at low load decode "
+                    "idles while prefill computes, so each prefill gets what the colocated engine gets)")
+    ap.add_argument("--burst", type=int, default=16, help="concurrent requests of the burst part (0: skip it)")
+    ap.add_argument("--burst-tokens", type=int, default=200)
+    ap.add_argument("--burst-rounds", type=int, default=5)
+    ap.add_argument("--prefill-batch", type=int, default=16, help="prefill's serve.max_batch_size, batched run")
     ap.add_argument("--set", action="append", default=["transfer.timeout_s=300"],
                     help="deployment override a.b.c=value (repeatable); a long transfer timeout by default so "
                     "a slow first forward on a busy machine does not fail the warm-up")
@@ -84,7 +135,9 @@ def main() -> int:
     pd = load_deployment(args.config, overrides=args.set)
     tmp = Path(tempfile.mkdtemp(prefix="specctl-ttft-"))
     colo = load_deployment(colocated_file(pd, args.colocated_port, tmp))
-    launchers = [Launcher(pd, overrides=args.set, log_dir=tmp / "pd"), Launcher(colo, log_dir=tmp / "colocated")]
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    launchers = [Launcher(pd, overrides=args.set, log_dir=tmp / "pd", env=env),
+                 Launcher(colo, log_dir=tmp / "colocated", env=env)]
     try:
         for la in launchers:
             la.start()
@@ -104,13 +157,26 @@ def main() -> int:
     finally:
         for la in launchers:
             la.stop()
+    queue: dict[str, Any] = {}
+    if args.burst:
+        bprompts = corpus_slices(args.burst, args.burst_tokens)
+        sized = [*args.set, f"roles.prefill.serve.max_batch_size={args.prefill_batch}"]
+        batched = run_burst(load_deployment(args.config, overrides=sized), sized, tmp / "burst-batched", bprompts,
+                            args.burst_rounds, env)
+        pd_base = load_deployment(args.config, overrides=[*args.set, "roles.prefill.serve.max_batch_size=1"])
+        baseline = run_burst(pd_base, [*args.set, "roles.prefill.serve.max_batch_size=1"], tmp / "burst-baseline",
+                             bprompts, args.burst_rounds, env)
+        mb, mo = statistics.mean(batched), statistics.mean(baseline)
+        queue = {"burst": args.burst, "burst_tokens": args.burst_tokens, "rounds": args.burst_rounds,
+                 "prefill_batch": args.prefill_batch,
+                 "mean_prefill_queue_batched_s": mb, "mean_prefill_queue_one_at_a_time_s": mo,
+                 "queue_ratio_one_at_a_time_over_batched": mo / mb if mb > 0 else float("inf"), "target_ratio": 3.0}
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
 
-    split = {k: med([s.get(k, 0.0) for s in splits]) for k in ("prefill_s", "prefill_target_s",
-                                                               "prefill_draft_s", "export_s", "transfer_s",
-                                                               "decode_queue_s", "prefill_queue_s")}
+    split = {k: med([s.get(k, 0.0) for s in splits]) for k in ("prefill_s", "prefill_queue_s", "prefill_wait_s",
+                                                               "transfer_s", "decode_queue_s")}
     ratio = med(pd_ttft) / med(colo_ttft)
     print(f"{'':<28}{'median':>10}{'p90':>10}")
     for name, xs in (("TTFT colocated (s)", colo_ttft), ("TTFT disaggregated (s)", pd_ttft)):
@@ -120,10 +186,17 @@ def main() -> int:
     for k, v in split.items():
         print(f"  PD {k:<24}{v:>10.4f}")
     print(f"TTFT ratio disaggregated/colocated: {ratio:.3f} (target <= 1.25)")
+    ok = ratio <= 1.25
+    if queue:
+        print(f"burst of {args.burst} x {args.burst_tokens} tokens, {args.burst_rounds} rounds: mean prefill queue "
+              f"batched {queue['mean_prefill_queue_batched_s']:.4f}s, one-at-a-time "
+              f"{queue['mean_prefill_queue_one_at_a_time_s']:.4f}s, ratio "
+              f"{queue['queue_ratio_one_at_a_time_over_batched']:.2f} (target >= 3)")
+        ok = ok and queue["queue_ratio_one_at_a_time_over_batched"] >= 3.0
     print(json.dumps({"benchmark": "ttft_pd", "deployment": pd.name, "prompt_tokens": args.prompt_tokens,
                       "requests": args.requests, "ttft_colocated_median_s": med(colo_ttft),
                       "ttft_pd_median_s": med(pd_ttft), "ratio_pd_over_colocated": ratio,
-                      "pd_split_median_s": split, "target_ratio": 1.25, "ok": ratio <= 1.25}))
+                      "pd_split_median_s": split, "target_ratio": 1.25, "burst_queue": queue, "ok": ok}))
     return 0
 
 

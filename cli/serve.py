@@ -50,15 +50,19 @@ def serve(
     trace_steps: Annotated[int | None, typer.Option(
         "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K tokens every step whatever the "
         "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
+    instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
+                                          "(roles.prefill / roles.decode as a list), from 0.")] = 0,
 ) -> None:
-    """Run one process of a deployment (prefill, decode, router or colocated) until Ctrl-C / SIGTERM."""
+    """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
+    every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
+    (SGLang's sglang-router in PD mode, in front of every prefill and decode instance)."""
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
         from specctl.engine.roles import serve_role
 
         try:
-            code = serve_role(deployment, role.value)
+            code = serve_role(deployment, role.value, instance)
         except SpecctlError as exc:
             fail(exc)
             code = exc.exit_code

@@ -14,10 +14,18 @@ server's one-time nonce (so a proof cannot be replayed, and it binds the registr
 and prefill proves it back over decode's nonce; a side that cannot prove it is refused. Without a
 secret on prefill, proofs are not required.
 
-Pairing is "the latest accepted registration wins": a decode that restarts registers again and
-replaces its old self (`on_pair` lets prefill reconnect its transfer sender to the new endpoint).
-`ping(endpoint, session)` lets decode notice that prefill restarted (a new `server_epoch`, or an
-unknown session) and re-register. Each round trip is a Lazy Pirate request (timeout, bounded
+Every accepted registration is its own pairing (a session): several decodes pair with one prefill, and
+a second registration never displaces a live one (no "latest wins": a process that registers while a
+pair is serving gets a session of its own and nothing of anyone else's). A session lives while its
+decode pings it (`ping(endpoint, session)`, every second); one not pinged for `peer_ttl_s` is dropped
+(`on_unpair`), so a decode that restarted simply registers again and its old session expires. Pings also
+let decode notice that prefill restarted (a new `server_epoch`, or an unknown session) and re-register.
+
+With a shared secret, each session also gets a per-session key, HMAC(secret, "specctl-session" ||
+server nonce || client nonce), known to exactly the two peers: `seal`/`open_sealed` put an HMAC on every
+control message of that session (pd_protocol), so no socket of the PD plane acts on a message that fails
+authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim).
+Each round trip is a Lazy Pirate request (timeout, bounded
 retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.
 """
 
@@ -76,6 +84,8 @@ class Rejected(wire.Message, tag="bootstrap.rejected"):
 
 class Ping(wire.Message, tag="bootstrap.ping"):
     session_id: str
+    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce)
+    proof: bytes = b""
 
 
 class Pong(wire.Message, tag="bootstrap.pong"):
@@ -116,14 +126,40 @@ def bootstrap_endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Peer:
-    """The decode currently paired with this prefill."""
+    """One decode paired with this prefill (one session)."""
 
     info: RegistrationInfo
     session_id: str
-    generation: int  # 1 for the first pairing, +1 for every re-registration
+    generation: int  # 1 for the first pairing, +1 for every later one
     paired_at: float
+    key: bytes | None = None  # the session's message key (shared secret only)
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+def _ping_proof(key: bytes, session_id: str, nonce: bytes) -> bytes:
+    return hmac.new(key, b"ping\0" + session_id.encode() + b"\0" + nonce, hashlib.sha256).digest()
+
+
+def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes | None:
+    if key is None:
+        return None
+    return hmac.new(key, b"specctl-session\0" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def seal(key: bytes | None, frames: list[bytes]) -> list[bytes]:
+    """`frames` + one MAC frame over all of them (nothing is added without a key)."""
+    if key is None:
+        return frames
+    return [*frames, wire.mac_of(key, frames)]
+
+
+def open_sealed(key: bytes | None, frames: list[bytes]) -> list[bytes] | None:
+    """The frames without their MAC, or None when the MAC is missing or wrong (keyless: as they came)."""
+    if key is None:
+        return frames
+    return wire.strip_mac(key, frames)
 
 
 @dataclass
@@ -145,17 +181,21 @@ class BootstrapServer:
         port: int = 0,
         secret: bytes | str | None = None,
         on_pair: Callable[[Peer], None] | None = None,
+        on_unpair: Callable[[Peer], None] | None = None,
+        peer_ttl_s: float = 10.0,
         ctx: zmq.Context | None = None,
     ) -> None:
         self.local = local
         self._host, self._port = host, port
         self._key = _as_key(secret)
         self._on_pair = on_pair
+        self._on_unpair = on_unpair
+        self.peer_ttl_s = peer_ttl_s
         self._ctx = ctx or zmq.Context.instance()
         self._local_bytes = _info_encoder.encode(local)
         self.server_epoch = uuid.uuid4().hex
         self._nonces: OrderedDict[bytes, float] = OrderedDict()
-        self._peer: Peer | None = None
+        self._peers: dict[str, Peer] = {}
         self._generation = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -192,25 +232,64 @@ class BootstrapServer:
         return int(self.endpoint.rsplit(":", 1)[1])
 
     @property
+    def auth_required(self) -> bool:
+        return self._key is not None
+
+    @property
     def peer(self) -> Peer | None:
+        """The most recent live pairing (inspection only: requests find theirs by session, `peer_for`)."""
+        peers = self.peers
+        return max(peers, key=lambda p: p.generation) if peers else None
+
+    @property
+    def peers(self) -> list[Peer]:
+        self._expire()
         with self._cond:
-            return self._peer
+            return list(self._peers.values())
+
+    def peer_for(self, session_id: str) -> Peer | None:
+        """The live pairing of `session_id`, or None."""
+        self._expire()
+        with self._cond:
+            return self._peers.get(session_id)
 
     def wait_for_peer(self, timeout_s: float, *, after_generation: int = 0) -> Peer | None:
-        """The paired decode once one with generation > after_generation registered, else None."""
+        """The newest pairing once one with generation > after_generation registered, else None."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._peer is None or self._peer.generation <= after_generation:
+            while True:
+                newest = max(self._peers.values(), key=lambda p: p.generation, default=None)
+                if newest is not None and newest.generation > after_generation:
+                    return newest
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._cond.wait(left)
-            return self._peer
 
-    def forget_peer(self) -> None:
-        """Drop the pairing (e.g. after its transfers failed): its pings now answer paired=False."""
+    def forget_peer(self, session_id: str | None = None) -> None:
+        """Drop one pairing (all without a session id): its pings now answer paired=False."""
         with self._cond:
-            self._peer = None
+            gone = [p for s, p in self._peers.items() if session_id is None or s == session_id]
+            for p in gone:
+                del self._peers[p.session_id]
+        for p in gone:
+            self._unpaired(p)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            gone = [p for p in self._peers.values() if now - p.last_seen > self.peer_ttl_s]
+            for p in gone:
+                del self._peers[p.session_id]
+        for p in gone:
+            self._unpaired(p)
+
+    def _unpaired(self, peer: Peer) -> None:
+        if self._on_unpair is not None:
+            try:
+                self._on_unpair(peer)
+            except Exception:  # a callback bug must not stop the bootstrap thread
+                pass
 
     # ------------------------------------------------------------------ loop
     def _run(self) -> None:
@@ -255,8 +334,15 @@ class BootstrapServer:
                 nonce=self._new_nonce(), auth_required=self._key is not None, server_epoch=self.server_epoch
             )
         if isinstance(msg, Ping):
-            peer = self.peer
-            return Pong(paired=peer is not None and peer.session_id == msg.session_id, server_epoch=self.server_epoch)
+            # A ping keeps its session alive; knowing a session id is what a ping proves (ids are random
+            # 128-bit values only the paired decode learned), and a ping grants nothing else.
+            peer = self.peer_for(msg.session_id)
+            if peer is not None and peer.key is not None and not hmac.compare_digest(
+                    msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce)):
+                return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
+            if peer is not None:
+                peer.last_seen = time.monotonic()
+            return Pong(paired=peer is not None, server_epoch=self.server_epoch)
         if isinstance(msg, Register):
             return self._register(msg)
         return Rejected(reason=f"unexpected message {type(msg).__name__} on the bootstrap endpoint")
@@ -265,7 +351,8 @@ class BootstrapServer:
         self.stats.rejected += 1
         self.stats.last_reason = reason
         self.stats.last_rejection = [m.to_json() for m in mismatches or []]
-        return Rejected(reason=reason, mismatches=list(mismatches or []), prefill=self.local)
+        # No `prefill=` registration in a rejection: a stranger must not learn what to claim.
+        return Rejected(reason=reason, mismatches=list(mismatches or []))
 
     def _register(self, msg: Register) -> wire.Message:
         expiry = self._nonces.pop(msg.nonce, None)  # one-time: a replayed Register finds no nonce
@@ -282,14 +369,15 @@ class BootstrapServer:
             return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", mismatches)
         with self._cond:
             self._generation += 1
-            peer = Peer(info=info, session_id=uuid.uuid4().hex, generation=self._generation, paired_at=time.time())
+            peer = Peer(info=info, session_id=uuid.uuid4().hex, generation=self._generation, paired_at=time.time(),
+                        key=session_key(self._key, msg.nonce, msg.client_nonce))
         if self._on_pair is not None:
             try:
                 self._on_pair(peer)
             except Exception as exc:  # e.g. prefill cannot reach decode's transfer endpoint
                 return self._reject(f"prefill could not set up the transfer to decode: {exc}")
         with self._cond:
-            self._peer = peer
+            self._peers[peer.session_id] = peer
             self._cond.notify_all()
         self.stats.accepted += 1
         proof = _proof(self._key, msg.client_nonce, self._local_bytes) if self._key is not None else b""
@@ -308,6 +396,7 @@ class Pairing:
     session_id: str
     server_epoch: str
     latency_s: float
+    key: bytes | None = None  # the session's message key (shared secret only)
 
 
 def register(
@@ -369,8 +458,16 @@ def register(
             session_id=verdict.session_id,
             server_epoch=verdict.server_epoch,
             latency_s=time.perf_counter() - t0,
+            key=session_key(key, ch.nonce, client_nonce),
         )
     raise HandshakeRejected("handshake nonce kept expiring (is prefill's clock or load extreme?)")
+
+
+def _ping(pairing: Pairing) -> Ping:
+    if pairing.key is None:
+        return Ping(session_id=pairing.session_id)
+    nonce = os.urandom(16)
+    return Ping(session_id=pairing.session_id, nonce=nonce, proof=_ping_proof(pairing.key, pairing.session_id, nonce))
 
 
 def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context | None = None) -> bool:
@@ -380,7 +477,7 @@ def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq
     env = wire.request(
         ctx or zmq.Context.instance(),
         pairing.endpoint,
-        Ping(session_id=pairing.session_id),
+        _ping(pairing),
         timeout_s=timeout_s,
         retries=retries,
         expect=(Pong,),

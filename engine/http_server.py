@@ -221,6 +221,9 @@ class OpenAIServer:
             web.get("/server_info", self.server_info),
         ])
         self.in_flight = 0
+        from specctl.engine.sglang_http import add_sglang_routes
+
+        add_sglang_routes(self)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -328,6 +331,12 @@ class OpenAIServer:
         return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
     async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+        from specctl.engine.sglang_http import bootstrap_fields
+
+        req.params.update(bootstrap_fields(req.extra))  # sglang-router's PD fields reach the backend
+        check = getattr(self.backend, "check_params", None)
+        if check is not None:
+            check(req.params)  # a role that cannot serve these params says why (4xx) before any stream starts
         rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         self.in_flight += 1

@@ -1,15 +1,19 @@
 """Launcher: starts every process of a local deployment, waits until all are ready, supervises, stops them.
 
 Contract (mini-sglang style: the launcher blocks on every worker's readiness before reporting ready):
-- `Launcher(deployment, overrides=...)` plans one `specctl serve --role R` subprocess per engine role
-  (prefill, decode, then router; or colocated), each logging to `<log_dir>/<role>.log`.
+- `Launcher(deployment, overrides=...)` plans one `specctl serve --role R --instance I` subprocess per
+  engine instance (every prefill, every decode; or colocated) and, for a disaggregated deployment, SGLang's
+  sglang-router in front of them (engine/sglang_router.py: `python -m sglang_router.launch_router
+  --pd-disaggregation ...`), each logging to `<log_dir>/<name>.log` (names: `prefill`, `prefill.1`, ...).
+  Every child's environment has HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1.
 - `start()` first checks that every port the topology binds (each role's HTTP port, prefill's bootstrap
   port) is free, and raises `RuntimeFailure` (exit 3) naming the port, the role and the
   `--set roles.R.port=...` fix if not (another deployment, perhaps one still shutting down, holds it);
   then it spawns them (each in its own session, and with a parent-death signal on Linux, so an
   orphaned child never outlives the launcher). `wait_ready(timeout_s, on_status)` polls every role's
-  `/health` until all answer 200 (decode answers 200 only once paired with prefill) from the process
-  it started (the body's `pid` must be the child's: a stranger on the port never counts as ready), calling
+  `/health` until all answer 200 (decode answers 200 only once paired with every prefill) from the process
+  it started (the body's `pid` must be the child's: a stranger on the port never counts as ready), then
+  starts the router (so its start-up checks find healthy workers) and waits for its `/readiness`, calling
   `on_status(list[ProcessStatus])` on each poll; it raises `RuntimeFailure` naming the process, its
   exit code and the tail of its log if one exits, or which ones are not ready at the timeout.
 - `check()` raises the same error if a process died after ready; `stop()` sends SIGTERM to all, waits
@@ -35,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from specctl.engine.sglang_router import OFFLINE_ENV, role_instances, router_argv
 from specctl.errors import RuntimeFailure
 
 # Start order matters: decode registers with prefill, the router health-checks both.
@@ -64,6 +69,15 @@ class ProcessStatus:
     def to_json(self) -> dict[str, Any]:
         return {"role": self.role, "url": self.url, "pid": self.pid, "state": self.state, "detail": self.detail,
                 "ready": self.ready, "returncode": self.returncode, "log": self.log_path}
+
+
+def instance_name(role: str, index: int) -> str:
+    return role if index == 0 else f"{role}.{index}"
+
+
+def split_name(name: str) -> tuple[str, int]:
+    role, _, index = name.partition(".")
+    return role, int(index or 0)
 
 
 def roles_to_launch(roles: Sequence[str]) -> tuple[str, ...]:
@@ -118,20 +132,35 @@ class Launcher:
         self.roles = roles_to_launch(deployment.roles)
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="specctl-up-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, **(env or {}), **OFFLINE_ENV}
         self.python = python
         self.procs: dict[str, subprocess.Popen] = {}
-        self.status = {r: ProcessStatus(r, http_url(deployment.role(r)), log_path=str(self.log_dir / f"{r}.log"))
-                       for r in self.roles}
+        # One process per instance: prefill, prefill.1, ..., decode, ..., router.
+        self.names: tuple[str, ...] = tuple(
+            instance_name(r, i) for r in self.roles
+            for i in range(1 if r == "router" else len(role_instances(deployment, r))))
+        self.status = {n: ProcessStatus(n, http_url(self.role_config(n)), log_path=str(self.log_dir / f"{n}.log"))
+                       for n in self.names}
         self._stopped = False
+
+    def role_config(self, name: str) -> dict[str, Any]:
+        role, index = split_name(name)
+        if role == "router":
+            return self.deployment.role(role)
+        return role_instances(self.deployment, role)[index]
 
     @property
     def url(self) -> str:
         front = "router" if "router" in self.roles else self.roles[-1]
         return self.status[front].url
 
-    def command(self, role: str) -> list[str]:
+    def command(self, name: str) -> list[str]:
+        role, index = split_name(name)
+        if role == "router":
+            return router_argv(self.deployment, python=self.python)
         cmd = [self.python, "-m", "specctl.cli", "serve", "--role", role, "-c", str(self.deployment.path)]
+        if index:
+            cmd += ["--instance", str(index)]
         for o in self.overrides:
             cmd += ["--set", o]
         return cmd
@@ -141,7 +170,7 @@ class Launcher:
         set OMP_NUM_THREADS: on a small CPU machine two engines with one OpenMP team per core each
         oversubscribe the cores, and measured prefill forwards then run several times slower."""
         env = dict(self.env)
-        engines = [r for r in self.roles if r != "router"]
+        engines = [n for n in self.names if split_name(n)[0] != "router"]
         if "OMP_NUM_THREADS" not in env and role in engines:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(engines)))
         return env
@@ -149,13 +178,15 @@ class Launcher:
     def planned_ports(self) -> list[tuple[str, str, str, int]]:
         """(role, what, host, port) for every port the topology will bind, with the key that sets it."""
         out = []
-        for role in self.roles:
-            cfg = self.deployment.role(role)
+        for name in self.names:
+            cfg = self.role_config(name)
+            role, index = split_name(name)
+            key = role if len(role_instances(self.deployment, role)) == 1 or role == "router" else f"{role}.{index}"
             host = str(cfg.get("host") or "127.0.0.1")
             if cfg.get("port") is not None:
-                out.append((role, "port", host, int(cfg["port"])))
+                out.append((key, "port", host, int(cfg["port"])))
             if role == "prefill" and cfg.get("bootstrap_port") is not None:
-                out.append((role, "bootstrap_port", host, int(cfg["bootstrap_port"])))
+                out.append((key, "bootstrap_port", host, int(cfg["bootstrap_port"])))
         return out
 
     def check_ports(self) -> None:
@@ -178,16 +209,27 @@ class Launcher:
                     hint=f"stop the other deployment, or choose another port: --set {key}=<port>")
 
     def start(self) -> None:
+        """Check the ports and start every engine process; the router starts once they are ready."""
         self.check_ports()
-        for role in self.roles:
-            st = self.status[role]
-            log = open(st.log_path, "ab")  # noqa: SIM115 - handed to the child; closed in stop()
-            proc = subprocess.Popen(self.command(role), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.role_env(role), preexec_fn=_pdeathsig, close_fds=True)  # noqa: PLW1509
-            log.close()  # the child holds its own descriptor
-            self.procs[role] = proc
-            st.pid = proc.pid
-            st.since = time.monotonic()
+        if "router" in self.roles:
+            from specctl.engine.sglang_router import check_installed
+
+            check_installed(self.python)
+        for name in self.names:
+            if name != "router":
+                self._spawn(name)
+        if "router" in self.status:
+            self.status["router"].detail = "starts once prefill and decode are ready"
+
+    def _spawn(self, name: str) -> None:
+        st = self.status[name]
+        log = open(st.log_path, "ab")  # noqa: SIM115 - handed to the child; closed in stop()
+        proc = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self.role_env(name), preexec_fn=_pdeathsig, close_fds=True)  # noqa: PLW1509
+        log.close()  # the child holds its own descriptor
+        self.procs[name] = proc
+        st.pid = proc.pid
+        st.since = time.monotonic()
 
     def poll(self) -> list[ProcessStatus]:
         for role, st in self.status.items():
@@ -196,6 +238,9 @@ class Launcher:
                 st.returncode = proc.returncode
                 st.state, st.ready = "exited", False
                 st.detail = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                continue
+            if role == "router":
+                self._poll_router(st, proc)
                 continue
             body, code = _get_json(st.url + "/health")
             if code is None:
@@ -217,11 +262,28 @@ class Launcher:
                 st.since = time.monotonic()
             st.state, st.ready = new_state, code == 200
             st.detail = str(body.get("detail") or "")
+        if "router" in self.status and "router" not in self.procs and not self._stopped and all(
+                s.ready for n, s in self.status.items() if n != "router"):
+            self._spawn("router")
         return list(self.status.values())
+
+    def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen | None) -> None:
+        # sglang-router names no pid; the port was checked free before anything started, so the answer on it
+        # is the started router's. /readiness is 200 once it holds a healthy prefill and decode.
+        if proc is None:
+            st.state, st.ready = "waiting", False
+            return
+        body, code = _get_json(st.url + "/readiness")
+        ready = code == 200
+        new_state = "ready" if ready else ("starting" if code is None else str(body.get("status") or code))
+        if new_state != st.state:
+            st.since = time.monotonic()
+        st.state, st.ready = new_state, ready
+        st.detail = "" if ready else ("waiting for its HTTP port" if code is None else json.dumps(body)[:200])
 
     def failure(self) -> RuntimeFailure | None:
         """The first process that exited, as an error naming it and why (log tail included)."""
-        for role in self.roles:
+        for role in self.names:
             proc = self.procs.get(role)
             if proc is not None and proc.poll() is not None:
                 st = self.status[role]
@@ -259,7 +321,7 @@ class Launcher:
         if self._stopped:
             return {r: p.returncode for r, p in self.procs.items()}
         self._stopped = True
-        for role in reversed(self.roles):
+        for role in reversed(self.names):
             proc = self.procs.get(role)
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

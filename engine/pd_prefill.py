@@ -1,20 +1,27 @@
-"""PrefillBackend: the prefill role of a disaggregated deployment.
+"""PrefillBackend: the prefill role of a disaggregated deployment, speaking SGLang's disaggregation protocol.
 
 Contract:
-- Loads the target ModelRunner (and the draft's, when `speculative.algorithm == "draft"`: decode then
-  continues from draft KV that prefill produced), builds its RegistrationInfo from the live layouts,
-  and serves W's bootstrap endpoint on `bootstrap_port`; the registration advertises this process's
-  ZMQ control endpoint (`endpoints["control"]`) where the paired decode sends `PdPrefill`.
-- Per request: allocate, forward the prompt (target, then draft), sample token 1 with the request's own
-  generator, export KV + state (+ draft KV), push it with `TransferSender` to decode's transfer endpoint
-  (the transfer `extra` carries the first token, the generator state and prefill timings), wait for the
-  ack, free. Every failure (send error, ack timeout, decode gone, abort, stale pairing) frees the pages
-  and, where decode can still hear it, answers `PdPrefillDone(ok=False, error)`.
-- All runner work runs on one compute thread (the runner is not thread-safe); sends run on one sender
-  thread (W's sender is single-threaded). Liveness, not queueing, is what decode times: each request is
-  acknowledged at once (`PdPrefillProgress(queued)`) and reported again when its compute starts
-  (`started`); decode's transfer timeout counts from there. /health is 200 once the model is loaded and the bootstrap
-  endpoint listens (`paired` in the body says whether a decode registered).
+- Loads an Engine like the colocated role (target, and the draft's runner when decode speculates with a
+  draft: its layout is part of the registration; prefill never runs it, decode's drafter builds its own
+  cache from the prompt, so the draft components travel empty with `draft_length: 0`), builds its
+  RegistrationInfo from the live layouts and serves the bootstrap endpoint on `bootstrap_port` (decodes
+  register there; every decode is its own session, bootstrap.py), plus a ZMQ control socket
+  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd_protocol.py).
+- sglang-router sends each request to prefill and to decode at once with `bootstrap_room`. Prefill's HTTP
+  half is admitted into the Engine with `export_after_prefill`: batched and chunked by the same Scheduler as
+  every other request; once the prompt is cached the first token is sampled, the caches are exported and
+  the pages freed. Then the room waits for decode's claim (it usually came first), the payload goes to that
+  session's decode over the transfer backend (zmq or shm; decode verifies it against the registration and
+  acknowledges), and the HTTP half answers with the first token.
+- A room whose other half never comes errors within `transfer.timeout_s`: an HTTP half without a claim
+  answers an error, a claim without an HTTP half gets `PdDone(ok=False)`; a failed transfer errors both.
+  Nothing is left behind: pages are freed at export, exported tensors dropped with the room.
+- A request without `bootstrap_room` is refused (400): prefill serves the router, not clients.
+- With a shared secret every control message must carry its session's MAC (bootstrap.seal); one that does
+  not is refused and counted (`auth_failures`), never acted on. Without one, the PD plane binds loopback
+  and logs a warning that pairing is unauthenticated.
+- Test-only faults (`FaultPlan`, read once at start from the environment, never per request): hold each
+  payload before sending it, or reverse the components of a marked prompt.
 """
 
 from __future__ import annotations
@@ -22,10 +29,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
+import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,347 +41,46 @@ import zmq.asyncio
 
 from specctl.engine import wire
 from specctl.engine.async_engine import RequestOutput
+from specctl.engine.bootstrap import Peer, open_sealed, seal
 from specctl.engine.metrics import ServingMetrics
-from specctl.engine.pd_protocol import PdPrefill, PdPrefillDone, PdPrefillProgress, serve_requests
-from specctl.engine.roles import RoleContext, encode_prompt, max_context_of, model_name_of, sampling_params_of
+from specctl.engine.pd_protocol import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
 
-# Test-only fault injection: hold each request's pages this long between export and send, so a test
-# can kill decode "in the middle of a transfer" deterministically. Never set in production.
+MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
 HOLD_ENV = "SPECCTL_TEST_PREFILL_HOLD_S"
-# Test-only fault injection: a request whose prompt contains this marker has its components sent in
-# reverse order, so a test can check that decode rejects a payload breaking the registration.
 CORRUPT_ENV = "SPECCTL_TEST_PREFILL_CORRUPT"
 
 
-def export_with_draft(runner: Any, draft_runner: Any | None, rid: int) -> dict[str, Any]:
-    tensors = dict(runner.export_request(rid))
-    if draft_runner is not None:
-        tensors.update({f"draft.{k}": v for k, v in draft_runner.export_request(rid).items()})
-    return tensors
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    """Faults a test asks for when it starts a prefill process (never set in production)."""
+
+    hold_s: float = 0.0  # hold each payload this long before sending (kill decode "mid-transfer")
+    corrupt_marker: str = ""  # a prompt containing this has its components sent in reverse order
+
+    @classmethod
+    def from_env(cls) -> FaultPlan:
+        return cls(hold_s=float(os.environ.get(HOLD_ENV, "0") or 0), corrupt_marker=os.environ.get(CORRUPT_ENV, ""))
 
 
-class _FirstToken:
-    """The request as engine/penalties.py sees it when prefill samples its first token: no output yet."""
+@dataclasses.dataclass(eq=False)
+class _Room:
+    """Both halves of one bootstrap room as prefill sees them."""
 
-    def __init__(self, params: Any) -> None:
-        self.params = params
-        self.output_ids: list[int] = []
-
-
-class PrefillBackend:
-    def __init__(self, ctx: RoleContext) -> None:
-        self.ctx = ctx
-        self.model_name = model_name_of(ctx.role)
-        self.max_context = max_context_of(self.model_name)
-        self.runner: Any = None
-        self.draft_runner: Any = None
-        self.tokenizer: Any = None
-        self.bootstrap: Any = None
-        self.info: Any = None
-        self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-prefill")
-        self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
-        self._sender: Any = None
-        self._sender_endpoint: str | None = None
-        self._peer_endpoint: str | None = None
-        self._peer_lock = threading.Lock()
-        self._zctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
-        self._tasks: dict[str, asyncio.Task] = {}
-        self._bg: list[asyncio.Task] = []
-        self._rids = itertools.count(1)
-        self.completed = 0
-        self.failed = 0
-        self.compute_s = 0.0
-        self.transfer_s = 0.0
-        self.baseline_free_pages = 0
-
-    # lifecycle ------------------------------------------------------------------------------------
-    async def load(self) -> None:
-        from specctl.engine.bootstrap import BootstrapServer
-        from specctl.engine.config import EngineConfig
-        from specctl.engine.registration import build_registration
-
-        cfg = EngineConfig.from_role(self.ctx.role)
-        self.config = cfg
-        self._slots = asyncio.Semaphore(cfg.max_batch_size)
-        self.runner, self.draft_runner = await asyncio.get_running_loop().run_in_executor(
-            self._compute, _load_runners, cfg)
-        self.tokenizer = self.runner.tokenizer
-        self.baseline_free_pages = int(self.runner.num_free_pages)
-        host = str(self.ctx.role.get("host") or "127.0.0.1")
-        self._sock = self._zctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.bind(f"tcp://{host}:0")
-        control = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        backend = str(self.ctx.transfer.get("backend", "zmq"))
-        self.info = build_registration(
-            "prefill", self.runner.layout(), speculative=cfg.speculative,
-            draft_layout=self.draft_runner.layout() if self.draft_runner is not None else None,
-            transfer_backend=backend, endpoints={"control": control}, facts=self.runner.facts,
-            draft_facts=self.draft_runner.facts if self.draft_runner is not None else None,
-        )  # fmt: skip
-        from specctl.engine.transfer import PayloadSpec
-
-        # Components go out in the order the registration fixes; decode checks each payload against it.
-        self._component_order = PayloadSpec.from_registration(self.info).names
-        bport = self.ctx.role.get("bootstrap_port")
-        if bport is None:
-            from specctl.errors import UsageError
-
-            raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
-        self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=_secret(self.ctx),
-                                         on_pair=self._on_pair).start()
-        self._bg.append(asyncio.create_task(self._control_loop()))
-        self.ctx.state.extra.update({"bootstrap_endpoint": self.bootstrap.endpoint, "control_endpoint": control,
-                                     "fingerprint": self.info.fingerprint(), "paired": False})
-        self.ctx.state.set("ready", ready=True)
-        log.info("prefill ready: bootstrap %s, control %s, fingerprint %s", self.bootstrap.endpoint, control,
-                 self.info.fingerprint())
-
-    def _on_pair(self, peer: Any) -> None:
-        endpoint = peer.info.endpoints.get("transfer")
-        if not endpoint:
-            raise ValueError("decode advertised no transfer endpoint")
-        with self._peer_lock:
-            self._peer_endpoint = endpoint
-        self.ctx.state.extra["paired"] = True
-        self.ctx.state.extra["peer"] = {"generation": peer.generation, "transfer": endpoint,
-                                        "fingerprint": peer.info.fingerprint()}
-        log.info("paired with decode (generation %d, transfer endpoint %s)", peer.generation, endpoint)
-
-    async def close(self) -> None:
-        for t in list(self._tasks.values()) + self._bg:
-            t.cancel()
-        for t in list(self._tasks.values()) + self._bg:
-            with contextlib.suppress(BaseException):
-                await t
-        if self.bootstrap is not None:
-            await asyncio.to_thread(self.bootstrap.stop)
-        await asyncio.get_running_loop().run_in_executor(self._send_pool, self._close_sender)
-        self._send_pool.shutdown(wait=False)
-        self._compute.shutdown(wait=False)
-        if self._sock is not None:
-            self._sock.close(linger=0)
-        self._zctx.destroy(linger=0)
-
-    # Backend protocol (prefill serves no completions itself) --------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return encode_prompt(self.tokenizer, text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        return self.ctx.state.health()
-
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]:
-        yield RequestOutput([], True, "error", "this is the prefill role: send requests to the router")
-
-    async def server_info(self) -> dict[str, Any]:
-        info = self.ctx.base_info()
-        info["fingerprints"] = {"registration": self.info.fingerprint() if self.info else None,
-                                "target": (self.info.model.weights_hash if self.info else None),
-                                "draft": (self.info.draft.model.weights_hash if self.info and self.info.draft
-                                          else None)}
-        info["registration"] = self.info.to_json() if self.info else None
-        info["pool"] = await self._pool()
-        info["in_flight"] = len(self._tasks)
-        info["bootstrap"] = vars(self.bootstrap.stats) if self.bootstrap else None
-        info["timing"] = {"completed": self.completed, "failed": self.failed,
-                          "mean_compute_s": self.compute_s / self.completed if self.completed else None,
-                          "mean_transfer_s": self.transfer_s / self.completed if self.completed else None}
-        return info
-
-    async def _pool(self) -> dict[str, int]:
-        if self.runner is None:
-            return {}
-
-        def read() -> dict[str, int]:
-            out = {"free_pages": int(self.runner.num_free_pages), "total_pages": int(self.runner.num_total_pages),
-                   "baseline_free_pages": self.baseline_free_pages}
-            if self.draft_runner is not None:
-                out["draft_free_pages"] = int(self.draft_runner.num_free_pages)
-                out["draft_total_pages"] = int(self.draft_runner.num_total_pages)
-            return out
-
-        return await asyncio.get_running_loop().run_in_executor(self._compute, read)
-
-    async def refresh_metrics(self, metrics: ServingMetrics) -> None:
-        pool = await self._pool()
-        if pool:
-            metrics.pages_total.set(pool["total_pages"])
-            metrics.pages_used.set(pool["total_pages"] - pool["free_pages"])
-
-    # control socket -------------------------------------------------------------------------------
-    async def _control_loop(self) -> None:
-        assert self._sock is not None
-        await serve_requests(self._sock, PdPrefill, self._handle, self._tasks, what="decode")
-
-    async def _reply(self, identity: bytes, msg: PdPrefillDone | PdPrefillProgress) -> None:
-        if self._sock is None:
-            return
-        try:
-            await asyncio.wait_for(self._sock.send_multipart([identity, *wire.encode(msg)]), 2.0)
-        except (zmq.ZMQError, asyncio.TimeoutError) as exc:
-            log.info("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
-
-    async def _handle(self, identity: bytes, msg: PdPrefill) -> None:
-        loop = asyncio.get_running_loop()
-        rid = next(self._rids)
-        t_arrival = time.time()
-        allocated = acquired = False
-        error: str | None = None
-        try:
-            peer = self.bootstrap.peer if self.bootstrap else None
-            if peer is None or peer.session_id != msg.pairing_id:
-                raise _Refuse("prefill is not paired with this decode (it restarted); re-register")
-            await self._reply(identity, PdPrefillProgress(req_id=msg.req_id, stage="queued"))
-            await self._slots.acquire()  # bounded: every held request needs a state slot in the runner
-            acquired = True
-            allocated = True
-            result = await loop.run_in_executor(self._compute, self._prefill_sync, rid, msg,
-                                                lambda: loop.call_soon_threadsafe(self._started, identity, msg.req_id))
-            hold = float(os.environ.get(HOLD_ENV, "0") or 0)
-            if hold > 0:
-                await asyncio.sleep(hold)
-            extra = {"first_token": result["first_token"], "prefill_s": result["compute_s"],
-                     "queue_s": result["started"] - t_arrival, "sent_at": time.time(),
-                     "draft_length": result["draft_length"], **result["split"]}
-            if result["rng"] is not None:
-                extra["rng_state"] = result["rng"]
-            sent = await loop.run_in_executor(self._send_pool, self._send_sync, msg.req_id, result["tensors"],
-                                              result["length"], extra)
-            self.completed += 1
-            self.compute_s += result["compute_s"]
-            self.transfer_s += sent.seconds
-            self.ctx.metrics.transfer_bytes.inc(sent.nbytes, direction="sent")
-            self.ctx.metrics.transfer_seconds.observe(sent.seconds)
-            self.ctx.metrics.record_prefill(prompt_tokens=len(msg.prompt_ids), compute_s=result["compute_s"])
-        except asyncio.CancelledError:
-            error = "aborted"
-            self.ctx.metrics.transfer_failures.inc(reason="aborted")
-            raise
-        except _Refuse as exc:
-            error = str(exc)
-        except Exception as exc:  # transfer error/timeout, runner failure: fail this request only
-            error = f"{type(exc).__name__}: {exc}"
-            kind = type(exc).__name__
-            self.ctx.metrics.transfer_failures.inc(reason=kind)
-            log.warning("request %s failed on prefill: %s", msg.req_id, error)
-        finally:
-            self._tasks.pop(msg.req_id, None)
-            if allocated:
-                # Free on every path; the compute thread serialises this after any forward in flight.
-                await asyncio.shield(loop.run_in_executor(self._compute, self._free_sync, rid))
-            if acquired:
-                self._slots.release()
-            if error is not None:
-                self.failed += 1
-                if error != "aborted":
-                    await self._reply(identity, PdPrefillDone(req_id=msg.req_id, ok=False, error=error))
-
-    def _started(self, identity: bytes, req_id: str) -> None:
-        task = asyncio.ensure_future(self._reply(identity, PdPrefillProgress(req_id=req_id, stage="started")))
-        self._bg.append(task)
-        task.add_done_callback(lambda t: self._bg.remove(t) if t in self._bg else None)
-
-    # compute thread -------------------------------------------------------------------------------
-    def _prefill_sync(self, rid: int, msg: PdPrefill, on_start: Any = None) -> dict[str, Any]:
-        import torch
-
-        from specctl.engine.model_runner import ForwardItem
-        from specctl.engine.penalties import adjust as adjust_logits
-        from specctl.engine.sampling import make_generator, sample
-
-        started = time.time()
-        if on_start is not None:
-            on_start()  # decode's transfer timeout for this request counts from here
-        t0 = time.perf_counter()
-        params = sampling_params_of(msg.params)
-        ids = list(msg.prompt_ids)
-        if not ids:
-            bos = getattr(self.tokenizer, "bos_token_id", None)
-            ids = [bos] if bos is not None else ids
-        runner = self.runner
-        if not runner.can_allocate(len(ids)):
-            raise RuntimeError(f"prefill KV pool full ({runner.num_free_pages} pages free) for {len(ids)} tokens")
-        runner.allocate(rid, len(ids))
-        logits = runner.forward([ForwardItem(rid, ids, 0)])
-        gen = make_generator(params, runner.device)
-        # logit_bias applies to the first token too (penalties have no output to count yet): engine/penalties.py
-        first = int(sample(adjust_logits([_FirstToken(params)], logits[-1:]), [params], [gen]).tolist()[0])
-        t_target = time.perf_counter()
-        draft_length = 0
-        if self.draft_runner is not None and msg.with_draft:
-            # The draft's prefill: decode's drafter continues from this cache instead of recomputing it.
-            self.draft_runner.allocate(rid, len(ids))
-            self.draft_runner.forward([ForwardItem(rid, ids, 0)])
-            draft_length = len(ids)
-        t_draft = time.perf_counter()
-        exported = export_with_draft(runner, self.draft_runner if draft_length else None, rid)
-        tensors = {n: exported[n] for n in self._component_order if n in exported}
-        tensors.update({n: t for n, t in exported.items() if n not in tensors})
-        marker = os.environ.get(CORRUPT_ENV)
-        if marker and marker in self.tokenizer.decode(ids):
-            tensors = dict(reversed(list(tensors.items())))
-        rng = None
-        if gen is not None:
-            rng = bytes(gen.get_state().to(torch.uint8).numpy().tobytes())
-        done = time.perf_counter()
-        return {"first_token": first, "tensors": tensors, "length": len(ids), "draft_length": draft_length,
-                "compute_s": done - t0, "started": started, "rng": rng,
-                "split": {"prefill_target_s": t_target - t0, "prefill_draft_s": t_draft - t_target,
-                          "export_s": done - t_draft}}
-
-    def _free_sync(self, rid: int) -> None:
-        self.runner.free(rid)
-        if self.draft_runner is not None:
-            self.draft_runner.free(rid)
-
-    # sender thread --------------------------------------------------------------------------------
-    def _send_sync(self, req_id: str, tensors: dict[str, Any], length: int, extra: dict[str, Any]) -> Any:
-        from specctl.engine.transfer import TransferSender
-
-        with self._peer_lock:
-            endpoint = self._peer_endpoint
-        if endpoint is None:
-            raise RuntimeError("no decode is paired")
-        if self._sender is None or self._sender_endpoint != endpoint:
-            self._close_sender()
-            self._sender = TransferSender(endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")),
-                                          timeout_s=self.ctx.timeout_s)
-            self._sender_endpoint = endpoint
-        return self._sender.send(req_id, tensors, length=length, extra=extra)
-
-    def _close_sender(self) -> None:
-        if self._sender is not None:
-            with contextlib.suppress(Exception):
-                self._sender.close()
-        self._sender = None
+    key: str
+    created: float = dataclasses.field(default_factory=time.monotonic)
+    http: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    claimed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    prompt_ids: list[int] | None = None
+    claim: PdClaim | None = None
+    identity: bytes = b""
+    peer: Peer | None = None
+    aborted: str | None = None
 
 
-class _Refuse(Exception):
-    pass
-
-
-def _load_runners(cfg: Any) -> tuple[Any, Any]:
-    from specctl.engine.device import resolve_device
-    from specctl.engine.model_runner import ModelRunner
-
-    device = str(resolve_device(cfg.device))
-    kw = dict(dtype=cfg.dtype, device=device, page_size=cfg.page_size, max_tokens=cfg.max_tokens,
-              max_requests=cfg.max_batch_size, max_draft_tokens=cfg.max_draft_tokens)
-    runner = ModelRunner(cfg.model_ref, **kw)
-    draft = None
-    if cfg.algorithm == "draft" and cfg.speculative.get("draft"):
-        draft = ModelRunner(str(cfg.speculative["draft"]), **kw)
-    return runner, draft
-
-
-def _secret(ctx: RoleContext) -> str | None:
+def secret_of(ctx: RoleContext) -> str | None:
     name = ctx.transfer.get("secret_env")
     if not name:
         return None
@@ -385,3 +90,407 @@ def _secret(ctx: RoleContext) -> str | None:
 
         raise UsageError(f"transfer.secret_env names ${name}, which is not set in this process's environment")
     return value
+
+
+_secret = secret_of  # the name decode imported before
+
+
+def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
+    if secret_of(ctx) is None:
+        log.warning("PD pairing is unauthenticated (no transfer.secret_env): any local process may register "
+                    "with the bootstrap endpoint; keep the PD plane on loopback (host %s) or set a shared secret",
+                    host)
+
+
+class PrefillBackend(EngineBackend):
+    # The first token's log-prob would have to travel to decode, which answers the client: refused by name.
+    supports_logprobs = False
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.bootstrap: Any = None
+        self.info: Any = None
+        self.faults = FaultPlan()
+        self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
+        self._senders: dict[tuple[str, bytes | None], Any] = {}
+        self._zctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._rooms: dict[str, _Room] = {}
+        self._pending: set[Any] = set()  # Sequences admitted, first token not yet sampled (engine thread only)
+        self._bg: list[asyncio.Task[Any]] = []
+        self.completed = 0
+        self.failed = 0
+        self.auth_failures = 0
+        self.transfer_s = 0.0
+        self.compute_s = 0.0
+
+    # lifecycle ------------------------------------------------------------------------------------
+    async def load(self) -> None:
+        from specctl.engine.bootstrap import BootstrapServer
+        from specctl.engine.registration import build_registration
+        from specctl.engine.transfer import PayloadSpec
+
+        self.faults = FaultPlan.from_env()
+        await super().load()
+        assert self.aengine is not None
+        self.aengine.on_step = self._on_step
+        engine = self.engine
+        host = str(self.ctx.role.get("host") or "127.0.0.1")
+        warn_unauthenticated(self.ctx, host)
+        self._sock = self._zctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(f"tcp://{host}:0")
+        control = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        draft = draft_runner_of(engine)
+        self.info = build_registration(
+            "prefill", engine.runner.layout(), speculative=engine.config.speculative,
+            draft_layout=draft.layout() if draft is not None else None,
+            transfer_backend=str(self.ctx.transfer.get("backend", "zmq")), endpoints={"control": control},
+            facts=engine.runner.facts, draft_facts=draft.facts if draft is not None else None,
+        )  # fmt: skip
+        # Components go out in the order the registration fixes; decode checks each payload against it.
+        self._component_order = PayloadSpec.from_registration(self.info).names
+        bport = self.ctx.role.get("bootstrap_port")
+        if bport is None:
+            from specctl.errors import UsageError
+
+            raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
+        self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
+                                         on_pair=self._on_pair, on_unpair=self._on_unpair).start()
+        self._bg.append(asyncio.create_task(self._control_loop()))
+        self.ctx.state.extra.update({"fingerprint": self.info.fingerprint(), "paired": 0})
+        self.ctx.state.set("ready", ready=True)
+        log.info("prefill ready: bootstrap %s, fingerprint %s", self.bootstrap.endpoint, self.info.fingerprint())
+
+    def _on_pair(self, peer: Peer) -> None:
+        if not peer.info.endpoints.get("transfer"):
+            raise ValueError("decode advertised no transfer endpoint")
+        self.ctx.state.extra["paired"] = len(self.bootstrap.peers) + 1 if self.bootstrap else 1
+        log.info("paired with a decode (session %d)", peer.generation)
+
+    def _on_unpair(self, peer: Peer) -> None:
+        log.info("session %d expired (its decode stopped pinging)", peer.generation)
+
+    async def close(self) -> None:
+        for t in self._bg:
+            t.cancel()
+        for t in self._bg:
+            with contextlib.suppress(BaseException):
+                await t
+        if self.bootstrap is not None:
+            await asyncio.to_thread(self.bootstrap.stop)
+        await asyncio.get_running_loop().run_in_executor(self._send_pool, self._close_senders)
+        self._send_pool.shutdown(wait=False)
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._zctx.destroy(linger=0)
+        await super().close()
+
+    # Backend protocol -----------------------------------------------------------------------------
+    def check_params(self, params: dict[str, Any]) -> None:
+        from specctl.engine.http_server import RequestError
+
+        if "bootstrap_room" not in params:
+            raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
+                               "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
+                               param="bootstrap_room")
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        if self.bootstrap is not None:
+            self.ctx.state.extra["paired"] = len(self.bootstrap.peers)
+        return super().health()
+
+    def load_info(self) -> dict[str, int]:
+        return {"num_reqs": len(self._rooms)}
+
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]:
+        """The HTTP half of one room: prefill it in the Engine, wait for its claim, send, answer token 1."""
+        key = room_key(int(params["bootstrap_room"]))
+        room = self._rooms.setdefault(key, _Room(key))
+        if room.prompt_ids is not None:
+            yield RequestOutput([], True, "error", f"{key} was already sent to this prefill")
+            return
+        room.prompt_ids = list(prompt_ids)
+        room.http.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ctx.timeout_s
+        error: str | None = None
+        try:
+            if room.claim is not None:
+                await self._reply(room, PdProgress(req_id=key, stage="started"))
+            seq, out = await self._prefill(list(prompt_ids), params)
+            if out.finish_reason != "prefilled" or seq is None or seq.exported is None:
+                raise _Fail(out.error or f"prefill did not complete ({out.finish_reason})")
+            self.compute_s += float(out.timings.get("ttft_s", 0.0))
+            left = deadline - loop.time()
+            if not room.claimed.is_set():
+                try:
+                    await asyncio.wait_for(room.claimed.wait(), max(0.0, left))
+                except asyncio.TimeoutError:
+                    raise _Fail(f"no decode claimed {key} within {self.ctx.timeout_s:g}s (transfer.timeout_s): "
+                                "the router's request never reached a paired decode") from None
+            if room.aborted:
+                raise _Fail(f"{key}: decode aborted it ({room.aborted})")
+            claim = room.claim
+            assert claim is not None and room.peer is not None
+            if list(claim.prompt_ids) != list(prompt_ids):
+                raise _Fail(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
+                            f"{len(prompt_ids)} tokens); the router must send the same request to both")
+            first = int(seq.output_ids[0])
+            sent = await self._send(room, seq, first, out, self._empty_draft())
+            self.completed += 1
+            self.transfer_s += sent.seconds
+            self.ctx.metrics.transfer_bytes.inc(sent.nbytes, direction="sent")
+            self.ctx.metrics.transfer_seconds.observe(sent.seconds)
+            self.ctx.metrics.record_prefill(prompt_tokens=len(prompt_ids),
+                                            compute_s=float(out.timings.get("compute_s", 0.0)))
+            yield RequestOutput([first], True, "length", completion_tokens=1, timings=dict(out.timings))
+        except _Fail as exc:
+            error = str(exc)
+        except asyncio.CancelledError:
+            error = "aborted"
+            raise
+        except Exception as exc:  # transfer error or timeout: fail this room only
+            error = f"{type(exc).__name__}: {exc}"
+            self.ctx.metrics.transfer_failures.inc(reason=type(exc).__name__)
+        finally:
+            self._rooms.pop(key, None)
+            if error is not None:
+                self.failed += 1
+                log.warning("%s failed on prefill: %s", key, error)
+                if room.claim is not None and not room.aborted:
+                    await self._reply(room, PdDone(req_id=key, ok=False, error=error))
+        if error is not None and error != "aborted":
+            yield RequestOutput([], True, "error", error)
+
+    def _on_step(self, engine: Any) -> None:
+        """Engine thread, after each step: the step that sampled a room's first token splits the room's time on
+        prefill into queueing (its arrival -> that step's start) and compute (that step: its batch's forward
+        and export)."""
+        if not self._pending or self.aengine is None or not self.aengine.step_times:
+            return
+        duration = self.aengine.step_times[-1]
+        start = time.monotonic() - duration
+        for seq in [s for s in self._pending if s.first_token_time is not None]:
+            seq.prefill_step = (start, duration)
+            self._pending.discard(seq)
+
+    async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Any, RequestOutput]:
+        # Prefill samples token 1 only; decode applies the request's stop conditions to it (add_imported),
+        # so here nothing may finish the request before its caches are exported.
+        sp = dataclasses.replace(sampling_params_of(params), max_tokens=2, stop=(), ignore_eos=True)
+        holder: dict[str, Any] = {}
+
+        def admit(engine: Any) -> int:
+            rid = int(engine.add_request(prompt_ids, sp, export_after_prefill=True))
+            seq = holder["seq"] = engine._seqs.get(rid)  # the Sequence carries the export and the generator
+            if seq is not None:
+                self._pending.add(seq)
+            return rid
+
+        assert self.aengine is not None
+        final = RequestOutput([], True, "error", "prefill produced no result")
+        async for item in self.aengine.generate(prompt_ids, sp, admit=admit):
+            if item.finished:
+                final = item
+        seq = holder.get("seq")
+        if seq is not None:
+            await self.aengine.call(lambda eng: self._pending.discard(seq))
+            step = getattr(seq, "prefill_step", None)
+            if step is not None:
+                final.timings["queue_s"] = max(0.0, float(step[0]) - seq.arrival_time)
+                final.timings["compute_s"] = float(step[1])
+        return seq, final
+
+    def _empty_draft(self) -> dict[str, Any]:
+        """The draft's components for zero cached tokens. Prefill does not run the draft model: decode's
+        drafter builds its cache from the prompt at its first step, as a colocated engine does after its first
+        token, so the draft's prefill stays out of TTFT. The components are still sent (the registration
+        fixes them) and `draft_length: 0` tells decode they hold nothing."""
+        import torch
+
+        runner = draft_runner_of(self.engine)
+        if runner is None:
+            return {}
+        dtype = getattr(torch, str(runner.layout().get("dtype", "float32")))
+        out = {}
+        for name, shape in runner.cache.export_shapes(0).items():
+            out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)
+        return out
+
+    async def _send(self, room: _Room, seq: Any, first: int, out: RequestOutput, draft: dict[str, Any]) -> Any:
+        import torch
+
+        exported: dict[str, Any] = {**seq.exported, **draft}
+        tensors = {n: exported[n] for n in self._component_order if n in exported}
+        tensors.update({n: t for n, t in exported.items() if n not in tensors})
+        if self.faults.corrupt_marker and self.faults.corrupt_marker in self.tokenizer.decode(list(seq.prompt_ids)):
+            tensors = dict(reversed(list(tensors.items())))
+        ttft = float(out.timings.get("ttft_s", 0.0))
+        extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),
+                                 "queue_s": float(out.timings.get("queue_s", 0.0)),
+                                 "draft_length": 0}
+        if seq.generator is not None:
+            extra["rng_state"] = bytes(seq.generator.get_state().to(torch.uint8).numpy().tobytes())
+        seq.exported = None
+        if self.faults.hold_s > 0:
+            await asyncio.sleep(self.faults.hold_s)
+        if room.aborted:
+            raise _Fail(f"{room.key}: decode aborted it ({room.aborted})")
+        assert room.peer is not None
+        endpoint = str(room.peer.info.endpoints["transfer"])
+        extra["sent_at"] = time.time()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._send_pool, self._send_sync, endpoint, room.peer.key, room.key,
+                                          tensors, len(seq.prompt_ids), extra)
+
+    # control socket -------------------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            if not await sock.poll(500, zmq.POLLIN):  # type: ignore[call-arg]
+                continue
+            frames = [f.bytes for f in await sock.recv_multipart(copy=False)]
+            try:
+                self._on_control(frames[0], frames[1:])
+            except Exception:  # one bad message never stops the loop
+                log.exception("control message failed")
+
+    def _on_control(self, identity: bytes, frames: list[bytes]) -> None:
+        try:
+            # Parse first to learn the session, then check the MAC with that session's key (msgspec decoding
+            # is safe on untrusted bytes; nothing is acted on before the MAC is checked).
+            msg = wire.decode(frames[:1], as_torch=False, expect=(PdClaim, PdAbort)).msg
+            if not isinstance(msg, (PdClaim, PdAbort)):
+                raise wire.WireError(f"unexpected {type(msg).__name__}")
+        except wire.WireError as exc:
+            self.auth_failures += 1
+            log.warning("refused a malformed control message: %s", exc)
+            return
+        peer = self.bootstrap.peer_for(msg.pairing_id) if self.bootstrap is not None else None
+        if peer is None:
+            if isinstance(msg, PdClaim) and self.bootstrap is not None and not self.bootstrap.auth_required:
+                self._reply_to(identity, None, PdDone(req_id=msg.req_id, ok=False, error=(
+                    "prefill is not paired with this decode (it restarted, or the session expired); re-register")))
+            else:
+                self.auth_failures += 1
+                log.warning("refused a control message for an unknown session")
+            return
+        if open_sealed(peer.key, frames) is None:
+            self.auth_failures += 1
+            log.warning("refused a control message that failed authentication (session %d)", peer.generation)
+            return
+        peer.last_seen = time.monotonic()
+        room = self._rooms.get(msg.req_id)
+        if isinstance(msg, PdAbort):
+            if room is not None and room.peer is not None and room.peer.session_id == peer.session_id:
+                room.aborted = msg.reason
+                room.claimed.set()
+            return
+        if room is not None and room.claim is not None:
+            self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False,
+                                                  error=f"{msg.req_id} is already claimed"))
+            return
+        if room is None:
+            # Claims whose HTTP half has not come are bounded per session: a peer cannot pile them up.
+            waiting = sum(1 for r in self._rooms.values()
+                          if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
+            if waiting >= MAX_UNMATCHED_CLAIMS:
+                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False, error=(
+                    f"{waiting} claims of this session wait for rooms prefill never received; refused")))
+                return
+            room = self._rooms[msg.req_id] = _Room(msg.req_id)
+            self._bg.append(asyncio.create_task(self._expire_unsent(room)))
+        room.claim, room.identity, room.peer = msg, identity, peer
+        room.claimed.set()
+        self._reply_to(identity, peer, PdProgress(req_id=msg.req_id, stage="queued"))
+        if room.http.is_set():
+            self._reply_to(identity, peer, PdProgress(req_id=msg.req_id, stage="started"))
+
+    async def _expire_unsent(self, room: _Room) -> None:
+        """A claim whose HTTP half never reaches this prefill fails within the transfer timeout."""
+        try:
+            await asyncio.wait_for(room.http.wait(), self.ctx.timeout_s)
+        except asyncio.TimeoutError:
+            if self._rooms.get(room.key) is room:
+                del self._rooms[room.key]
+                self.failed += 1
+                log.warning("%s: the router's request never reached this prefill", room.key)
+                await self._reply(room, PdDone(req_id=room.key, ok=False, error=(
+                    f"the router's request for {room.key} never reached prefill within {self.ctx.timeout_s:g}s "
+                    "(transfer.timeout_s)")))
+        finally:
+            task = asyncio.current_task()
+            if task in self._bg:
+                self._bg.remove(task)
+
+    def _reply_to(self, identity: bytes, peer: Peer | None, msg: PdProgress | PdDone) -> None:
+        if self._sock is None:
+            return
+        frames = seal(peer.key if peer is not None else None, [bytes(f) for f in wire.encode(msg)])
+        try:
+            self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.info("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
+
+    async def _reply(self, room: _Room, msg: PdProgress | PdDone) -> None:
+        if room.claim is not None:
+            self._reply_to(room.identity, room.peer, msg)
+
+    # sender thread --------------------------------------------------------------------------------
+    def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
+                   extra: dict[str, Any]) -> Any:
+        from specctl.engine.transfer import TransferSender
+
+        # One sender per decode session: with a secret every payload carries that session's MAC.
+        sender = self._senders.get((endpoint, key))
+        if sender is None:
+            sender = self._senders[(endpoint, key)] = TransferSender(
+                endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")), timeout_s=self.ctx.timeout_s,
+                key=key)
+        return sender.send(req_id, tensors, length=length, extra=extra)
+
+    def _close_senders(self) -> None:
+        for sender in self._senders.values():
+            with contextlib.suppress(Exception):
+                sender.close()
+        self._senders.clear()
+
+    # info -----------------------------------------------------------------------------------------
+    async def server_info(self) -> dict[str, Any]:
+        info = await super().server_info()
+        # The fingerprint only: the registration itself is what a stranger would need to claim to be a peer.
+        info["fingerprints"]["registration"] = self.info.fingerprint() if self.info else None
+        info["pool"] = await self._pool()
+        info["in_flight"] = len(self._rooms)
+        stats = vars(self.bootstrap.stats) if self.bootstrap else {}
+        # Endpoints are no secret: claiming a room needs a session (ids never leave the handshake) and, with a
+        # shared secret, that session's key.
+        info["bootstrap"] = {**stats, "sessions": len(self.bootstrap.peers) if self.bootstrap else 0,
+                             "auth_failures": self.auth_failures, "authenticated": bool(secret_of(self.ctx)),
+                             "endpoint": self.bootstrap.endpoint if self.bootstrap else None,
+                             "control": self.info.endpoints.get("control") if self.info else None}
+        info["timing"].update({"completed": self.completed, "failed": self.failed,
+                               "mean_compute_s": self.compute_s / self.completed if self.completed else None,
+                               "mean_transfer_s": self.transfer_s / self.completed if self.completed else None})
+        return info
+
+    async def _pool(self) -> dict[str, int]:
+        if self.aengine is None:
+            return {}
+        return dict(await self.aengine.call(lambda eng: {"free_pages": int(eng.runner.num_free_pages),
+                                                         "total_pages": int(eng.runner.num_total_pages)}))
+
+    async def refresh_metrics(self, metrics: ServingMetrics) -> None:
+        await super().refresh_metrics(metrics)
+
+
+class _Fail(Exception):
+    pass
+
+
+def draft_runner_of(engine: Any) -> Any:
+    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
+    return getattr(drafter, "runner", None)

@@ -1,23 +1,22 @@
-"""Per-role serving workers: colocated, prefill, decode and router, each behind the same HTTP front.
+"""Per-role serving processes: colocated, prefill and decode behind the same HTTP front; the router is
+SGLang's own sglang-router (engine/sglang_router.py).
 
-Contract: `serve_role(deployment, role_name)` runs one process of that role until SIGINT/SIGTERM (exit 0)
-or a fatal failure (exit 3, e.g. a refused handshake). Every role answers `/health` (503 with a
-`status` of `loading`, `pairing`, `refused` or `down` until it can serve, then 200), `/metrics` and
-`/server_info` on its `host:port`; the colocated and router roles also serve the OpenAI API.
+Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
+(exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
+with a `status` of `loading`, `pairing`, `refused` or `down` until it can serve, then 200), `/metrics`,
+`/server_info` (SGLang's keys plus specctl's fingerprints) and SGLang's native surface (sglang_http.py) on
+its `host:port`.
 
-- colocated: one Engine (prefill + decode) behind an AsyncEngine.
-- prefill: a ModelRunner (+ the draft runner when decode speculates with a draft). Serves the bootstrap
-  endpoint decode registers on, and a ZMQ control socket where paired decodes ask for prompts
-  (`PdPrefill`): forward, sample token 1, export KV + state, send over the transfer backend, wait for the
-  ack, free. Pages are freed on every path (success, send failure, ack timeout, abort, decode gone).
-- decode: registers with prefill (handshake) before it is ready; a refusal prints the diff as a table on
-  stderr, logs it as JSON and exits 3 without ever answering /health 200. Then it serves router
-  requests (`PdGenerate`) on a ZMQ control socket: ask prefill, import the transferred state, continue
-  with the Engine's decoder (speculative when configured), stream `PdTokens` back. A heartbeat notices a
-  vanished or restarted prefill and re-pairs.
-- router: the OpenAI front; health-checks prefill and decode over HTTP (decode's /health advertises its
-  control endpoint), forwards requests to decode over ZMQ and streams its tokens back; 503 naming the
-  role that is down.
+- colocated: one Engine (prefill + decode) behind an AsyncEngine; the OpenAI API and `/generate`.
+- prefill (pd_prefill.py): the HTTP half of each bootstrap room is prefilled in its Engine (batched), the
+  KV + state sent to the decode that claimed the room.
+- decode (pd_decode.py): pairs with every prefill instance through the verifying handshake before it is
+  ready; claims each room's KV, imports it and continues generation (speculative, adaptive).
+- router: `python -m sglang_router.launch_router --pd-disaggregation ...` in the foreground.
+
+Request path, by module: sglang-router -> http_server / sglang_http (HTTP, bootstrap fields) ->
+pd_decode.DecodeBackend.generate -> pd_protocol.PdClaim -> pd_prefill.PrefillBackend (Engine prefill,
+transfer.TransferSender) -> transfer.TransferReceiver -> Engine.add_imported -> AsyncEngine stream -> SSE.
 """
 
 from __future__ import annotations
@@ -36,7 +35,10 @@ from typing import Any
 
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.metrics import ServingMetrics
+from specctl.engine.sglang_router import role_instances
 from specctl.errors import RuntimeFailure, SpecctlError
+
+__all__ = ["role_instances", "serve_role"]
 
 log = logging.getLogger("specctl.serve")
 
@@ -192,6 +194,8 @@ class EngineBackend(TokenizingBackend):
             return {"error": str(exc)}
 
     async def server_info(self) -> dict[str, Any]:
+        from specctl.engine.sglang_http import sglang_server_args
+
         info = self.ctx.base_info()
         stats = await self.engine_stats()
         info["engine"] = stats
@@ -201,6 +205,12 @@ class EngineBackend(TokenizingBackend):
             k: spec.get(k) for k in ("mode", "initial_steps", "buckets", "switches", "acceptance_rate",
                                      "acceptance_histogram", "batches_per_steps", "mean_tokens_per_verify")}
         info["timing"] = self.timing()
+        rate = (spec or {}).get("mean_tokens_per_verify") if isinstance(spec, dict) else None
+        info.update(sglang_server_args(self.ctx.role, self.ctx.role_name,
+                                       accept_length=float(rate) if isinstance(rate, (int, float)) else None))
+        target = info["fingerprints"].get("target") or {}
+        if target.get("state_types") is not None:
+            info["state_types"] = list(target["state_types"])  # the live cache's, in registration order
         return info
 
     def timing(self) -> dict[str, Any]:
@@ -287,10 +297,6 @@ async def _run_http(ctx: RoleContext, backend: Any) -> Any:
 def make_backend(ctx: RoleContext) -> Any:
     if ctx.role_name == "colocated":
         return EngineBackend(ctx)
-    if ctx.role_name == "router":
-        from specctl.engine.router import RouterBackend
-
-        return RouterBackend(ctx)
     if ctx.role_name == "prefill":
         from specctl.engine.pd_prefill import PrefillBackend
 
@@ -299,7 +305,7 @@ def make_backend(ctx: RoleContext) -> Any:
         from specctl.engine.pd_decode import DecodeBackend
 
         return DecodeBackend(ctx)
-    raise RuntimeFailure(f"unknown role {ctx.role_name!r}", hint="one of: prefill, decode, router, colocated")
+    raise RuntimeFailure(f"unknown engine role {ctx.role_name!r}", hint="one of: prefill, decode, colocated")
 
 
 async def _serve(ctx: RoleContext, stop: asyncio.Event) -> int:
@@ -340,9 +346,20 @@ async def _load(ctx: RoleContext, backend: Any) -> None:
         ctx.state.set("ready", ready=True)
 
 
-def serve_role(deployment: Any, role_name: str) -> int:
-    """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors)."""
-    role = deployment.role(role_name)
+def serve_role(deployment: Any, role_name: str, instance: int = 0) -> int:
+    """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
+    `instance` picks one of several prefill or decode instances."""
+    if role_name == "router":
+        from specctl.engine.sglang_router import run_router
+
+        return run_router(deployment)
+    instances = role_instances(deployment, role_name)
+    if not 0 <= instance < len(instances):
+        from specctl.errors import UsageError
+
+        raise UsageError(f"roles.{role_name} has {len(instances)} instance(s); --instance {instance} is not one",
+                         hint=f"use --instance 0..{len(instances) - 1}")
+    role = instances[instance]
     ctx = RoleContext(deployment=deployment, role_name=role_name, role=role)
     _setup_logging(role_name)
 
@@ -363,7 +380,22 @@ def serve_role(deployment: Any, role_name: str) -> int:
         raise RuntimeFailure(f"{role_name} failed: {type(exc).__name__}: {exc}") from None
 
 
+class _QuietBadHttp(logging.Filter):
+    """sglang-router first tries HTTP/2 with prior knowledge on every worker connection; aiohttp answers 400
+    and logs a traceback for each. That is the protocol probe of a healthy client, not an error: one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__name__ == "BadHttpMessage":
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                "rejected a malformed HTTP request (e.g. an HTTP/2 probe): %s", (str(exc).splitlines()[0],), None, None)
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("aiohttp.server").isEnabledFor(logging.DEBUG)
+        return True
+
+
 def _setup_logging(role_name: str) -> None:
+    logging.getLogger("aiohttp.server").addFilter(_QuietBadHttp())
     level = os.environ.get("SPECCTL_LOG_LEVEL", "INFO").upper()
     root = logging.getLogger("specctl")
     if not root.handlers:

@@ -15,6 +15,12 @@ Backends (`backend=`):
        /dev/shm, reused across requests) and ZeroMQ carries only the control message; decode's
        tensors view the segment. `Payload.release()` hands the segment back to prefill.
 
+Authentication (shared secret): the sender is given its session's key (`key=`) and the receiver a lookup
+`auth(request_id) -> key` (the key of the session that claimed that room). Every message then carries an
+HMAC over all its frames, tensor bytes included (wire.mac_of), in both directions (payloads, acks, shm
+releases); a message without a valid MAC, or for a room nobody claimed, is dropped without an answer and
+counted in `auth_failures`: it is never acted on.
+
 Every wait has a timeout, and prefill watches the connection: a decode that dies mid-transfer
 makes `send()` raise within the timeout (at once when the socket sees the disconnect), and the
 sender starts over on a fresh socket so no stale message reaches a restarted decode. Callers free
@@ -48,7 +54,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,12 +372,15 @@ class TransferSender:
         ctx: zmq.Context | None = None,
         shm_directory: str | None = None,
         max_shm_bytes: int = 2 << 30,
+        key: bytes | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise RuntimeFailure(f"unknown transfer backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
         self.endpoint = endpoint
         self.backend = backend
         self.timeout_s = timeout_s
+        self.key = key
+        self.auth_failures = 0
         self._ctx = ctx or zmq.Context.instance()
         self._dir = shm_directory or shm_dir()
         self._max_shm = max_shm_bytes
@@ -492,8 +501,15 @@ class TransferSender:
         events = dict(self._poller.poll(max(0, int(wait_s * 1000))))
         if self._sock in events:
             while wire.readable(self._sock):
+                frames = self._sock.recv_multipart(copy=False)
+                if self.key is not None:
+                    body = wire.strip_mac(self.key, frames)
+                    if body is None:
+                        self.auth_failures += 1  # a forged ack or release is never acted on
+                        continue
+                    frames = body
                 try:
-                    self._on_message(wire.recv(self._sock, timeout_s=0, as_torch=False).msg)
+                    self._on_message(wire.decode(frames, as_torch=False).msg)
                 except wire.WireError:
                     continue
         if self._monitor in events and self._drain_monitor() and self._pending:
@@ -606,13 +622,14 @@ class TransferSender:
             if self.backend == "shm":
                 msg, seg = self._stage_shm(request_id, length, tensors, extra, deadline)
                 nbytes = sum(m.nbytes for m in msg.metas)
-                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()))
+                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), mac_key=self.key)
             else:
                 header = TransferHeader(
                     request_id=request_id, length=length, components=list(tensors), extra=dict(extra or {})
                 )
                 nbytes = sum(wire.tensor_nbytes(t) for t in tensors.values())
-                wire.send(self._sock, header, tensors, timeout_s=max(0.0, deadline - time.monotonic()))
+                wire.send(self._sock, header, tensors, timeout_s=max(0.0, deadline - time.monotonic()),
+                          mac_key=self.key)
         except wire.WireError as exc:
             if seg is not None:
                 seg.busy = False
@@ -697,8 +714,11 @@ class TransferReceiver:
         ctx: zmq.Context | None = None,
         as_torch: bool = True,
         shm_directory: str | None = None,
+        auth: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self.spec = spec
+        self.auth = auth
+        self.auth_failures = 0
         self.timeout_s = timeout_s
         self.as_torch = as_torch
         self._dir = shm_directory or shm_dir()
@@ -706,7 +726,7 @@ class TransferReceiver:
         self._sock = wire.make_socket(self._ctx, zmq.ROUTER)
         self.endpoint = wire.bind(self._sock, bind)
         self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
-        self._releases: collections.deque[tuple[bytes, str]] = collections.deque()
+        self._releases: collections.deque[tuple[bytes, str, bytes | None]] = collections.deque()
         self._lock = threading.Lock()
 
     def set_spec(self, spec: PayloadSpec | None) -> None:
@@ -733,9 +753,9 @@ class TransferReceiver:
             with self._lock:
                 if not self._releases:
                     return
-                identity, segment = self._releases.popleft()
+                identity, segment, key = self._releases.popleft()
             try:
-                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity)
+                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity, mac_key=key)
             except wire.WireError:
                 pass  # the sender is gone; nothing to give back
 
@@ -746,13 +766,14 @@ class TransferReceiver:
             mine = [e for e in self._releases if e[0] == identity]
             for entry in mine:
                 self._releases.remove(entry)
-        released = [segment for _, segment in mine]
+        released = [segment for _, segment, _ in mine]
         try:
             wire.send(
                 self._sock,
                 TransferAck(request_id=request_id, ok=ok, error=error, field=field, released=released),
                 timeout_s=0.5,
                 identity=identity,
+                mac_key=self.auth(request_id) if self.auth is not None else None,
             )
         except wire.WireError:
             pass  # the sender vanished; it gets its own error
@@ -783,10 +804,10 @@ class TransferReceiver:
         self._maps[name] = mm
         return mm
 
-    def _release_fn(self, identity: bytes, segment: str):
+    def _release_fn(self, identity: bytes, segment: str, key: bytes | None):
         def release() -> None:
             with self._lock:  # release() may run on any thread; the socket is only used by recv()
-                self._releases.append((identity, segment))
+                self._releases.append((identity, segment, key))
 
         return release
 
@@ -806,6 +827,14 @@ class TransferReceiver:
                     continue
             frames = self._sock.recv_multipart(copy=False)
             identity, frames = frames[0].bytes, frames[1:]
+            if self.auth is not None:
+                # Only a room some session claimed has a key; only that session's MAC opens it.
+                key = self.auth(_peek_request_id(frames[0].bytes if frames else b""))
+                body = wire.strip_mac(key, frames) if key is not None else None
+                if body is None:
+                    self.auth_failures += 1
+                    continue  # dropped unanswered: an unauthenticated payload is never acted on
+                frames = body
             try:
                 env = wire.decode(frames, as_torch=self.as_torch)
             except wire.WireError as exc:
@@ -861,7 +890,8 @@ class TransferReceiver:
         self._ack(identity, rid, True)
         payload = Payload(rid, msg.length, tensors, dict(msg.extra), sum(m.nbytes for m in msg.metas))
         # Released explicitly, or when the payload is collected: the segment goes back to prefill.
-        payload._release = weakref.finalize(payload, self._release_fn(identity, msg.segment))
+        key = self.auth(rid) if self.auth is not None else None
+        payload._release = weakref.finalize(payload, self._release_fn(identity, msg.segment, key))
         return payload
 
 

@@ -20,6 +20,8 @@ under 64 KiB are copied on send (cheaper than zero-copy bookkeeping); larger one
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -265,6 +267,26 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def mac_of(key: bytes, frames: Sequence[Any]) -> bytes:
+    """HMAC-SHA256 over frames (bytes, memoryviews or zmq.Frames), each length-prefixed so that frame
+    boundaries are part of what is authenticated. Tensor frames are hashed in place, never copied."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for f in frames:
+        buf = f.buffer if isinstance(f, zmq.Frame) else f
+        mac.update(memoryview(buf).nbytes.to_bytes(8, "little"))
+        mac.update(buf)
+    return mac.digest()
+
+
+def strip_mac(key: bytes, frames: Sequence[Any]) -> list[Any] | None:
+    """`frames` without their trailing MAC frame, or None when it is missing or wrong."""
+    if len(frames) < 2:
+        return None
+    body, last = list(frames[:-1]), frames[-1]
+    mac = last.bytes if isinstance(last, zmq.Frame) else bytes(last)
+    return body if hmac.compare_digest(mac_of(key, body), mac) else None
+
+
 def send(
     sock: zmq.Socket,
     msg: Message,
@@ -272,10 +294,14 @@ def send(
     *,
     timeout_s: float,
     identity: bytes | None = None,
+    mac_key: bytes | None = None,
 ) -> None:
     """Send one message, waiting at most `timeout_s` for the socket to accept it. Tensor frames go
-    zero-copy: their memory must not change until the peer acknowledges (callers wait for an ack)."""
+    zero-copy: their memory must not change until the peer acknowledges (callers wait for an ack).
+    With `mac_key` a last frame carries the message's HMAC (`mac_of`; the receiver checks it)."""
     frames = encode(msg, tensors)
+    if mac_key is not None:
+        frames.append(mac_of(mac_key, frames))
     if identity is not None:
         frames.insert(0, identity)
     last = len(frames) - 1

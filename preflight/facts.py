@@ -282,7 +282,7 @@ def _from_sglang(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | 
     archs = model_info.get("architectures")
     architecture = _str(archs[0]) if isinstance(archs, list) and archs else _str(model_info.get("model_type"))
     return ServerFacts(
-        url=url, shape="sglang", role=role, engine=_str(info.get("engine")) or "sglang",
+        url=url, shape="sglang", role=role, engine=_engine_of(info),
         version=_str(info.get("version")), model_path=model_path, architecture=architecture,
         dtype=dtype, kv_cache_dtype=kv_dtype, page_size=_int(_first(r.get("page_size"), info.get("page_size"))),
         kv_layout=_str(_first(r.get("kv_layout"), info.get("kv_layout"))),
@@ -376,3 +376,8 @@ def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
     return replace(facts, version=None, engine=None, architecture=None, tp_size=None, dp_size=None,
                    pp_size=None, attn_tp_size=None, notes=(),
                    state_types=declared if declared is not None else facts.state_types)
+
+
+def _engine_of(info: dict[str, Any]) -> str:
+    """specctl's servers answer in SGLang's shape too; their registration fingerprint tells them apart."""
+    return _str(info.get("engine")) or ("specctl" if "fingerprints" in info else "sglang")

@@ -47,7 +47,8 @@ def declared_roles(data: dict[str, Any]) -> tuple[str, ...]:
     roles = data.get("roles")
     if not isinstance(roles, dict) or not roles:
         return ("colocated",)
-    return tuple(r for r in ROLE_NAMES if isinstance(roles.get(r), dict))
+    return tuple(r for r in ROLE_NAMES if isinstance(roles.get(r), dict)
+                 or (isinstance(roles.get(r), list) and bool(roles[r]) and isinstance(roles[r][0], dict)))
 
 
 def json_copy(value: Any) -> Any:
@@ -87,9 +88,24 @@ def union_candidates(adaptive: Any) -> list[int]:
     return sorted(steps)
 
 
-def merge_role(data: dict[str, Any], role: str) -> dict[str, Any]:
-    """The merged config dict of one role (see module contract). Tolerates schema-invalid input."""
-    return _merge_role(data, role, None)
+def merge_role(data: dict[str, Any], role: str, instance: int = 0) -> dict[str, Any]:
+    """The merged config dict of one role (see module contract). Tolerates schema-invalid input.
+    prefill and decode may list several instances; `instance` picks one (the rules check instance 0,
+    the topology rules every instance)."""
+    return _merge_role(data, role, None, instance)
+
+
+def role_instance_count(data: dict[str, Any], role: str) -> int:
+    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+    cfg = roles.get(role)
+    return len(cfg) if isinstance(cfg, list) and cfg else 1
+
+
+def _role_cfg(roles: dict[str, Any], role: str, instance: int = 0) -> dict[str, Any]:
+    cfg = roles.get(role)
+    if isinstance(cfg, list):
+        cfg = cfg[instance] if 0 <= instance < len(cfg) else None
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def merge_roles(data: dict[str, Any], roles: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -111,9 +127,10 @@ def _merge_ro(base: Any, over: Any, *, key: str = "") -> Any:
     return out
 
 
-def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any]] | None,
+                instance: int = 0) -> dict[str, Any]:
     roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-    role_cfg = roles.get(role) if isinstance(roles.get(role), dict) else {}
+    role_cfg = _role_cfg(roles, role, instance)
     out: dict[str, Any] = {"name": role}
     for section in SECTIONS:
         over = role_cfg.get(section)
@@ -178,6 +195,11 @@ class Deployment:
                 hint=f"declared roles: {', '.join(self.roles)}",
             )
         return merge_role(self.raw, name)
+
+    def instances(self, name: str) -> list[dict[str, Any]]:
+        """Every instance of a role, merged (one for a role written as an object)."""
+        self.role(name)  # the same error for an undeclared role
+        return [merge_role(self.raw, name, i) for i in range(role_instance_count(self.raw, name))]
 
     @property
     def engine(self) -> str:

@@ -95,17 +95,26 @@ def listeners(ctx: RuleContext) -> list[tuple[str, str, int, str]]:
     out: list[tuple[str, str, int, str]] = []
     if roles is None:
         return [("colocated port", "127.0.0.1", 30000, "$")]
-    for role, rcfg in roles.items():
-        if not isinstance(rcfg, dict):
-            continue
+    for role, rcfg, label, base in _instances(roles):
         host = rcfg.get("host", "127.0.0.1")
         if not isinstance(host, str):  # a schema error reports it; no collision check on garbage
             continue
-        base = child_path("$.roles", role)
         if isinstance(rcfg.get("port"), int):
-            out.append((f"{role}.port", host, rcfg["port"], f"{base}.port"))
+            out.append((f"{label}.port", host, rcfg["port"], f"{base}.port"))
         if role == "prefill" and isinstance(rcfg.get("bootstrap_port"), int):
-            out.append((f"{role}.bootstrap_port", host, rcfg["bootstrap_port"], f"{base}.bootstrap_port"))
+            out.append((f"{label}.bootstrap_port", host, rcfg["bootstrap_port"], f"{base}.bootstrap_port"))
+    return out
+
+
+def _instances(roles: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
+    """(role, config, label, JSON path) of every role instance (prefill and decode may be lists)."""
+    out = []
+    for role, rcfg in roles.items():
+        items = list(enumerate(rcfg)) if isinstance(rcfg, list) else [(None, rcfg)]
+        for i, item in items:
+            if isinstance(item, dict):
+                base = child_path("$.roles", role) + ("" if i is None else f"[{i}]")
+                out.append((role, item, role if i is None else f"{role}[{i}]", base))
     return out
 
 
@@ -131,22 +140,23 @@ def check(ctx: RuleContext) -> list[Finding]:
         return []
     out: list[Finding] = []
     roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
-    for role, rcfg in roles.items():
-        if not isinstance(rcfg, dict) or not isinstance(rcfg.get("host"), str):
+    for _role, rcfg, label, base in _instances(roles):
+        if not isinstance(rcfg.get("host"), str):
             continue
         if _host_key(rcfg["host"])[0] == "name":
             out.append(finding(
-                "TOP602", "error", f"{child_path('$.roles', role)}.host",
-                f"roles.{role}.host {rcfg['host']!r} is not a literal IP address or localhost",
+                "TOP602", "error", f"{base}.host",
+                f"roles.{label}.host {rcfg['host']!r} is not a literal IP address or localhost",
                 "write the host's IP address (e.g. 10.0.0.2), or localhost / 127.0.0.1",
             ))
     out.extend(_collisions(listeners(ctx), listeners(ctx), same=True))
-    if isinstance(roles.get("prefill"), dict) and "bootstrap_port" not in roles["prefill"]:
-        out.append(finding(
-            "TOP603", "error", "$.roles.prefill",
-            "roles.prefill has no bootstrap_port; decode cannot register with prefill (handshake)",
-            "add bootstrap_port to roles.prefill (e.g. bootstrap_port: 8998)",
-        ))
+    for role, rcfg, label, base in _instances(roles):
+        if role == "prefill" and "bootstrap_port" not in rcfg:
+            out.append(finding(
+                "TOP603", "error", base,
+                f"roles.{label} has no bootstrap_port; decode cannot register with prefill (handshake)",
+                f"add bootstrap_port to roles.{label} (e.g. bootstrap_port: 8998)",
+            ))
     if "colocated" in roles and ({"prefill", "decode"} & set(roles)):
         out.append(finding(
             "TOP605", "error", "$.roles.colocated",

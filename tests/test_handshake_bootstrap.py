@@ -24,10 +24,14 @@ from specctl.engine.bootstrap import (
     Challenge,
     HandshakeRejected,
     Hello,
+    Ping,
+    Pong,
     Register,
     Rejected,
+    open_sealed,
     ping,
     register,
+    seal,
 )
 from specctl.engine.registration import build_registration
 
@@ -93,18 +97,60 @@ def test_register_message_cannot_be_replayed() -> None:
         assert isinstance(swapped, Rejected) and "authentication failed" in swapped.reason
 
 
-def test_reregistration_replaces_the_peer() -> None:
-    seen = []
-    with BootstrapServer(_pre(), on_pair=seen.append) as srv:
+def test_a_second_registration_never_displaces_a_live_pairing() -> None:
+    """No "latest registration wins": every accepted registration is its own session; the first keeps
+    working while its decode pings it, and a session nobody pings expires."""
+    seen, gone = [], []
+    with BootstrapServer(_pre(), on_pair=seen.append, on_unpair=gone.append, peer_ttl_s=1.0) as srv:
         first = register(srv.endpoint, _dec(port=7), timeout_s=5)
         assert ping(first)
-        # decode restarted on another port: it registers again and replaces its old self
-        second = register(srv.endpoint, _dec(port=8), timeout_s=5)
+        second = register(srv.endpoint, _dec(port=8), timeout_s=5)  # another decode, or a stranger
         assert [p.generation for p in seen] == [1, 2]
-        assert srv.peer is not None and srv.peer.info.endpoints["transfer"].endswith(":8")
-        assert not ping(first) and ping(second)
-        assert srv.wait_for_peer(0.1, after_generation=1) is srv.peer
+        assert srv.peer_for(first.session_id).info.endpoints["transfer"].endswith(":7")
+        assert srv.peer_for(second.session_id).info.endpoints["transfer"].endswith(":8")
+        assert ping(first) and ping(second)
+        assert srv.wait_for_peer(0.1, after_generation=1).session_id == second.session_id
         assert srv.wait_for_peer(0.1, after_generation=2) is None
+        # Only the first decode keeps pinging: the second session expires, the first is untouched.
+        deadline = time.monotonic() + 5
+        while srv.peer_for(second.session_id) is not None and time.monotonic() < deadline:
+            assert ping(first)
+            time.sleep(0.2)
+        assert srv.peer_for(second.session_id) is None and [p.generation for p in gone] == [2]
+        assert ping(first) and not ping(second)
+
+
+def test_session_keys_and_sealed_messages() -> None:
+    """With a secret both sides derive the same per-session key; a sealed message opens only with it."""
+    with BootstrapServer(_pre(), secret="s3cret") as srv:
+        pairing = register(srv.endpoint, _dec(), secret="s3cret", timeout_s=5)
+        other = register(srv.endpoint, _dec(port=9), secret="s3cret", timeout_s=5)
+        peer = srv.peer_for(pairing.session_id)
+        assert pairing.key is not None and peer is not None and peer.key == pairing.key
+        assert other.key != pairing.key  # one key per session
+        frames = [b"header", b"body"]
+        sealed = seal(pairing.key, frames)
+        assert open_sealed(peer.key, sealed) == frames
+        assert open_sealed(other.key, sealed) is None  # another session's key
+        assert open_sealed(peer.key, frames) is None  # no MAC at all
+        assert open_sealed(peer.key, [b"header", b"BODY", sealed[-1]]) is None  # tampered
+        # A ping keeps a session alive only with its key's proof: knowing the session id is not enough.
+        forged = wire.request(zmq.Context.instance(), srv.endpoint, Ping(session_id=pairing.session_id),
+                              timeout_s=5).msg
+        assert isinstance(forged, Pong) and not forged.paired
+        assert ping(pairing)
+    with BootstrapServer(_pre()) as srv:  # no secret: no key, messages pass as they are
+        assert register(srv.endpoint, _dec(), timeout_s=5).key is None
+        assert seal(None, frames) == frames and open_sealed(None, frames) == frames
+
+
+def test_a_rejection_does_not_hand_out_the_prefill_registration() -> None:
+    with BootstrapServer(_pre(), secret="s3cret") as srv:
+        ctx = zmq.Context.instance()
+        wire.request(ctx, srv.endpoint, Hello(client_nonce=b"c" * 32), timeout_s=5)
+        bad = wire.request(ctx, srv.endpoint, Register(info=b"x", nonce=b"n" * 32, client_nonce=b"c" * 32),
+                           timeout_s=5).msg
+        assert isinstance(bad, Rejected) and bad.prefill is None
 
 
 def test_on_pair_failure_refuses_the_decode() -> None:

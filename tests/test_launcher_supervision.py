@@ -1,13 +1,16 @@
 """`Launcher` supervision with small real child processes standing in for `specctl serve`.
 
-The launcher runs `[python, -m, specctl.cli, serve, --role R, -c FILE]`; here `python` is a tiny
-script that serves /health on the role's port (503 until "ready", then 200) and behaves as the
-test asks through FAKE_<ROLE> (ok | die | hang | stubborn | impostor), so waiting, failure reporting and
-shutdown are exercised with real processes, real signals and real HTTP, without loading a model.
+The launcher runs `[python, -m, specctl.cli, serve, --role R, -c FILE]` per engine and `[python, -m,
+sglang_router.launch_router, --pd-disaggregation, ...]` for the router; here `python` is a tiny script that
+serves /health (engines) or /readiness (router) on the role's port (503 until "ready", then 200) and behaves
+as the test asks through FAKE_<ROLE> (ok | die | hang | stubborn | impostor), so waiting, failure reporting
+and shutdown are exercised with real processes, real signals and real HTTP, without loading a model. The
+real router and engines run in tests/test_serve_pd.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -32,9 +35,14 @@ FAKE = textwrap.dedent(
     import http.server, json, os, signal, sys, threading, time
     import yaml
     args = sys.argv[1:]
-    role = args[args.index("--role") + 1]
-    doc = yaml.safe_load(open(args[args.index("-c") + 1]))
-    port = doc["roles"][role]["port"]
+    if "sglang_router.launch_router" in args:
+        role, port = "router", int(args[args.index("--port") + 1])
+        with open(os.path.join(os.environ["FAKE_MARKS"], "router.argv"), "w") as f:
+            json.dump({{"argv": args, "offline": os.environ.get("HF_HUB_OFFLINE")}}, f)
+    else:
+        role = args[args.index("--role") + 1]
+        doc = yaml.safe_load(open(args[args.index("-c") + 1]))
+        port = doc["roles"][role]["port"]
     mode = os.environ.get("FAKE_" + role.upper(), "ok")
     marks = os.environ["FAKE_MARKS"]
     started = time.monotonic()
@@ -117,6 +125,23 @@ def setup(tmp_path: Path, monkeypatch):
     return make, marks, r
 
 
+def test_the_router_is_sglang_router_over_every_instance(setup) -> None:
+    make, marks, router_port = setup
+    launcher = make()
+    with launcher:
+        launcher.wait_ready(60, poll_s=0.05)
+        started = json.loads((marks / "router.argv").read_text())
+    argv, p = started["argv"], make.ports
+    assert argv[:3] == ["-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    i = argv.index("--prefill")
+    assert argv[i + 1:i + 3] == [f"http://127.0.0.1:{p['prefill']}", str(p["bootstrap"])]
+    assert argv[argv.index("--decode") + 1] == f"http://127.0.0.1:{p['decode']}"
+    assert argv[argv.index("--port") + 1] == str(router_port)
+    assert int(argv[argv.index("--shutdown-grace-period-secs") + 1]) <= 5
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert started["offline"] == "1"  # no hub, ever
+
+
 def _marks(marks: Path, role: str) -> list[str]:
     f = marks / role
     return f.read_text().split() if f.exists() else []
@@ -151,8 +176,8 @@ def test_a_dying_process_is_named_with_its_reason_and_the_rest_stop(setup) -> No
         assert "page_size differs" in msg  # the tail of its log says why
         assert err.value.exit_code == 3
     assert launcher.procs["decode"].returncode == 3
-    assert launcher.procs["prefill"].returncode == 0 and launcher.procs["router"].returncode == 0
-    assert _marks(marks, "prefill") == ["term"] and _marks(marks, "router") == ["term"]
+    assert launcher.procs["prefill"].returncode == 0 and "router" not in launcher.procs  # never routed to it
+    assert _marks(marks, "prefill") == ["term"] and _marks(marks, "router") == []
 
 
 def test_not_ready_in_time_names_who_is_waiting(setup) -> None:
@@ -226,8 +251,8 @@ def test_up_cli_names_the_taken_port_and_exits_3(setup) -> None:
 
 def test_a_stranger_answering_on_the_port_is_never_ready(setup) -> None:
     make, _, _ = setup
-    launcher = make(router="impostor")
+    launcher = make(decode="impostor")
     with launcher:
-        with pytest.raises(RuntimeFailure, match=r"not ready after 2s: router \(foreign: port answered by pid"):
+        with pytest.raises(RuntimeFailure, match=r"not ready after 2s: decode \(foreign: port answered by pid"):
             launcher.wait_ready(2, poll_s=0.05)
-        assert launcher.status["prefill"].ready and launcher.status["decode"].ready
+        assert launcher.status["prefill"].ready and "router" not in launcher.procs

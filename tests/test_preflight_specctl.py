@@ -150,7 +150,7 @@ def test_matched_colocated_servers_pass(servers: dict[str, str]) -> None:
     report = run_preflight(servers["base"], servers["base"], timeout_s=5)
     assert report.ok, [d.to_json() for d in report.differences]
     p = report.prefill
-    assert (p.shape, p.engine, p.page_size, p.speculative_algorithm, p.adaptive) == ("specctl", "specctl", 4,
+    assert (p.shape, p.engine, p.page_size, p.speculative_algorithm, p.adaptive) == ("sglang", "specctl", 4,
                                                                                      "draft", True)
     assert p.state_types == ("mamba", "swa") and p.state_types_source == "reported"
 

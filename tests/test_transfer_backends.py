@@ -17,6 +17,7 @@ from specctl.engine.registration import build_registration
 from specctl.engine.transfer import (
     PayloadSpec,
     ShmPayload,
+    TransferAck,
     TransferError,
     TransferHeader,
     TransferReceiver,
@@ -349,3 +350,57 @@ def test_receiver_unmaps_segments_a_sender_abandoned() -> None:
                 assert tx.wait_released(5.0)
         # the first sender's segment was unlinked on close and unmapped when the second one's arrived
         assert _deleted_segment_mappings() <= 1
+
+
+@pytest.mark.parametrize("backend", ["zmq", "shm"])
+def test_with_keys_only_the_claiming_sessions_mac_opens_a_payload(backend: str) -> None:
+    """Shared secret: the receiver looks up the key of the session that claimed each request; a payload
+    with that session's MAC round-trips exactly (acks and shm releases are MAC'd back), one without a MAC,
+    with another session's, or for an unclaimed request is dropped unanswered and counted."""
+    good, other = b"g" * 32, b"o" * 32
+    claimed = {"r-good": good, "r-other": good}
+    rx = TransferReceiver(_spec(), timeout_s=10, auth=claimed.get)
+    senders = {name: TransferSender(rx.endpoint, backend=backend, timeout_s=1.5, key=key)
+               for name, key in (("good", good), ("other", other), ("none", None))}
+    out: dict = {}
+    th = _serve(rx, 1, out)
+    try:
+        tensors = _payload(20, seed=3)
+        with pytest.raises(TransferTimeout):
+            senders["none"].send("r-good", tensors, length=20)  # no MAC: never acknowledged
+        with pytest.raises(TransferTimeout):
+            senders["other"].send("r-other", tensors, length=20)  # another session's key
+        with pytest.raises(TransferTimeout):
+            senders["good"].send("r-unclaimed", tensors, length=20)  # nobody claimed it
+        res = senders["good"].send("r-good", tensors, length=20, timeout_s=10)
+        assert res.error is None
+        th.join(10)
+        got, length, _ = out["r-good"]
+        assert length == 20 and all(torch.equal(got[k], tensors[k]) for k in tensors)
+        assert set(out) == {"r-good"} and rx.auth_failures == 3
+        if backend == "shm":
+            assert senders["good"].wait_released(5)  # the MAC'd release came back and was accepted
+    finally:
+        for tx in senders.values():
+            tx.close()
+        rx.close()
+
+
+def test_a_forged_ack_is_not_acted_on() -> None:
+    key = b"k" * 32
+    ctx = zmq.Context.instance()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    fake.bind("tcp://127.0.0.1:0")
+    tx = TransferSender(fake.getsockopt_string(zmq.LAST_ENDPOINT), timeout_s=1.0, key=key)
+    try:
+        tx.submit("r1", _payload(4), length=4)
+        identity = fake.recv_multipart()[0]
+        ack = wire.encode(TransferAck(request_id="r1", ok=True))
+        fake.send_multipart([identity, *ack])  # unsealed: ignored
+        fake.send_multipart([identity, *ack, b"x" * 32])  # wrong MAC: ignored
+        res = tx.collect(3.0, request_id="r1")
+        assert res and isinstance(res[0].error, TransferTimeout) and tx.auth_failures == 2
+    finally:
+        tx.close()
+        fake.close(0)

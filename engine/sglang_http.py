@@ -1,0 +1,286 @@
+"""SGLang's native HTTP surface on a specctl serving process, beside the OpenAI routes of `http_server`.
+
+Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
+
+- `GET /model_info`: `model_path` and `tokenizer_path` as local directories (sglang-router loads its tokenizer
+  from `model_path`; SGLang's bench_serving and transformers' AutoTokenizer load `tokenizer_path`, a directory
+  holding only the tokenizer files, so no hub is ever asked), `is_generation`, `served_model_name`.
+- `GET /get_load`: `[{"dp_rank": 0, "num_reqs", "num_waiting_reqs", "num_tokens"}]` (sglang-router's
+  load-aware policies poll it).
+- `POST /generate`: SGLang's native request (`text` or `input_ids`, `sampling_params` with
+  `max_new_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `ignore_eos`, `seed`; `stream`), answered with
+  `{"text", "output_ids", "meta_info"}`; `meta_info` carries `id`, `finish_reason` (`{"type": ...}`),
+  `prompt_tokens`, `completion_tokens`, the request's speculative statistics (`spec_verify_ct`,
+  `spec_accept_length`: tokens per verify step as SGLang counts them, `spec_accept_lengths`) and `timings`.
+  Streaming (`stream: true`) sends the cumulative text in each `data:` chunk, as SGLang does, then `[DONE]`.
+- `GET /v1/models/{id}`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count", "max_model_len"}`),
+  `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
+
+`/server_info` keeps its route in `http_server`; the backends put SGLang's keys in it (`sglang_server_args`).
+`bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
+`bootstrap_port`, `bootstrap_room`); both the OpenAI and the native routes pass them to `Backend.generate`
+in the params dict. Every malformed request is a 4xx JSON error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from specctl.engine.http_server import RequestError, json_error, sampling_params
+
+if TYPE_CHECKING:
+    from specctl.engine.async_engine import RequestOutput
+    from specctl.engine.http_server import OpenAIServer
+
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+VERSION = "specctl-0.1.0"
+
+
+def bootstrap_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The PD routing fields of a request (all three, or none), type-checked."""
+    present = [k for k in BOOTSTRAP_FIELDS if body.get(k) is not None]
+    if not present:
+        return {}
+    if len(present) != len(BOOTSTRAP_FIELDS):
+        missing = [k for k in BOOTSTRAP_FIELDS if k not in present]
+        raise RequestError(f"{', '.join(missing)} missing: a disaggregated request carries all of "
+                           f"{', '.join(BOOTSTRAP_FIELDS)}", param=missing[0])
+    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise RequestError("bootstrap_host must be a host name or address", param="bootstrap_host")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
+    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
+        raise RequestError("bootstrap_room must be a non-negative 64-bit integer", param="bootstrap_room")
+    return {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": int(room)}
+
+
+def tokenizer_dir(model_dir: Path) -> Path:
+    """The directory with only the tokenizer files (builtin models ship one), else the model directory."""
+    sub = model_dir / "tokenizer"
+    return sub if (sub / "tokenizer.json").is_file() else model_dir
+
+
+def model_paths(model_ref: str) -> tuple[str, str]:
+    from specctl.schemas.model_facts import resolve_model_dir
+
+    model_dir = Path(resolve_model_dir(model_ref)).resolve()
+    return str(model_dir), str(tokenizer_dir(model_dir))
+
+
+def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: float | None) -> dict[str, Any]:
+    """The keys of SGLang's `/server_info` a client of it reads (resolved settings, internal_states, version)."""
+    model = role.get("model") or {}
+    spec = role.get("speculative") or {}
+    cache = role.get("cache") or {}
+    serve = role.get("serve") or {}
+    ref = str(model.get("target") or "")
+    try:
+        model_path, tok_path = model_paths(ref)
+    except Exception:  # an unreadable model must not make /server_info fail: it reports what it knows
+        model_path = tok_path = ref
+    algo = str(spec.get("algorithm") or "none")
+    draft_path = None
+    if algo == "draft" and spec.get("draft"):
+        try:
+            draft_path = model_paths(str(spec["draft"]))[0]
+        except Exception:
+            draft_path = str(spec["draft"])
+    adaptive = spec.get("adaptive")
+    return {
+        "model_path": model_path,
+        "tokenizer_path": tok_path,
+        "served_model_name": ref,
+        "dtype": model.get("dtype"),
+        "device": model.get("device"),
+        "page_size": cache.get("page_size"),
+        "max_running_requests": serve.get("max_batch_size"),
+        "disaggregation_mode": role_name if role_name in ("prefill", "decode") else "null",
+        # Not `disaggregation_bootstrap_port`: SGLang's bootstrap answers HTTP `/route` there, specctl's is the
+        # ZMQ handshake (specctl_bootstrap_port), and a client of SGLang's key would wait on it for HTTP.
+        "specctl_bootstrap_port": role.get("bootstrap_port"),
+        "disaggregation_transfer_backend": (role.get("transfer") or {}).get("backend"),
+        "speculative_algorithm": None if algo == "none" else algo.upper(),
+        "speculative_num_steps": spec.get("num_steps") if algo != "none" else None,
+        "speculative_adaptive": bool(adaptive),
+        # SGLang passes a file path; specctl's adaptive config is inline: its canonical JSON.
+        "speculative_adaptive_config": json.dumps(adaptive, sort_keys=True) if adaptive else None,
+        "speculative_draft_model_path": draft_path,
+        "speculative_num_draft_tokens": (int(spec.get("num_steps") or 0) + 1) if algo != "none" else None,
+        "kv_cache_dtype": "auto",
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "state_types": list(cache.get("state_types") or []) or None,
+        "internal_states": [{"avg_spec_accept_length": accept_length}],
+        "version": VERSION,
+    }
+
+
+def native_body(body: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's `sampling_params` as the OpenAI fields `sampling_params()` understands."""
+    sp = body.get("sampling_params")
+    sp = {} if sp is None else sp
+    if not isinstance(sp, dict):
+        raise RequestError("sampling_params must be an object", param="sampling_params")
+    out: dict[str, Any] = {k: sp[k] for k in ("temperature", "top_p", "top_k", "stop", "ignore_eos", "seed")
+                           if sp.get(k) is not None}
+    if sp.get("max_new_tokens") is not None:
+        out["max_tokens"] = sp["max_new_tokens"]
+    if out.get("top_k") == -1:
+        out["top_k"] = 0  # SGLang's "no top-k"
+    return out
+
+
+def meta_info(rid: str, prompt_len: int, out: list[int], final: RequestOutput | None) -> dict[str, Any]:
+    accepts = list(final.accept_lengths) if final is not None else []
+    reason = final.finish_reason if final is not None else None
+    meta: dict[str, Any] = {"id": rid, "prompt_tokens": prompt_len, "completion_tokens": len(out),
+                            "finish_reason": None if reason is None else {"type": reason}}
+    if final is not None:
+        if accepts:
+            meta["spec_verify_ct"] = len(accepts)
+            # SGLang's accept length counts the verified (bonus) token too: tokens per verify step.
+            meta["spec_accept_length"] = (sum(accepts) + len(accepts)) / len(accepts)
+            meta["spec_accept_lengths"] = accepts
+        meta["timings"] = final.timings
+        if final.error:
+            meta["error"] = final.error
+    return meta
+
+
+class SglangRoutes:
+    def __init__(self, server: OpenAIServer) -> None:
+        self.server = server
+        self.backend: Any = server.backend
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        model_path, tok_path = model_paths(self.backend.model_name)
+        return web.json_response({"model_path": model_path, "tokenizer_path": tok_path, "is_generation": True,
+                                  "served_model_name": self.backend.model_name, "has_image_understanding": False,
+                                  "has_audio_understanding": False, "preferred_sampling_params": None})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return await self.server.server_info(request)  # SGLang serves both names
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        load = getattr(self.backend, "load_info", None)
+        info = load() if callable(load) else {}
+        return web.json_response([{"dp_rank": 0, "num_reqs": int(info.get("num_reqs", self.server.in_flight)),
+                                   "num_waiting_reqs": int(info.get("num_waiting_reqs", 0)),
+                                   "num_tokens": int(info.get("num_tokens", 0))}])
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model_id"]
+        if name != self.backend.model_name:
+            return json_error(f"model {name!r} is not served here (this server serves {self.backend.model_name!r})",
+                              status=404, param="model")
+        return web.json_response({"id": name, "object": "model", "created": 0, "owned_by": "specctl",
+                                  "max_model_len": self.backend.max_context})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self.server._body(request)
+        prompt = body.get("prompt", body.get("text"))
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string", param="prompt")
+        ids = self.backend.encode(prompt) if body.get("add_special_tokens", True) else \
+            self.backend.tokenizer.encode(prompt)
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.backend.max_context})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self.server._body(request)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise RequestError("tokens must be a list of token ids", param="tokens")
+        return web.json_response({"text": self.backend.decode(ids)})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await self.server._body(request)
+        unavailable = self.server._unavailable()
+        if unavailable is not None:
+            return unavailable
+        if body.get("input_ids") is not None:
+            ids = body["input_ids"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                               for t in ids):
+                raise RequestError("input_ids must be a non-empty list of token ids", param="input_ids")
+        else:
+            text = body.get("text")
+            if not isinstance(text, str) or not text:
+                raise RequestError("text (or input_ids) must be a non-empty string", param="text")
+            ids = self.backend.encode(text)
+        params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context)
+        params.update(bootstrap_fields(body))
+        check = getattr(self.backend, "check_params", None)
+        if check is not None:
+            check(params)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise RequestError("stream must be a boolean", param="stream")
+        rid = uuid.uuid4().hex
+        self.server.in_flight += 1
+        try:
+            if stream:
+                return await self._stream(request, ids, params, rid)
+            return await self._unary(ids, params, rid)
+        finally:
+            self.server.in_flight -= 1
+
+    async def _unary(self, ids: list[int], params: dict[str, Any], rid: str) -> web.Response:
+        t0 = time.perf_counter()
+        out: list[int] = []
+        final = None
+        async for item in self.backend.generate(ids, params):
+            out.extend(item.token_ids)
+            if item.finished:
+                final = item
+                break
+        if final is None or final.finish_reason == "error":
+            self.server.metrics.http_errors.inc(code="503")
+            return json_error((final.error if final else None) or "generation ended without a result", status=503)
+        meta = meta_info(rid, len(ids), out, final)
+        meta["e2e_latency"] = time.perf_counter() - t0
+        text = final.text if final.text is not None else self.backend.decode(out)
+        return web.json_response({"text": text, "output_ids": out, "meta_info": meta})
+
+    async def _stream(self, request: web.Request, ids: list[int], params: dict[str, Any], rid: str
+                      ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        out: list[int] = []
+        async for item in self.backend.generate(ids, params):
+            out.extend(item.token_ids)
+            final = item if item.finished else None
+            if final is not None and final.finish_reason == "error":
+                err = {"error": {"message": final.error or "generation failed", "type": "server_error"}}
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                break
+            text = final.text if final is not None and final.text is not None else \
+                self.backend.decode(out).rstrip("\ufffd")
+            chunk = {"text": text, "output_ids": list(out), "meta_info": meta_info(rid, len(ids), out, final)}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if final is not None:
+                break
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def add_sglang_routes(server: OpenAIServer) -> None:
+    routes = SglangRoutes(server)
+    server.app.add_routes([
+        web.get("/model_info", routes.model_info),
+        web.get("/get_model_info", routes.model_info),
+        web.get("/get_server_info", routes.server_info),
+        web.get("/get_load", routes.get_load),
+        web.post("/generate", routes.generate),
+        web.get("/v1/models/{model_id:.+}", routes.model),
+        web.post("/tokenize", routes.tokenize),
+        web.post("/detokenize", routes.detokenize),
+    ])

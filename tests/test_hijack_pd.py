@@ -1,0 +1,172 @@
+"""Pairing nobody can hijack: a stranger that registers with prefill's bootstrap while a pair serves through
+the real sglang-router gets nothing and costs no client request; with a shared secret it cannot pair at all,
+and control messages without the session's MAC are refused, never acted on.
+
+The attacker is what the issue measured: a local process that builds a registration matching the deployment
+(from the same model files) with a transfer endpoint of its own, and re-registers every 0.2 s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from specctl.engine import wire
+from specctl.engine.bootstrap import HandshakeRejected, register, seal
+from specctl.engine.config import EngineConfig
+from specctl.engine.engine import Engine
+from specctl.engine.pd_protocol import PdClaim
+from specctl.engine.registration import build_registration
+
+from test_serve_pd import (  # isort: skip
+    PROMPTS,
+    START_TIMEOUT,
+    Proc,
+    complete,
+    concurrent,
+    deployment_yaml,
+    free_port,
+    healthy,
+    info,
+    models,  # noqa: F401 - the module fixture
+    offline,  # noqa: F401 - the module fixture
+    router_ready,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+SECRET_ENV = "SPECCTL_TEST_PD_SECRET"
+
+
+def _topology(dirs: dict[str, Path], name: str, *, secret: str | None) -> Iterator[dict[str, Any]]:
+    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    cfg = deployment_yaml(dirs["root"] / f"{name}.yaml", target=dirs["target"], draft=None, ports=ports,
+                          timeout_s=3, secret_env=SECRET_ENV if secret else None)
+    logs = dirs["root"] / f"{name}-logs"
+    logs.mkdir()
+    env = {SECRET_ENV: secret} if secret else {}
+    t: dict[str, Any] = {"cfg": cfg, "ports": ports,
+                         "url": {r: f"http://127.0.0.1:{ports[r]}" for r in ("prefill", "decode", "router")}}
+    procs = [Proc("prefill", cfg, logs / "prefill.log", env=env), Proc("decode", cfg, logs / "decode.log", env=env)]
+    try:
+        wait_for(lambda: healthy(t["url"]["prefill"]) and healthy(t["url"]["decode"]), START_TIMEOUT, "pair ready")
+        procs.append(Proc("router", cfg, logs / "router.log", env=env))
+        wait_for(lambda: router_ready(t["url"]["router"]), START_TIMEOUT, "router ready")
+        t["procs"] = procs
+        yield t
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def open_pair(models: dict[str, Path]) -> Iterator[dict[str, Any]]:  # noqa: F811
+    yield from _topology(models, "open-pd", secret=None)
+
+
+@pytest.fixture(scope="module")
+def secret_pair(models: dict[str, Path]) -> Iterator[dict[str, Any]]:  # noqa: F811
+    yield from _topology(models, "secret-pd", secret="correct horse battery staple")
+
+
+class Attacker:
+    """A matching registration with its own transfer endpoint, re-registering every 0.2 s; counts what the
+    endpoint receives."""
+
+    def __init__(self, dirs: dict[str, Path], bootstrap_port: int, *, secret: str | None = None) -> None:
+        role = {"model": {"target": str(dirs["target"]), "dtype": "float32", "device": "cpu"},
+                "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
+        engine = Engine(EngineConfig.from_role(role))
+        self.ctx = zmq.Context()
+        self.sink = self.ctx.socket(zmq.ROUTER)
+        self.sink.setsockopt(zmq.LINGER, 0)
+        self.sink.bind("tcp://127.0.0.1:0")
+        endpoint = self.sink.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.info = build_registration("decode", engine.runner.layout(), speculative=engine.config.speculative,
+                                       transfer_backend="zmq", endpoints={"transfer": endpoint},
+                                       facts=engine.runner.facts)
+        self.bootstrap = f"tcp://127.0.0.1:{bootstrap_port}"
+        self.secret = secret
+        self.accepted = 0
+        self.refused: list[str] = []
+        self.received = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                register(self.bootstrap, self.info, secret=self.secret, timeout_s=2, retries=1, ctx=self.ctx)
+                self.accepted += 1
+            except HandshakeRejected as exc:
+                self.refused.append(exc.reason)
+            while self.sink.poll(200, zmq.POLLIN):  # anything sent to the impostor's transfer endpoint
+                self.sink.recv_multipart()
+                self.received += 1
+
+    def __enter__(self) -> Attacker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.sink.close(0)
+        self.ctx.term()
+
+
+def test_a_stranger_registering_while_a_pair_serves_gets_nothing_and_costs_no_request(
+    open_pair: dict[str, Any], models: dict[str, Path], offline: dict[str, list[int]]  # noqa: F811
+) -> None:
+    with Attacker(models, open_pair["ports"]["bootstrap"]) as attacker:
+        wait_for(lambda: attacker.accepted >= 2, 30, "the attacker to register")
+        results = [concurrent(open_pair["url"]["router"], PROMPTS[:4]) for _ in range(3)]  # 12 requests
+        wait_for(lambda: attacker.accepted >= 5, 30, "the attacker to keep registering")
+    for batch in results:
+        for prompt, (code, body) in batch.items():
+            assert code == 200, body
+            assert body["choices"][0]["token_ids"] == offline[prompt]
+    assert attacker.received == 0  # not one byte of anyone's KV
+    assert attacker.accepted >= 5  # the registrations were accepted: they simply displace nobody
+    assert healthy(open_pair["url"]["decode"])
+    assert "registration" not in info(open_pair["url"]["decode"])
+
+
+def test_with_a_secret_a_stranger_cannot_pair_and_unauthenticated_control_messages_are_refused(
+    secret_pair: dict[str, Any], models: dict[str, Path], offline: dict[str, list[int]]  # noqa: F811
+) -> None:
+    with Attacker(models, secret_pair["ports"]["bootstrap"]) as attacker:
+        wait_for(lambda: len(attacker.refused) >= 2, 30, "the attacker to be refused")
+        results = concurrent(secret_pair["url"]["router"], PROMPTS[:3])
+    assert attacker.accepted == 0 and all("authentication required" in r for r in attacker.refused)
+    for prompt, (code, body) in results.items():
+        assert code == 200, body  # the pair's own control and transfer messages are sealed and flow
+        assert body["choices"][0]["token_ids"] == offline[prompt]
+    pre = info(secret_pair["url"]["prefill"])["bootstrap"]
+    assert pre["authenticated"] and pre["sessions"] == 1
+    before = pre["auth_failures"]
+    # Straight to prefill's control socket: a claim for a made-up session, unsealed and wrongly sealed.
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(pre["control"])
+    try:
+        claim = [bytes(f) for f in wire.encode(PdClaim(req_id="room-1", prompt_ids=[1, 2, 3], params={},
+                                                       pairing_id="0" * 32))]
+        sock.send_multipart(claim)
+        sock.send_multipart(seal(b"k" * 32, claim))
+        assert not sock.poll(1500, zmq.POLLIN)  # no answer at all: nothing acted on
+    finally:
+        sock.close(0)
+        ctx.term()
+    wait_for(lambda: info(secret_pair["url"]["prefill"])["bootstrap"]["auth_failures"] >= before + 2, 10,
+             "prefill to count the refused messages")
+    assert info(secret_pair["url"]["prefill"])["in_flight"] == 0
+    code, body = complete(secret_pair["url"]["router"], PROMPTS[0])
+    assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[0]]
