@@ -378,6 +378,6 @@ def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
                    state_types=declared if declared is not None else facts.state_types)
 
 
-def _engine_of(info: dict[str, Any]) -> str:
+def _engine_of(info: JsonDoc) -> str:
     """specctl's servers answer in SGLang's shape too; their registration fingerprint tells them apart."""
     return _str(info.get("engine")) or ("specctl" if "fingerprints" in info else "sglang")
