@@ -94,7 +94,7 @@ def test_bench_reads_acceptance_and_gauges_from_an_sglang_server() -> None:
     with SGLangStub() as stub:
         res = _bench(stub.url)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(res.stdout)["runs"]
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]  # JSON Lines, one record per point
     assert rec["accept_length"] == pytest.approx(2.8125) and rec["accept_length_source"] == "server_info"
     assert rec["sglang_metrics"]["num_running_reqs"] == 12.0
     assert rec["server_metrics"]["counters"][f"sglang:num_requests_total{{{LABELS}}}"] == 32.0
@@ -105,7 +105,7 @@ def test_bench_falls_back_to_the_accept_length_gauge() -> None:
     with SGLangStub(server_info=False) as stub:
         res = _bench(stub.url)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(res.stdout)["runs"]
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]  # JSON Lines, one record per point
     assert rec["accept_length"] == pytest.approx(2.8125) and rec["accept_length_source"] == "metrics"
 
 
@@ -131,7 +131,7 @@ def test_bench_record_binds_the_preflight_fingerprints_of_both_roles(sglang_pair
     with SGLangStub() as stub:
         res = _bench(stub.url, "--preflight", p, d)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(res.stdout)["runs"]
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]  # JSON Lines, one record per point
     pre = rec["preflight"]
     assert pre["ok"] is True and pre["prefill"] == pre["decode"] and len(pre["prefill"]) == 16
 
