@@ -39,6 +39,9 @@ def free_port() -> int:
 
 
 def post(url: str, body: dict[str, Any]) -> str:
+    if "model" not in body:  # sglang-router requires it (422 without); servers 404 an unknown name
+        with urllib.request.urlopen(url.rsplit("/v1/", 1)[0] + "/v1/models", timeout=30) as r:
+            body = {**body, "model": json.loads(r.read())["data"][0]["id"]}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=90) as r:
         assert r.status == 200
@@ -112,7 +115,8 @@ def test_every_role_counts_what_it_did(topology: dict[str, Any]) -> None:
     n = len(PROMPTS)
     pre, pre_types, pre_models = scrape(f"http://127.0.0.1:{ports['prefill']}")
     dec, dec_types, dec_models = scrape(f"http://127.0.0.1:{ports['decode']}")
-    rtr, rtr_types, rtr_models = scrape(router)
+    # The router is sglang-router: its Prometheus exporter is its own (a port of its own, SGLang's names);
+    # decode's HTTP front answers the client, so the client-facing counts are decode's.
 
     # prefill: the prompts it computed, their prefill time, the transfers it sent
     assert total(pre, "specctl_requests_total", status="prefilled") == n
@@ -129,12 +133,9 @@ def test_every_role_counts_what_it_did(topology: dict[str, Any]) -> None:
     assert total(dec, "specctl_transfer_bytes_total", direction="received") == total(
         pre, "specctl_transfer_bytes_total", direction="sent")
     assert total(dec, "specctl_transfer_seconds_count") == n
-    # router (the front): requests, TTFT, end-to-end
-    assert total(rtr, "specctl_requests_total", status="length") == n
-    assert total(rtr, "specctl_time_to_first_token_seconds_count") == n
-    assert total(rtr, "specctl_generation_tokens_total") == n * MAX_TOKENS
+    assert total(dec, "specctl_time_to_first_token_seconds_count") == n
 
-    for types, models in ((pre_types, pre_models), (dec_types, dec_models), (rtr_types, rtr_models)):
+    for types, models in ((pre_types, pre_models), (dec_types, dec_models)):
         assert models == {topology["model"]}  # model_name on every series
         for family, kind in types.items():
             if kind == "gauge":
@@ -168,11 +169,16 @@ def test_logit_bias_and_penalties_through_the_router(topology: dict[str, Any]) -
         max_tokens=6, temperature=0.0, ignore_eos=True))
     assert unpenalized.token_ids != want.token_ids  # the penalties changed something
     # log-probs do not travel prefill -> decode yet: refused by name, not ignored
-    req = urllib.request.Request(router + "/v1/completions", data=json.dumps({**body, "logprobs": 1}).encode(),
+    with urllib.request.urlopen(router + "/v1/models", timeout=30) as r:
+        model = json.loads(r.read())["data"][0]["id"]
+    req = urllib.request.Request(router + "/v1/completions",
+                                 data=json.dumps({**body, "model": model, "logprobs": 1}).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         urllib.request.urlopen(req, timeout=30)
         raise AssertionError("logprobs through the router should be refused")
     except urllib.error.HTTPError as exc:
         err = json.loads(exc.read())["error"]
-        assert exc.code == 400 and err["param"] == "logprobs" and err["code"] == "unsupported_parameter"
+        # sglang-router re-wraps a worker's 4xx as {type, code: "decode_bad_request", message}: the param's
+        # name survives in the message only.
+        assert exc.code == 400 and "logprobs" in err["message"] and "not supported" in err["message"], err

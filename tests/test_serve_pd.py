@@ -163,9 +163,21 @@ def offline(models: dict[str, Path]) -> dict[str, list[int]]:
     return {p: r.token_ids for p, r in zip(prompts, results, strict=True)}
 
 
+_SERVED: dict[str, str] = {}
+
+
+def served_model(url: str) -> str:
+    """The model id a server (or the router, from its workers) lists: unknown names are a 404 (issue 12)."""
+    if url not in _SERVED:
+        code, body = http("GET", url + "/v1/models", timeout=30)
+        assert code == 200, body
+        _SERVED[url] = body["data"][0]["id"]
+    return _SERVED[url]
+
+
 def complete(url: str, prompt: str, **kw: Any) -> tuple[int | None, Any]:
-    body = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True, **kw}
+    body = {"model": served_model(url), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, **kw}
     return http("POST", url + "/v1/completions", body, timeout=90)
 
 
