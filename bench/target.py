@@ -1,7 +1,7 @@
 """The server under test: a URL given by the user, or a deployment launched for the bench.
 
 `launched(source, overrides)` validates the deployment file (or preset), launches it through the
-engine's launcher -- `specctl.engine.launcher.launch(deployment, status_callback=...)` when the
+engine's launcher -- `specctl.engine.serve.launcher.launch(deployment, status_callback=...)` when the
 engine provides it, else the process `Launcher` that `specctl up` drives -- waits until every role
 is paired and ready, yields the router URL with the provenance the records carry (resolved config,
 handshake fingerprint), and tears the deployment down on exit -- also on Ctrl-C or an error.
@@ -67,7 +67,7 @@ def _launch(deployment: Any, overrides: Sequence[str],
             status_callback: Callable[[Any], None] | None) -> Iterator[tuple[str, Any]]:
     """(router URL, its /server_info or None) while the deployment runs; torn down on exit."""
     try:
-        from specctl.engine import launcher as launcher_mod
+        from specctl.engine.serve import launcher as launcher_mod
     except ImportError as exc:
         raise RuntimeFailure(f"the deployment launcher is not available in this build: {exc}",
                              hint="start the deployment with `specctl up` and bench it with --url") from None

@@ -63,7 +63,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling import SamplingParams
-from specctl.engine.spec_decoder import SpeculativeDecoder
+from specctl.engine.spec.decoder import SpeculativeDecoder
 from specctl.schemas.model_facts import resolve_model_dir
 
 

@@ -47,7 +47,7 @@ def _receiver(endpoint_q, kind: str, bind: str, n: int) -> None:
         time.sleep(0.2)
         sock.close()
         return
-    from specctl.engine.transfer import PAGES, ComponentSpec, PayloadSpec, TransferReceiver
+    from specctl.engine.pd.transfer import PAGES, ComponentSpec, PayloadSpec, TransferReceiver
 
     # one "page" per 1 KiB row: the receiver checks name, dtype and exact shape of every payload
     spec = PayloadSpec((ComponentSpec("kv", "uint8", shape=(PAGES, 1024), page_size=1),))
@@ -106,7 +106,7 @@ def _stream(submit, complete, reps: int, window: int) -> float:
 
 
 def bench_transfer(backend: str, bind: str, size: int, reps: int, window: int) -> float:
-    from specctl.engine.transfer import TransferSender
+    from specctl.engine.pd.transfer import TransferSender
 
     proc, endpoint = _spawn("spec", bind, reps + window)
     data = np.random.randint(0, 255, size, dtype=np.uint8).reshape(-1, 1024)
@@ -153,8 +153,8 @@ def bench_raw(bind: str, size: int, reps: int, window: int) -> float:
 
 
 def bench_handshake(n: int = 30) -> float:
-    from specctl.engine.bootstrap import BootstrapServer, register
-    from specctl.engine.registration import build_registration
+    from specctl.engine.pd.bootstrap import BootstrapServer, register
+    from specctl.engine.pd.registration import build_registration
 
     layout = {
         "page_size": 16, "dtype": "float32", "kv_item_lens": [512], "state_types": ["mamba", "swa"],

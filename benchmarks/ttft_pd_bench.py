@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from specctl.engine.launcher import Launcher
+from specctl.engine.serve.launcher import Launcher
 from specctl.schemas.deployment import load_deployment
 
 

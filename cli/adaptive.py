@@ -2,16 +2,16 @@
 
 - `simulate CONFIG --trace FILE`: replay recorded verify results through the policy (below).
 - `profile -c DEPLOY`: measure one decode step's cost per (batch size, steps) -> cost model JSON
-  (`specctl.engine.profile`; this one imports torch, the others do not).
+  (`specctl.engine.spec.profile`; this one imports torch, the others do not).
 - `tune CONFIG --trace FILE --cost FILE`: counterfactual replay of an engine trace (recorded with
   `serve|bench --trace-out FILE [--trace-steps K]`) through the same policy, searching candidate sets
-  and knobs per bucket for the best predicted tokens/s (`specctl.engine.tune`).
+  and knobs per bucket for the best predicted tokens/s (`specctl.engine.spec.tune`).
 
 CONFIG is an SGLang `--speculative-adaptive-config` JSON, or a deployment file / preset (its decode
 or colocated role's `speculative.adaptive`). TRACE is JSON Lines, one verify per line:
 `{"batch_size": 4, "accepted": [2, 3, 0, 1]}` (accepted draft tokens per request; the engine's
-extra keys -- steps, drafted, rids, times -- are described in `specctl.engine.trace`; blank lines
-skipped). The policy is the engine's own (`specctl.engine.adaptive`), so what
+extra keys -- steps, drafted, rids, times -- are described in `specctl.engine.spec.trace`; blank lines
+skipped). The policy is the engine's own (`specctl.engine.spec.adaptive`), so what
 this prints is what the engine would do. `--format json` prints one object per trace record:
 `{"index", "batch_size", "steps", "ema", "switched"}`: the 0-based record number (blank lines are
 skipped), then the routed bucket's steps and EMA after that update and whether it switched. Text
@@ -36,7 +36,7 @@ import typer
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
-from specctl.engine.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
+from specctl.engine.spec.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
@@ -187,7 +187,7 @@ def load_setup(
 
 def simulate(setup: SimulationSetup, records: Sequence[TraceRecord]) -> tuple[list[SimStep], Any]:
     """Replay `records` through a fresh policy; the steps after each record and the final policy."""
-    from specctl.engine.adaptive import AdaptivePolicy
+    from specctl.engine.spec.adaptive import AdaptivePolicy
 
     index = 0
     policy = AdaptivePolicy(
@@ -340,7 +340,7 @@ def profile_command(
         sizes = parse_int_list(batch_sizes, option="--batch-sizes")
         step_list = _parse_steps(steps)
         cfg = _engine_config(config, set_values or ())
-        from specctl.engine.profile import profile_costs
+        from specctl.engine.spec.profile import profile_costs
 
         if threads is not None:
             import torch
@@ -404,7 +404,7 @@ def tune_command(
     fixed step and no speculation. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
-        from specctl.engine.tune import TuneSetup, read_cost, tune
+        from specctl.engine.spec.tune import TuneSetup, read_cost, tune
 
         graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
         try:

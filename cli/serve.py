@@ -1,7 +1,7 @@
 """`specctl serve --role R -c DEPLOY` (one process) and `specctl up -c DEPLOY` (the whole local topology).
 
 Thin wrappers: load + validate the deployment (with `--set` overrides), then hand off to
-`specctl.engine.roles.serve_role` (one process) or `specctl.engine.launcher.Launcher` (all of them).
+`specctl.engine.serve.roles.serve_role` (one process) or `specctl.engine.serve.launcher.Launcher` (all of them).
 Exit codes: 0 stopped cleanly (Ctrl-C / SIGTERM); 1 invalid deployment; 2 usage error or unreadable
 file; 3 launch, handshake or runtime failure (a refused decode, a process that died).
 torch is imported only inside the serving process, never by `specctl --help`.
@@ -59,7 +59,7 @@ def serve(
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
-        from specctl.engine.roles import serve_role
+        from specctl.engine.serve.roles import serve_role
 
         try:
             code = serve_role(deployment, role.value, instance)
@@ -76,7 +76,7 @@ def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
     import os
     from pathlib import Path
 
-    from specctl.engine.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
+    from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
     from specctl.errors import UsageError
 
     if trace_steps is not None and trace_out is None:
@@ -121,7 +121,7 @@ class _Stop(Exception):
 
 def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log_dir: str | None,
            fmt: OutputFormat = OutputFormat.text) -> int:
-    from specctl.engine.launcher import Launcher
+    from specctl.engine.serve.launcher import Launcher
 
     err = stderr_console()
     launcher = Launcher(deployment, overrides=overrides, log_dir=log_dir)

@@ -2,7 +2,7 @@
 
 Scripted drafters know the target's plain greedy continuation of each prompt (computed first by a plain
 engine: the oracle) and propose it exactly, never, or corrupted on a deterministic schedule. They
-implement the `Drafter` protocol of specctl.engine.drafter and make acceptance lengths controllable,
+implement the `Drafter` protocol of specctl.engine.spec.drafter and make acceptance lengths controllable,
 which is what the adaptive-policy and rollback tests need.
 """
 
@@ -17,11 +17,11 @@ import torch
 
 from specctl.engine.checkpoint import load_model, save_model, write_random_model
 from specctl.engine.config import EngineConfig
-from specctl.engine.drafter import DraftBuffers
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling import SamplingParams
-from specctl.engine.spec_decoder import SpeculativeDecoder
+from specctl.engine.spec.decoder import SpeculativeDecoder
+from specctl.engine.spec.drafter import DraftBuffers
 
 VOCAB = 260
 ALPHA = 0.001  # the stated significance level of every goodness-of-fit test (test_spec_verify/_sampling)

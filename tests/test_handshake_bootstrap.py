@@ -17,8 +17,8 @@ import msgspec
 import pytest
 import zmq
 
-from specctl.engine import wire
-from specctl.engine.bootstrap import (
+from specctl.engine.pd import wire
+from specctl.engine.pd.bootstrap import (
     Accepted,
     BootstrapServer,
     Challenge,
@@ -33,7 +33,7 @@ from specctl.engine.bootstrap import (
     register,
     seal,
 )
-from specctl.engine.registration import build_registration
+from specctl.engine.pd.registration import build_registration
 
 LAYOUT = {
     "page_size": 16,
@@ -207,8 +207,8 @@ def test_decode_in_another_process(tmp_path) -> None:
     script = textwrap.dedent(
         """
         import json, sys
-        from specctl.engine.bootstrap import HandshakeRejected, register
-        from specctl.engine.registration import build_registration
+        from specctl.engine.pd.bootstrap import HandshakeRejected, register
+        from specctl.engine.pd.registration import build_registration
         layout = json.loads(sys.argv[2])
         info = build_registration("decode", layout, endpoints={"transfer": "tcp://127.0.0.1:7"})
         try:

@@ -8,8 +8,8 @@ import math
 import msgspec
 import pytest
 
-from specctl.engine.bootstrap import BootstrapServer, HandshakeRejected, register
-from specctl.engine.registration import (
+from specctl.engine.pd.bootstrap import BootstrapServer, HandshakeRejected, register
+from specctl.engine.pd.registration import (
     RegistrationInfo,
     build_registration,
     compare,

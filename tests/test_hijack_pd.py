@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import zmq
 
-from specctl.engine import wire
-from specctl.engine.bootstrap import HandshakeRejected, register, seal
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.pd_protocol import PdClaim
-from specctl.engine.registration import build_registration
+from specctl.engine.pd import wire
+from specctl.engine.pd.bootstrap import HandshakeRejected, register, seal
+from specctl.engine.pd.messages import PdClaim
+from specctl.engine.pd.registration import build_registration
 
 from test_serve_pd import (  # isort: skip
     PROMPTS,

@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.http_server import OpenAIServer, start_http
-from specctl.engine.roles import EngineBackend, RoleContext
+from specctl.engine.serve.http import OpenAIServer, start_http
+from specctl.engine.serve.roles import EngineBackend, RoleContext
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specctl.engine.launcher import Launcher
+from specctl.engine.serve.launcher import Launcher
 from specctl.errors import RuntimeFailure
 from specctl.schemas.deployment import load_deployment
 

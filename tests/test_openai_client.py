@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from specctl.engine.http_server import OpenAIServer, start_http
-from specctl.engine.roles import EngineBackend, RoleContext
+from specctl.engine.serve.http import OpenAIServer, start_http
+from specctl.engine.serve.roles import EngineBackend, RoleContext
 
 from spec_support import write_models  # isort: skip
 

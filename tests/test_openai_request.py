@@ -1,4 +1,4 @@
-"""The request parser alone (engine/openai_request.py): it never raises anything but RequestError on any
+"""The request parser alone (engine/serve/openai_request.py): it never raises anything but RequestError on any
 JSON a client can send (hypothesis, derandomized under CI), and what it accepts is bounded and typed.
 """
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specctl.engine.openai_request import (
+from specctl.engine.serve.openai_request import (
     MAX_INT,
     MIN_INT,
     RequestError,

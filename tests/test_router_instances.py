@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.launcher import Launcher
-from specctl.engine.sglang_router import router_argv
+from specctl.engine.serve.launcher import Launcher
+from specctl.engine.serve.router import router_argv
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.validator import Validator
 

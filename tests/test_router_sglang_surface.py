@@ -32,8 +32,8 @@ MODELS = Path(__file__).resolve().parents[1] / "engine" / "builtin_models"
 
 class BuiltinServer(Server):
     def __init__(self) -> None:
-        import specctl.engine.roles as roles
-        from specctl.engine.http_server import OpenAIServer, start_http
+        import specctl.engine.serve.roles as roles
+        from specctl.engine.serve.http import OpenAIServer, start_http
 
         role = {"name": "colocated", "model": {"target": "builtin:tiny-hybrid", "dtype": "float32", "device": "cpu"},
                 "speculative": {"algorithm": "ngram", "num_steps": 3}, "cache": {"page_size": 16, "max_tokens": 4096},

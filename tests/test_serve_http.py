@@ -23,9 +23,9 @@ import torch
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.http_server import OpenAIServer, chat_prompt, start_http
-from specctl.engine.roles import EngineBackend, RoleContext
 from specctl.engine.sampling import SamplingParams
+from specctl.engine.serve.http import OpenAIServer, chat_prompt, start_http
+from specctl.engine.serve.roles import EngineBackend, RoleContext
 
 PROMPTS = ["def fib(n):", "import os\nimport sys\n", "class Tree:\n    def __init__(self):"]
 
@@ -283,7 +283,7 @@ def test_metrics_and_server_info(server: Server) -> None:
 
 
 def test_prometheus_histogram_is_cumulative_and_labelled() -> None:
-    from specctl.engine.metrics import Registry
+    from specctl.engine.serve.metrics import Registry
 
     reg = Registry()
     hist = reg.histogram("x_seconds", "demo", ["role"], buckets=(0.1, 1.0))
@@ -301,7 +301,7 @@ def test_prometheus_histogram_is_cumulative_and_labelled() -> None:
 
 
 def test_launcher_plans_roles_in_pairing_order() -> None:
-    from specctl.engine.launcher import roles_to_launch
+    from specctl.engine.serve.launcher import roles_to_launch
     from specctl.errors import RuntimeFailure
 
     assert roles_to_launch(("router", "decode", "prefill")) == ("prefill", "decode", "router")

@@ -147,8 +147,8 @@ def test_runtime_state_sizes_match_steps(models: dict[str, str]) -> None:
 def test_draft_cache_handover_matches_rebuilding_from_tokens(models: dict[str, str]) -> None:
     """PD: prefill exports the (hybrid) draft model's cache, decode imports it, and drafts exactly what a
     decoder that rebuilt the draft cache from the tokens drafts."""
-    from specctl.engine.drafter import DraftBuffers
     from specctl.engine.sequence import Sequence
+    from specctl.engine.spec.drafter import DraftBuffers
 
     spec = {"algorithm": "draft", "draft": models["draft_hybrid"], "num_steps": 4}
     cfg = engine_config(models["target"], spec)

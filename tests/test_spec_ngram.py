@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specctl.engine.drafter import NgramDrafter
+from specctl.engine.spec.drafter import NgramDrafter
 
 
 def brute_force(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specctl.engine.sampling import sample_from_probs
-from specctl.engine.verify import rejection_verify
+from specctl.engine.spec.verify import rejection_verify
 
 
 def reference(draft_tokens, num_drafts, p, q, generators):  # type: ignore[no-untyped-def]

@@ -12,9 +12,9 @@ import pytest
 import torch
 import zmq
 
-from specctl.engine import wire
-from specctl.engine.registration import build_registration
-from specctl.engine.transfer import (
+from specctl.engine.pd import wire
+from specctl.engine.pd.registration import build_registration
+from specctl.engine.pd.transfer import (
     PayloadSpec,
     ShmPayload,
     TransferAck,

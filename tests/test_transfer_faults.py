@@ -15,14 +15,14 @@ import time
 import numpy as np
 import pytest
 
-from specctl.engine.transfer import TransferError, TransferSender, TransferTimeout, shm_dir
+from specctl.engine.pd.transfer import TransferError, TransferSender, TransferTimeout, shm_dir
 
 pytestmark = pytest.mark.slow
 
 RECEIVER = textwrap.dedent(
     """
     import sys
-    from specctl.engine.transfer import TransferReceiver, TransferTimeout
+    from specctl.engine.pd.transfer import TransferReceiver, TransferTimeout
     with TransferReceiver(None, bind=sys.argv[1], as_torch=False) as rx:
         print(rx.endpoint, flush=True)
         while True:

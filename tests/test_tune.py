@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.trace import TraceRecord, read_trace
-from specctl.engine.tune import (
+from specctl.engine.spec.trace import TraceRecord, read_trace
+from specctl.engine.spec.tune import (
     CostModel,
     TuneSetup,
     Unanswerable,
@@ -169,7 +169,7 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
 
 
 def test_tune_and_trace_modules_do_not_import_torch():
-    code = ("import sys; import specctl.engine.tune, specctl.engine.trace, specctl.cli.adaptive; "
+    code = ("import sys; import specctl.engine.spec.tune, specctl.engine.spec.trace, specctl.cli.adaptive; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

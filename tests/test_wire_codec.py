@@ -12,7 +12,7 @@ import pytest
 import torch
 import zmq
 
-from specctl.engine import wire
+from specctl.engine.pd import wire
 
 
 class Note(wire.Message, tag="test.note"):

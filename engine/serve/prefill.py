@@ -39,12 +39,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from specctl.engine import wire
 from specctl.engine.async_engine import RequestOutput
-from specctl.engine.bootstrap import Peer, open_sealed, seal
-from specctl.engine.metrics import ServingMetrics
-from specctl.engine.pd_protocol import PdAbort, PdClaim, PdDone, PdProgress, room_key
-from specctl.engine.roles import EngineBackend, RoleContext, sampling_params_of
+from specctl.engine.pd import wire
+from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
+from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.serve.metrics import ServingMetrics
+from specctl.engine.serve.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
 
@@ -126,9 +126,9 @@ class PrefillBackend(EngineBackend):
 
     # lifecycle ------------------------------------------------------------------------------------
     async def load(self) -> None:
-        from specctl.engine.bootstrap import BootstrapServer
-        from specctl.engine.registration import build_registration
-        from specctl.engine.transfer import PayloadSpec
+        from specctl.engine.pd.bootstrap import BootstrapServer
+        from specctl.engine.pd.registration import build_registration
+        from specctl.engine.pd.transfer import PayloadSpec
 
         self.faults = FaultPlan.from_env()
         await super().load()
@@ -189,7 +189,7 @@ class PrefillBackend(EngineBackend):
 
     # Backend protocol -----------------------------------------------------------------------------
     def check_params(self, params: dict[str, Any]) -> None:
-        from specctl.engine.http_server import RequestError
+        from specctl.engine.serve.http import RequestError
 
         if "bootstrap_room" not in params:
             raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
@@ -442,7 +442,7 @@ class PrefillBackend(EngineBackend):
     # sender thread --------------------------------------------------------------------------------
     def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
                    extra: dict[str, Any]) -> Any:
-        from specctl.engine.transfer import TransferSender
+        from specctl.engine.pd.transfer import TransferSender
 
         # One sender per decode session: with a secret every payload carries that session's MAC.
         sender = self._senders.get((endpoint, key))

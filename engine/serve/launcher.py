@@ -3,7 +3,7 @@
 Contract (mini-sglang style: the launcher blocks on every worker's readiness before reporting ready):
 - `Launcher(deployment, overrides=...)` plans one `specctl serve --role R --instance I` subprocess per
   engine instance (every prefill, every decode; or colocated) and, for a disaggregated deployment, SGLang's
-  sglang-router in front of them (engine/sglang_router.py: `python -m sglang_router.launch_router
+  sglang-router in front of them (engine/serve/router.py: `python -m sglang_router.launch_router
   --pd-disaggregation ...`), each logging to `<log_dir>/<name>.log` (names: `prefill`, `prefill.1`, ...).
   Every child's environment has HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1.
 - `start()` first checks that every port the topology binds (each role's HTTP port, prefill's bootstrap
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specctl.engine.sglang_router import OFFLINE_ENV, role_instances, router_argv
+from specctl.engine.serve.router import OFFLINE_ENV, role_instances, router_argv
 from specctl.errors import RuntimeFailure
 
 # Start order matters: decode registers with prefill, the router health-checks both.
@@ -212,7 +212,7 @@ class Launcher:
         """Check the ports and start every engine process; the router starts once they are ready."""
         self.check_ports()
         if "router" in self.roles:
-            from specctl.engine.sglang_router import check_installed
+            from specctl.engine.serve.router import check_installed
 
             check_installed(self.python)
         for name in self.names:

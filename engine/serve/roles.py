@@ -1,5 +1,5 @@
 """Per-role serving processes: colocated, prefill and decode behind the same HTTP front; the router is
-SGLang's own sglang-router (engine/sglang_router.py).
+SGLang's own sglang-router (engine/serve/router.py).
 
 Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
 (exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
-from specctl.engine.metrics import ServingMetrics
-from specctl.engine.sglang_router import role_instances
+from specctl.engine.serve.metrics import ServingMetrics
+from specctl.engine.serve.router import role_instances
 from specctl.errors import RuntimeFailure, SpecctlError
 
 __all__ = ["role_instances", "serve_role"]
@@ -194,7 +194,7 @@ class EngineBackend(TokenizingBackend):
             return {"error": str(exc)}
 
     async def server_info(self) -> dict[str, Any]:
-        from specctl.engine.sglang_http import sglang_server_args
+        from specctl.engine.serve.sglang_http import sglang_server_args
 
         info = self.ctx.base_info()
         stats = await self.engine_stats()
@@ -283,7 +283,7 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
 
 
 async def _run_http(ctx: RoleContext, backend: Any) -> Any:
-    from specctl.engine.http_server import OpenAIServer, start_http
+    from specctl.engine.serve.http import OpenAIServer, start_http
 
     server = OpenAIServer(backend, metrics=ctx.metrics)
     host = str(ctx.role.get("host") or "127.0.0.1")
@@ -298,11 +298,11 @@ def make_backend(ctx: RoleContext) -> Any:
     if ctx.role_name == "colocated":
         return EngineBackend(ctx)
     if ctx.role_name == "prefill":
-        from specctl.engine.pd_prefill import PrefillBackend
+        from specctl.engine.serve.prefill import PrefillBackend
 
         return PrefillBackend(ctx)
     if ctx.role_name == "decode":
-        from specctl.engine.pd_decode import DecodeBackend
+        from specctl.engine.serve.decode import DecodeBackend
 
         return DecodeBackend(ctx)
     raise RuntimeFailure(f"unknown engine role {ctx.role_name!r}", hint="one of: prefill, decode, colocated")
@@ -350,7 +350,7 @@ def serve_role(deployment: Any, role_name: str, instance: int = 0) -> int:
     """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
     `instance` picks one of several prefill or decode instances."""
     if role_name == "router":
-        from specctl.engine.sglang_router import run_router
+        from specctl.engine.serve.router import run_router
 
         return run_router(deployment)
     instances = role_instances(deployment, role_name)

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from specctl.engine.http_server import RequestError, json_error, sampling_params
+from specctl.engine.serve.http import RequestError, json_error, sampling_params
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
-    from specctl.engine.http_server import OpenAIServer
+    from specctl.engine.serve.http import OpenAIServer
 
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 VERSION = "specctl-0.1.0"

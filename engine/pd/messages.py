@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specctl.engine.wire import Message
+from specctl.engine.pd.wire import Message
 
 
 class PdClaim(Message, tag="pd.claim", frozen=True):

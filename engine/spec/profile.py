@@ -8,7 +8,7 @@ the temperature the workload uses) while it pins the decoder to each step in tur
 over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
 drift on a shared machine hits every point alike;
 a point's cost is the median over all its timed steps. Requests that finish are replaced before the
-next timing (a step always runs the full batch). The result is a `specctl.engine.tune.CostModel`.
+next timing (a step always runs the full batch). The result is a `specctl.engine.spec.tune.CostModel`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specctl.engine.config import EngineConfig
-from specctl.engine.tune import CostModel
+from specctl.engine.spec.tune import CostModel
 from specctl.errors import UsageError
 
 # Code-like text so a draft model agrees with the target about as often as it does on real prompts.

@@ -62,9 +62,9 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from specctl.engine import wire
-from specctl.engine.registration import RegistrationInfo
-from specctl.engine.wire import TensorMeta
+from specctl.engine.pd import wire
+from specctl.engine.pd.registration import RegistrationInfo
+from specctl.engine.pd.wire import TensorMeta
 from specctl.errors import RuntimeFailure
 
 BACKENDS = ("zmq", "shm")

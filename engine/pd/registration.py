@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from specctl.engine.wire import PROTOCOL_VERSION
+from specctl.engine.pd.wire import PROTOCOL_VERSION
 
 ROLES = ("prefill", "decode")
 BACKENDS = ("zmq", "shm")

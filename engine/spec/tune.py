@@ -6,7 +6,7 @@ Contract:
   verify) per (batch size, steps) on one machine, steps 0 being plain decoding. `step_time(b, k)`
   interpolates linearly between measured batch sizes (and extrapolates from the last two).
 - `replay(cfg, records, cost, ...)` runs the trace through the engine's own policy
-  (`specctl.engine.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
+  (`specctl.engine.spec.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
   a verify that drafted K tokens and accepted a of them would have accepted min(a, k) with any k <= K
   (greedy acceptance is a prefix test). Each trace record is one verify of the replayed run: it emits
   min(a, k) + 1 tokens per request and costs `step_time(batch, k)`; the policy is fed the
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specctl.engine.adaptive import AdaptivePolicy
-from specctl.engine.trace import TraceRecord
+from specctl.engine.spec.adaptive import AdaptivePolicy
+from specctl.engine.spec.trace import TraceRecord
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs, StepCoverage, parse_sglang_config, step_coverage
 from specctl.schemas.findings import Finding

@@ -13,7 +13,7 @@ Contract (routes):
   reason), `GET /metrics` (Prometheus text), `GET /server_info` (resolved deployment, fingerprints,
   adaptive state and switch timeline, per-role timing).
 - `GET /v1/models/{id}`: the model card, or 404 `model_not_found`.
-- Every request is parsed and bounded by `specctl.engine.openai_request` (JSON depth, integer range,
+- Every request is parsed and bounded by `specctl.engine.serve.openai_request` (JSON depth, integer range,
   finite numbers, valid Unicode, token ids in the vocabulary, content-part types, OpenAI's ranges); a
   malformed, oversized or unsupported request gets a 4xx `{"error": {"message", "type", "param",
   "code"}}` (`code` a string, `param` the field) and the server keeps serving; engine-side failures are
@@ -51,8 +51,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from specctl.engine.async_engine import RequestOutput
-from specctl.engine.metrics import ServingMetrics, TokenClock
-from specctl.engine.openai_request import (
+from specctl.engine.serve.metrics import ServingMetrics, TokenClock
+from specctl.engine.serve.openai_request import (
     DEFAULT_MAX_TOKENS,
     GenerationRequest,
     RequestError,
@@ -221,7 +221,7 @@ class OpenAIServer:
             web.get("/server_info", self.server_info),
         ])
         self.in_flight = 0
-        from specctl.engine.sglang_http import add_sglang_routes
+        from specctl.engine.serve.sglang_http import add_sglang_routes
 
         add_sglang_routes(self)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
 
@@ -331,7 +331,7 @@ class OpenAIServer:
         return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
     async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
-        from specctl.engine.sglang_http import bootstrap_fields
+        from specctl.engine.serve.sglang_http import bootstrap_fields
 
         req.params.update(bootstrap_fields(req.extra))  # sglang-router's PD fields reach the backend
         check = getattr(self.backend, "check_params", None)

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from specctl.engine import wire
-from specctl.engine.registration import Mismatch, RegistrationInfo, compare, render_mismatches
+from specctl.engine.pd import wire
+from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches
 from specctl.errors import RuntimeFailure
 
 _NONCE_TTL_S = 30.0

@@ -38,11 +38,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from specctl.engine import wire
 from specctl.engine.async_engine import RequestOutput
-from specctl.engine.bootstrap import open_sealed, seal
-from specctl.engine.pd_protocol import PdAbort, PdClaim, PdDone, PdProgress, room_key
-from specctl.engine.roles import EngineBackend, RoleContext, role_instances, sampling_params_of
+from specctl.engine.pd import wire
+from specctl.engine.pd.bootstrap import open_sealed, seal
+from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.serve.roles import EngineBackend, RoleContext, role_instances, sampling_params_of
 
 log = logging.getLogger("specctl.decode")
 
@@ -75,7 +75,7 @@ class PrefillLink:
         return None if self.pairing is None else self.pairing.key
 
     async def run(self) -> None:
-        from specctl.engine.bootstrap import ping
+        from specctl.engine.pd.bootstrap import ping
 
         b = self.backend
         await self.register()
@@ -102,8 +102,8 @@ class PrefillLink:
 
     async def register(self) -> None:
         """Register until accepted (prefill may not be up yet); a refusal is fatal."""
-        from specctl.engine.bootstrap import HandshakeRejected, register
-        from specctl.engine.pd_prefill import secret_of
+        from specctl.engine.pd.bootstrap import HandshakeRejected, register
+        from specctl.engine.serve.prefill import secret_of
 
         b = self.backend
         secret = secret_of(b.ctx)
@@ -207,9 +207,9 @@ class DecodeBackend(EngineBackend):
 
     # lifecycle ------------------------------------------------------------------------------------
     async def load(self) -> None:
-        from specctl.engine.pd_prefill import draft_runner_of, warn_unauthenticated
-        from specctl.engine.registration import build_registration
-        from specctl.engine.transfer import PayloadSpec, TransferReceiver
+        from specctl.engine.pd.registration import build_registration
+        from specctl.engine.pd.transfer import PayloadSpec, TransferReceiver
+        from specctl.engine.serve.prefill import draft_runner_of, warn_unauthenticated
 
         await super().load()
         self.loop = asyncio.get_running_loop()
@@ -223,7 +223,7 @@ class DecodeBackend(EngineBackend):
             import tempfile
 
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
-        from specctl.engine.pd_prefill import secret_of
+        from specctl.engine.serve.prefill import secret_of
 
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
@@ -309,7 +309,7 @@ class DecodeBackend(EngineBackend):
 
     # Backend protocol -----------------------------------------------------------------------------
     def check_params(self, params: dict[str, Any]) -> None:
-        from specctl.engine.http_server import RequestError
+        from specctl.engine.serve.http import RequestError
 
         if "bootstrap_room" not in params:
             raise RequestError("this is a decode server: it serves disaggregated requests from sglang-router "
@@ -408,7 +408,7 @@ class DecodeBackend(EngineBackend):
 
     def _receive_loop(self) -> None:
         """Transfer receiver thread: hand each payload to the request waiting for it."""
-        from specctl.engine.transfer import TransferError, TransferTimeout
+        from specctl.engine.pd.transfer import TransferError, TransferTimeout
 
         while not self._stop.is_set():
             try:

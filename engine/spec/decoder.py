@@ -40,15 +40,15 @@ from typing import Any
 
 import torch
 
-from specctl.engine.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
-from specctl.engine.trace import TraceWriter
-from specctl.engine.verify import greedy_verify, rejection_verify
+from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
+from specctl.engine.spec.trace import TraceWriter
+from specctl.engine.spec.verify import greedy_verify, rejection_verify
 from specctl.errors import RuntimeFailure
 
 
@@ -156,7 +156,7 @@ class SpeculativeDecoder:
         self.initial_steps = coverage.initial_steps
         self.policy: Any = None
         if spec.get("adaptive") is not None:
-            from specctl.engine.adaptive import AdaptivePolicy
+            from specctl.engine.spec.adaptive import AdaptivePolicy
 
             cfg, _ = parse_deployment_adaptive(spec["adaptive"])
             assert cfg is not None  # check_deployment_steps returned a coverage, so it parsed
@@ -171,7 +171,7 @@ class SpeculativeDecoder:
         vocab = int(runner.facts.vocab_size)
         device = torch.device(runner.device)
         # `--trace-steps K` drafts K every step whatever the policy says (a counterfactual-complete
-        # trace, engine/trace.py); K gets its runtime state like any selectable step.
+        # trace, engine/spec/trace.py); K gets its runtime state like any selectable step.
         self.trace_steps: int | None = getattr(config, "trace_steps", None)
         selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps else set())
         self.states: dict[int, RuntimeState] = {
