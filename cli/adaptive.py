@@ -254,6 +254,17 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
     return values
 
 
+def _setup(config: str, initial_steps: int | None, graph_batch_sizes: str | None,
+           set_values: Sequence[str] | None) -> SimulationSetup:
+    """The adaptive config of CONFIG (SGLang JSON or deployment), with its findings printed if it is invalid."""
+    graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
+    try:
+        return load_setup(config, initial_steps=initial_steps, graph_batch_sizes=graphs, overrides=set_values or ())
+    except InvalidInput as exc:
+        _print_findings(getattr(exc, "findings", ()), config)
+        raise
+
+
 def _print_findings(findings: Sequence[Finding], source: str) -> None:
     # One unwrapped line per finding (grep- and editor-friendly), as `validate` prints them.
     for f in findings:
@@ -282,13 +293,7 @@ def simulate_command(
 ) -> None:
     """Replay recorded verify results through the adaptive step policy and print each decision."""
     with handle_errors():
-        graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
-        try:
-            setup = load_setup(config, initial_steps=initial_steps, graph_batch_sizes=graphs,
-                               overrides=set_values or ())
-        except InvalidInput as exc:
-            _print_findings(getattr(exc, "findings", ()), config)
-            raise
+        setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
         _print_findings([f for f in setup.findings if f.severity != "info"], config)
         steps, policy = simulate(setup, records)
@@ -406,13 +411,7 @@ def tune_command(
     with handle_errors():
         from specctl.engine.spec.tune import TuneSetup, read_cost, tune
 
-        graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
-        try:
-            setup = load_setup(config, initial_steps=initial_steps, graph_batch_sizes=graphs,
-                               overrides=set_values or ())
-        except InvalidInput as exc:
-            _print_findings(getattr(exc, "findings", ()), config)
-            raise
+        setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
         cost_model = read_cost(cost)
         rows = setup.coverage.rows
