@@ -22,7 +22,7 @@ import typer
 from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
 from specctl.cli.main import app
 from specctl.cli.options import ConfigOption, SetOption
-from specctl.errors import RuntimeFailure, SpecctlError
+from specctl.errors import RuntimeFailure, SpecctlError, UsageError
 
 
 class Role(str, enum.Enum):
@@ -52,6 +52,9 @@ def serve(
         "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
     instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
                                           "(roles.prefill / roles.decode as a list), from 0.")] = 0,
+    print_command: Annotated[bool, typer.Option(
+        "--print-command", help="With engine: sglang, print the SGLang command this would exec (JSON: argv, "
+        "files, env) and exit 0 instead of running it.")] = False,
 ) -> None:
     """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
     every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
@@ -59,6 +62,12 @@ def serve(
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
+        if deployment.engine == "sglang" and role is not Role.router:
+            _serve_sglang(deployment, role.value, instance, print_command=print_command)
+            return
+        if print_command:
+            raise UsageError("--print-command prints the SGLang command of engine: sglang",
+                             hint="add --set engine=sglang (or engine: sglang in the deployment)")
         from specctl.engine.serve.roles import serve_role
 
         try:
@@ -69,6 +78,18 @@ def serve(
         # Everything is closed by now; skip interpreter finalization, which tears down torch for
         # seconds on a busy machine and would delay `specctl up`'s clean stop.
         _fast_exit(code)
+
+
+def _serve_sglang(deployment: Any, role: str, instance: int, *, print_command: bool) -> None:
+    """engine: sglang: exec SGLang's server for the role (or print the command)."""
+    from specctl.engine.serve import sglang_process as sp
+
+    if print_command:
+        argv, files = sp.role_command(deployment, role, instance, python=sp.sglang_python(deployment),
+                                      workdir=sp.default_workdir(deployment))
+        typer.echo(json.dumps({"argv": argv, "files": files, "env": dict(sp.OFFLINE_ENV)}, indent=2))
+        return
+    sp.exec_role(deployment, role, instance)
 
 
 def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
