@@ -161,9 +161,15 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
                 launcher.wait_ready(timeout_s, on_status=display.update)
         finally:
             display.close()
-        ready = {"ok": True, "url": launcher.url, "deployment": deployment.name, "ready_after_s":
-                 round(time.monotonic() - t0, 2), "processes": [s.to_json() for s in launcher.status.values()],
-                 "log_dir": str(launcher.log_dir)}
+        pairs = launcher.preflight_reports or []
+        if pairs:
+            prints = sorted({f for p in pairs for f in p.report.fingerprints().values()})
+            err.print(f"preflight: {len(pairs)} prefill/decode pair(s) agree on every compared field "
+                      f"(fingerprints {', '.join(prints)})", highlight=False)
+        ready = {"ok": True, "url": launcher.url, "deployment": deployment.name, "engine": launcher.engine,
+                 "ready_after_s": round(time.monotonic() - t0, 2),
+                 "processes": [s.to_json() for s in launcher.status.values()],
+                 "preflight": [p.to_json() for p in pairs], "log_dir": str(launcher.log_dir)}
         if fmt is OutputFormat.json:
             typer.echo(json.dumps(ready))
         else:
@@ -180,8 +186,13 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
         if fmt is OutputFormat.json:
             typer.echo(json.dumps({"ok": True, "stopped": codes}))
         return 0
-    except RuntimeFailure:
+    except RuntimeFailure as exc:
         launcher.stop()
+        if fmt is OutputFormat.json:
+            typer.echo(json.dumps({"ok": False, "error": str(exc), "hint": exc.hint,
+                                   "processes": [s.to_json() for s in launcher.status.values()],
+                                   "preflight": [p.to_json() for p in launcher.preflight_reports or []]},
+                                  default=str))
         raise
     finally:
         launcher.stop()
@@ -189,13 +200,22 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
             signal.signal(s, h)
 
 
+def rich_escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 class _StatusDisplay:
     """A live table on a terminal; one line per change otherwise (logs, CI)."""
+
+    HEARTBEAT_S = 15.0  # plain mode: repeat a not-ready process's line this often (long model loads)
 
     def __init__(self, console: Any) -> None:
         self.console = console
         self.live: Any = None
         self._last: dict[str, tuple[str, str]] = {}
+        self._printed: dict[str, float] = {}
 
     def __enter__(self) -> _StatusDisplay:
         if self.console.is_terminal:
@@ -219,17 +239,21 @@ class _StatusDisplay:
             from rich.table import Table
 
             table = Table(title="specctl up", expand=False)
-            for col in ("role", "pid", "state", "for", "detail", "url"):
+            for col in ("role", "pid", "state", "elapsed", "detail (or last log line)", "url"):
                 table.add_column(col)
             now = time.monotonic()
             for s in statuses:
                 style = "green" if s.ready else ("red" if s.returncode is not None else "yellow")
-                table.add_row(s.role, str(s.pid or ""), f"[{style}]{s.state}[/]", f"{now - s.since:4.1f}s",
-                              s.detail[:60], s.url)
+                table.add_row(s.role, str(s.pid or ""), f"[{style}]{s.state}[/]", f"{s.elapsed(now):5.1f}s",
+                              rich_escape(s.detail[:80]), s.url)
             self.live.update(table)
             return
+        now = time.monotonic()
         for s in statuses:
             key = (s.state, s.detail)
-            if self._last.get(s.role) != key:
+            stale = not s.ready and s.pid is not None and now - self._printed.get(s.role, now) >= self.HEARTBEAT_S
+            if self._last.get(s.role) != key or stale:
                 self._last[s.role] = key
-                self.console.print(f"  {s.role:<9} {s.state:<9} {s.detail}", highlight=False, soft_wrap=True)
+                self._printed[s.role] = now
+                self.console.print(f"  {s.role:<9} {s.state:<9} {s.elapsed(now):6.1f}s  {s.detail}", highlight=False,
+                                   soft_wrap=True, markup=False)
