@@ -104,7 +104,7 @@ class PairPreflight:
     report: PreflightReport
 
     def to_json(self) -> dict[str, Any]:
-        return {"prefill": self.prefill, "decode": self.decode, **self.report.to_json()}
+        return {"prefill_instance": self.prefill, "decode_instance": self.decode, **self.report.to_json()}
 
 
 class PreflightRefused(RuntimeFailure):
