@@ -210,6 +210,7 @@ class Launcher:
         python: str = sys.executable,
         planner: Planner | None = None,
         preflight_timeout_s: float = 60.0,
+        preflight: bool = True,
     ) -> None:
         if not getattr(deployment, "path", None):
             raise RuntimeFailure("the launcher needs a deployment loaded from a file (its processes re-read it)")
@@ -224,6 +225,7 @@ class Launcher:
         self._custom_planner = planner is not None
         self.planner: Planner = planner or (self.sglang_command if self.engine == "sglang" else self.builtin_command)
         self.preflight_timeout_s = preflight_timeout_s
+        self.preflight = preflight  # False only for stand-ins that serve no /server_info (supervision tests)
         self.preflight_reports: list[PairPreflight] | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         # One process per instance: prefill, prefill.1, ..., decode, ..., router.
@@ -371,7 +373,8 @@ class Launcher:
             st.state, st.ready = new_state, code == 200
             st.detail = str(body.get("detail") or "")
         engines_ready = all(s.ready for n, s in self.status.items() if n != "router")
-        if engines_ready and not self._stopped and self.preflight_reports is None and "prefill" in self.roles:
+        if engines_ready and not self._stopped and self.preflight and self.preflight_reports is None \
+                and "prefill" in self.roles:
             self.run_preflight()  # raises PreflightRefused: the router is never started
         if "router" in self.status and "router" not in self.procs and not self._stopped and engines_ready:
             self._spawn("router")
