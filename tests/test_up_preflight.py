@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.launcher import Launcher, PreflightRefused, ProcessStatus
+from specctl.engine.serve.launcher import Launcher, Planner, PreflightRefused, ProcessStatus
 from specctl.errors import RuntimeFailure
 from specctl.schemas.deployment import load_deployment
 
@@ -71,7 +71,7 @@ roles:
     return path
 
 
-def builtin_planner(config: Path, decode_sets: tuple[str, ...] = ()) -> object:
+def builtin_planner(config: Path, decode_sets: tuple[str, ...] = ()) -> Planner:
     """The one seam: `specctl serve` of the builtin engine for each role of an `engine: sglang` file."""
     def plan(role: str, index: int) -> list[str]:
         argv = [sys.executable, "-m", "specctl.cli", "serve", "--role", role, "-c", str(config),
@@ -116,7 +116,7 @@ def test_sglang_launch_path_runs_status_health_preflight_router_and_shutdown(
         tmp_path: Path, models: dict[str, Path]) -> None:
     cfg = write_deployment(tmp_path / "sglang.yaml", models, engine="sglang")
     dep = load_deployment(cfg)
-    launcher = Launcher(dep, log_dir=tmp_path / "logs", planner=builtin_planner(cfg))  # type: ignore[arg-type]
+    launcher = Launcher(dep, log_dir=tmp_path / "logs", planner=builtin_planner(cfg))
     assert launcher.engine == "sglang"
     seen: list[list[ProcessStatus]] = []
     try:
@@ -145,7 +145,7 @@ def test_a_decode_that_resolves_differently_is_refused_before_the_router_starts(
     cfg = write_deployment(tmp_path / "drift.yaml", models, engine="sglang")
     dep = load_deployment(cfg)
     launcher = Launcher(dep, log_dir=tmp_path / "logs",
-                        planner=builtin_planner(cfg, ("serve.max_batch_size=2",)))  # type: ignore[arg-type]
+                        planner=builtin_planner(cfg, ("serve.max_batch_size=2",)))
     try:
         launcher.start()
         with pytest.raises(PreflightRefused) as info:
@@ -184,3 +184,27 @@ def test_sglang_engine_without_sglang_fails_before_anything_starts(tmp_path: Pat
     assert res.returncode == 3, res.stderr
     assert "SGLang is not importable by" in res.stderr and "--set sglang.python=" in res.stderr
     assert "Traceback" not in res.stderr and time.monotonic() - t0 < 120
+
+
+def test_a_server_that_dies_is_named_with_its_exit_status_and_last_log_lines(
+        tmp_path: Path, models: dict[str, Path]) -> None:
+    cfg = write_deployment(tmp_path / "dies.yaml", models, engine="sglang")
+    plan = builtin_planner(cfg)
+
+    def planner(role: str, index: int) -> list[str]:  # decode: the real sglang path, with no SGLang to run
+        if role == "decode":
+            return [sys.executable, "-m", "specctl.cli", "serve", "--role", "decode", "-c", str(cfg),
+                    "--set", f"sglang.python={tmp_path / 'no-such-python'}"]
+        return plan(role, index)
+
+    launcher = Launcher(load_deployment(cfg), log_dir=tmp_path / "logs", planner=planner)
+    try:
+        launcher.start()
+        with pytest.raises(RuntimeFailure) as info:
+            launcher.wait_ready(START_TIMEOUT)
+    finally:
+        codes = launcher.stop()
+    msg = str(info.value)
+    assert msg.startswith(f"decode (pid {launcher.procs['decode'].pid}) exited with code 3: exit code 3")
+    assert "--- last lines of" in msg and "cannot run the SGLang Python" in msg
+    assert "router" not in codes and all(c is not None for c in codes.values())

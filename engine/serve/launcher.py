@@ -227,7 +227,7 @@ class Launcher:
         self.preflight_timeout_s = preflight_timeout_s
         self.preflight = preflight  # False only for stand-ins that serve no /server_info (supervision tests)
         self.preflight_reports: list[PairPreflight] | None = None
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         # One process per instance: prefill, prefill.1, ..., decode, ..., router.
         self.names: tuple[str, ...] = tuple(
             instance_name(r, i) for r in self.roles
@@ -239,7 +239,7 @@ class Launcher:
     def role_config(self, name: str) -> dict[str, Any]:
         role, index = split_name(name)
         if role == "router":
-            return self.deployment.role(role)
+            return dict(self.deployment.role(role))
         return role_instances(self.deployment, role)[index]
 
     @property
@@ -347,7 +347,7 @@ class Launcher:
             if proc is not None and proc.poll() is not None:
                 st.returncode = proc.returncode
                 st.state, st.ready = "exited", False
-                st.detail = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                st.detail = self.exit_meaning(role, proc.returncode)
                 continue
             if role == "router":
                 self._poll_router(st, proc)
@@ -399,7 +399,7 @@ class Launcher:
             raise PreflightRefused(pairs)
         return pairs
 
-    def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen | None) -> None:
+    def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen[bytes] | None) -> None:
         # sglang-router names no pid; the port was checked free before anything started, so the answer on it
         # is the started router's. /readiness is 200 once it holds a healthy prefill and decode.
         if proc is None:
@@ -419,13 +419,20 @@ class Launcher:
             proc = self.procs.get(role)
             if proc is not None and proc.poll() is not None:
                 st = self.status[role]
-                why = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                why = self.exit_meaning(role, proc.returncode)
                 tail = log_tail(st.log_path)
                 msg = f"{role} (pid {proc.pid}) exited with code {proc.returncode}: {why}"
                 if tail:
                     msg += f"\n--- last lines of {st.log_path} ---\n{tail}"
                 return RuntimeFailure(msg, hint=f"full log: {st.log_path}")
         return None
+
+    def exit_meaning(self, name: str, code: int) -> str:
+        """specctl's exit codes mean something only for `specctl serve`; SGLang and sglang-router have their own."""
+        if code < 0:
+            return EXIT_MEANINGS.get(code, f"killed by signal {-code}")
+        ours = self.engine == "builtin" and not self._custom_planner and split_name(name)[0] != "router"
+        return EXIT_MEANINGS.get(code, f"exit code {code}") if ours else f"exit code {code}"
 
     def check(self) -> None:
         err = self.failure()
