@@ -83,11 +83,12 @@ def serve(
 def _serve_sglang(deployment: Any, role: str, instance: int, *, print_command: bool) -> None:
     """engine: sglang: exec SGLang's server for the role (or print the command)."""
     from specctl.engine.serve import sglang_process as sp
+    from specctl.engine.serve.router import OFFLINE_ENV
 
     if print_command:
         argv, files = sp.role_command(deployment, role, instance, python=sp.sglang_python(deployment),
                                       workdir=sp.default_workdir(deployment))
-        typer.echo(json.dumps({"argv": argv, "files": files, "env": dict(sp.OFFLINE_ENV)}, indent=2))
+        typer.echo(json.dumps({"argv": argv, "files": files, "env": dict(OFFLINE_ENV)}, indent=2))
         return
     sp.exec_role(deployment, role, instance)
 
