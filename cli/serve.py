@@ -38,7 +38,14 @@ def _load(config: str, overrides: tuple[str, ...]) -> Any:
     return load_deployment(config, overrides=overrides)
 
 
-@app.command()
+_SERVE_EPILOG = (
+    "With engine: sglang, a prefill, decode or colocated role execs the exported SGLang server command "
+    "(python -m sglang.launch_server ..., run by sglang.python or this interpreter, HF_HUB_OFFLINE=1); exit 3"
+    " with the fix when that Python cannot import SGLang. --print-command shows the command instead."
+)
+
+
+@app.command(epilog=_SERVE_EPILOG)
 def serve(
     role: Annotated[Role, typer.Option("--role", help="Which process of the deployment to run.")],
     config: ConfigOption,
@@ -119,7 +126,17 @@ def _fast_exit(code: int) -> None:
     os._exit(code)
 
 
-@app.command()
+_UP_EPILOG = (
+    "Every prefill and decode starts first (engine: builtin runs specctl's engine; engine: sglang the "
+    "exported SGLang servers, with sglang.python or this interpreter), with a live status per process on "
+    "stderr (state, elapsed time, last log line). Once all answer /health, the live preflight (the same as "
+    "`specctl preflight`) checks every (prefill, decode) pair and each server against the deployment: any "
+    "difference prints its rows, stops everything and exits 3 before sglang-router starts. --format json "
+    "reports each pair's preflight."
+)
+
+
+@app.command(epilog=_UP_EPILOG)
 def up(
     config: ConfigOption,
     set_: SetOption = None,
