@@ -48,7 +48,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "draft": write_random_model(root / "draft", layer_kinds=("full",), seed=1)}
 
 
-def write_deployment(path: Path, models: dict[str, Path], *, engine: str) -> Path:
+def write_deployment(path: Path, models: dict[str, Path], *, engine: str, prefills: int = 1) -> Path:
     path.write_text(f"""version: 1
 name: {path.stem}
 engine: {engine}
@@ -64,8 +64,9 @@ cache: {{page_size: 4, max_tokens: 512}}
 serve: {{max_batch_size: 4}}
 transfer: {{backend: zmq, timeout_s: 10}}
 roles:
-  prefill: {{host: 127.0.0.1, port: {free_port()}, bootstrap_port: {free_port()}}}
-  decode: {{host: 127.0.0.1, port: {free_port()}}}
+  prefill:
+{"".join(f"    - {{host: 127.0.0.1, port: {free_port()}, bootstrap_port: {free_port()}}}{chr(10)}"
+         for _ in range(prefills))}  decode: {{host: 127.0.0.1, port: {free_port()}}}
   router: {{host: 127.0.0.1, port: {free_port()}}}
 """)
     return path
@@ -208,3 +209,28 @@ def test_a_server_that_dies_is_named_with_its_exit_status_and_last_log_lines(
     assert msg.startswith(f"decode (pid {launcher.procs['decode'].pid}) exited with code 3: exit code 3")
     assert "--- last lines of" in msg and "cannot run the SGLang Python" in msg
     assert "router" not in codes and all(c is not None for c in codes.values())
+
+
+def test_every_prefill_decode_pair_is_preflighted(tmp_path: Path, models: dict[str, Path]) -> None:
+    cfg = write_deployment(tmp_path / "two.yaml", models, engine="builtin", prefills=2)
+    launcher = Launcher(load_deployment(cfg), log_dir=tmp_path / "logs")
+    try:
+        launcher.start()
+        launcher.wait_ready(START_TIMEOUT)
+        pairs = launcher.preflight_reports or []
+        assert [(p.prefill, p.decode) for p in pairs] == [("prefill", "decode"), ("prefill.1", "decode")]
+        assert all(p.report.ok for p in pairs)
+        assert pairs[0].report.prefill.url != pairs[1].report.prefill.url
+    finally:
+        launcher.stop()
+
+
+def test_up_format_json_reports_a_launch_failure(tmp_path: Path, models: dict[str, Path]) -> None:
+    cfg = write_deployment(tmp_path / "json.yaml", models, engine="sglang")
+    res = subprocess.run([sys.executable, "-m", "specctl.cli", "up", "-c", str(cfg), "--format", "json",
+                          "--set", f"sglang.python={tmp_path / 'no-such-python'}"],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert res.returncode == 3, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and "cannot run the SGLang Python" in doc["error"] and doc["preflight"] == []
+    assert "sglang.python" in doc["hint"] and "Traceback" not in res.stderr
