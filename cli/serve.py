@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -23,6 +23,9 @@ from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
 from specctl.cli.main import app
 from specctl.cli.options import ConfigOption, SetOption
 from specctl.errors import RuntimeFailure, SpecctlError, UsageError
+
+UP_TIMEOUT_S = 300.0
+SGLANG_UP_TIMEOUT_S = 1200.0
 
 
 class Role(str, enum.Enum):
@@ -140,7 +143,10 @@ _UP_EPILOG = (
 def up(
     config: ConfigOption,
     set_: SetOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait until every process is ready.")] = 300.0,
+    timeout: Annotated[Optional[float], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
+        "--timeout", metavar="S", show_default=False,
+        help="Seconds to wait until every process is ready (default 300; 1200 with engine: sglang, whose GPU "
+             "model loading takes minutes).")] = None,
     log_dir: Annotated[str | None, typer.Option("--log-dir", help="Where each process logs (default: a temp dir).")]
     = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", help="Output format of the ready/stop reports.")]
@@ -150,6 +156,8 @@ def up(
     supervise until Ctrl-C / SIGTERM (then stop all). If one process dies, say which and why, stop the rest."""
     with handle_errors():
         deployment = _load(config, tuple(set_ or ()))
+        if timeout is None:
+            timeout = SGLANG_UP_TIMEOUT_S if deployment.engine == "sglang" else UP_TIMEOUT_S
         code = run_up(deployment, overrides=tuple(set_ or ()), timeout_s=timeout, log_dir=log_dir, fmt=fmt)
         raise typer.Exit(code)
 

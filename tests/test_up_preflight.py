@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -110,6 +111,8 @@ def test_up_reports_the_pair_preflight_and_stops_on_sigterm(tmp_path: Path, mode
     stopped = json.loads(out.strip().splitlines()[-1])
     assert stopped["ok"] is True and set(stopped["stopped"]) == {"prefill", "decode", "router"}
     assert "preflight: 1 prefill/decode pair(s) agree" in err
+    # Not a terminal: one plain status line per change, with the elapsed time since the process started.
+    assert re.search(r"^  prefill +ready +\d+\.\ds", err, re.M) and re.search(r"^  router +waiting", err, re.M)
     assert "Traceback" not in err
 
 
