@@ -15,14 +15,17 @@ import json
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
 from specctl.cli.main import app
 from specctl.cli.options import ConfigOption, SetOption
-from specctl.errors import RuntimeFailure, SpecctlError
+from specctl.errors import RuntimeFailure, SpecctlError, UsageError
+
+UP_TIMEOUT_S = 300.0
+SGLANG_UP_TIMEOUT_S = 1200.0
 
 
 class Role(str, enum.Enum):
@@ -38,7 +41,14 @@ def _load(config: str, overrides: tuple[str, ...]) -> Any:
     return load_deployment(config, overrides=overrides)
 
 
-@app.command()
+_SERVE_EPILOG = (
+    "With engine: sglang, a prefill, decode or colocated role execs the exported SGLang server command "
+    "(python -m sglang.launch_server ..., run by sglang.python or this interpreter, HF_HUB_OFFLINE=1); exit 3"
+    " with the fix when that Python cannot import SGLang. --print-command shows the command instead."
+)
+
+
+@app.command(epilog=_SERVE_EPILOG)
 def serve(
     role: Annotated[Role, typer.Option("--role", help="Which process of the deployment to run.")],
     config: ConfigOption,
@@ -52,6 +62,9 @@ def serve(
         "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
     instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
                                           "(roles.prefill / roles.decode as a list), from 0.")] = 0,
+    print_command: Annotated[bool, typer.Option(
+        "--print-command", help="With engine: sglang, print the SGLang command this would exec (JSON: argv, "
+        "files, env) and exit 0 instead of running it.")] = False,
 ) -> None:
     """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
     every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
@@ -59,6 +72,12 @@ def serve(
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
+        if deployment.engine == "sglang" and role is not Role.router:
+            _serve_sglang(deployment, role.value, instance, print_command=print_command)
+            return
+        if print_command:
+            raise UsageError("--print-command prints the SGLang command of engine: sglang",
+                             hint="add --set engine=sglang (or engine: sglang in the deployment)")
         from specctl.engine.serve.roles import serve_role
 
         try:
@@ -69,6 +88,19 @@ def serve(
         # Everything is closed by now; skip interpreter finalization, which tears down torch for
         # seconds on a busy machine and would delay `specctl up`'s clean stop.
         _fast_exit(code)
+
+
+def _serve_sglang(deployment: Any, role: str, instance: int, *, print_command: bool) -> None:
+    """engine: sglang: exec SGLang's server for the role (or print the command)."""
+    from specctl.engine.serve import sglang_process as sp
+    from specctl.engine.serve.router import OFFLINE_ENV
+
+    if print_command:
+        argv, files = sp.role_command(deployment, role, instance, python=sp.sglang_python(deployment),
+                                      workdir=sp.default_workdir(deployment))
+        typer.echo(json.dumps({"argv": argv, "files": files, "env": dict(OFFLINE_ENV)}, indent=2))
+        return
+    sp.exec_role(deployment, role, instance)
 
 
 def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
@@ -97,11 +129,24 @@ def _fast_exit(code: int) -> None:
     os._exit(code)
 
 
-@app.command()
+_UP_EPILOG = (
+    "Every prefill and decode starts first (engine: builtin runs specctl's engine; engine: sglang the "
+    "exported SGLang servers, with sglang.python or this interpreter), with a live status per process on "
+    "stderr (state, elapsed time, last log line). Once all answer /health, the live preflight (the same as "
+    "`specctl preflight`) checks every (prefill, decode) pair and each server against the deployment: any "
+    "difference prints its rows, stops everything and exits 3 before sglang-router starts. --format json "
+    "reports each pair's preflight."
+)
+
+
+@app.command(epilog=_UP_EPILOG)
 def up(
     config: ConfigOption,
     set_: SetOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait until every process is ready.")] = 300.0,
+    timeout: Annotated[Optional[float], typer.Option(  # noqa: UP045 - Typer reads annotations at runtime
+        "--timeout", metavar="S", show_default=False,
+        help="Seconds to wait until every process is ready (default 300; 1200 with engine: sglang, whose GPU "
+             "model loading takes minutes).")] = None,
     log_dir: Annotated[str | None, typer.Option("--log-dir", help="Where each process logs (default: a temp dir).")]
     = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", help="Output format of the ready/stop reports.")]
@@ -111,6 +156,8 @@ def up(
     supervise until Ctrl-C / SIGTERM (then stop all). If one process dies, say which and why, stop the rest."""
     with handle_errors():
         deployment = _load(config, tuple(set_ or ()))
+        if timeout is None:
+            timeout = SGLANG_UP_TIMEOUT_S if deployment.engine == "sglang" else UP_TIMEOUT_S
         code = run_up(deployment, overrides=tuple(set_ or ()), timeout_s=timeout, log_dir=log_dir, fmt=fmt)
         raise typer.Exit(code)
 
@@ -140,9 +187,15 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
                 launcher.wait_ready(timeout_s, on_status=display.update)
         finally:
             display.close()
-        ready = {"ok": True, "url": launcher.url, "deployment": deployment.name, "ready_after_s":
-                 round(time.monotonic() - t0, 2), "processes": [s.to_json() for s in launcher.status.values()],
-                 "log_dir": str(launcher.log_dir)}
+        pairs = launcher.preflight_reports or []
+        if pairs:
+            prints = sorted({f for p in pairs for f in p.report.fingerprints().values()})
+            err.print(f"preflight: {len(pairs)} prefill/decode pair(s) agree on every compared field "
+                      f"(fingerprints {', '.join(prints)})", highlight=False)
+        ready = {"ok": True, "url": launcher.url, "deployment": deployment.name, "engine": launcher.engine,
+                 "ready_after_s": round(time.monotonic() - t0, 2),
+                 "processes": [s.to_json() for s in launcher.status.values()],
+                 "preflight": [p.to_json() for p in pairs], "log_dir": str(launcher.log_dir)}
         if fmt is OutputFormat.json:
             typer.echo(json.dumps(ready))
         else:
@@ -159,8 +212,13 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
         if fmt is OutputFormat.json:
             typer.echo(json.dumps({"ok": True, "stopped": codes}))
         return 0
-    except RuntimeFailure:
+    except RuntimeFailure as exc:
         launcher.stop()
+        if fmt is OutputFormat.json:
+            typer.echo(json.dumps({"ok": False, "error": str(exc), "hint": exc.hint,
+                                   "processes": [s.to_json() for s in launcher.status.values()],
+                                   "preflight": [p.to_json() for p in launcher.preflight_reports or []]},
+                                  default=str))
         raise
     finally:
         launcher.stop()
@@ -168,13 +226,22 @@ def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log
             signal.signal(s, h)
 
 
+def rich_escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 class _StatusDisplay:
     """A live table on a terminal; one line per change otherwise (logs, CI)."""
+
+    HEARTBEAT_S = 15.0  # plain mode: repeat a not-ready process's line this often (long model loads)
 
     def __init__(self, console: Any) -> None:
         self.console = console
         self.live: Any = None
         self._last: dict[str, tuple[str, str]] = {}
+        self._printed: dict[str, float] = {}
 
     def __enter__(self) -> _StatusDisplay:
         if self.console.is_terminal:
@@ -198,17 +265,21 @@ class _StatusDisplay:
             from rich.table import Table
 
             table = Table(title="specctl up", expand=False)
-            for col in ("role", "pid", "state", "for", "detail", "url"):
+            for col in ("role", "pid", "state", "elapsed", "detail (or last log line)", "url"):
                 table.add_column(col)
             now = time.monotonic()
             for s in statuses:
                 style = "green" if s.ready else ("red" if s.returncode is not None else "yellow")
-                table.add_row(s.role, str(s.pid or ""), f"[{style}]{s.state}[/]", f"{now - s.since:4.1f}s",
-                              s.detail[:60], s.url)
+                table.add_row(s.role, str(s.pid or ""), f"[{style}]{s.state}[/]", f"{s.elapsed(now):5.1f}s",
+                              rich_escape(s.detail[:80]), s.url)
             self.live.update(table)
             return
+        now = time.monotonic()
         for s in statuses:
             key = (s.state, s.detail)
-            if self._last.get(s.role) != key:
+            stale = not s.ready and s.pid is not None and now - self._printed.get(s.role, now) >= self.HEARTBEAT_S
+            if self._last.get(s.role) != key or stale:
                 self._last[s.role] = key
-                self.console.print(f"  {s.role:<9} {s.state:<9} {s.detail}", highlight=False, soft_wrap=True)
+                self._printed[s.role] = now
+                self.console.print(f"  {s.role:<9} {s.state:<9} {s.elapsed(now):6.1f}s  {s.detail}", highlight=False,
+                                   soft_wrap=True, markup=False)

@@ -207,6 +207,12 @@ class Deployment:
         return str(self.raw.get("engine") or DEFAULT_ENGINE)
 
     @property
+    def sglang_python(self) -> str | None:
+        """`sglang.python`: the interpreter that has SGLang (None: the one running specctl)."""
+        value = (self.raw.get("sglang") or {}).get("python")
+        return str(value) if value else None
+
+    @property
     def engine_roles(self) -> tuple[str, ...]:
         return tuple(r for r in self.roles if r in ENGINE_ROLES)
 

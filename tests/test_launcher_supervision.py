@@ -118,7 +118,8 @@ def setup(tmp_path: Path, monkeypatch):
 
     def make(**modes: str) -> Launcher:
         env = {f"FAKE_{k.upper()}": v for k, v in modes.items()}
-        return Launcher(deployment, log_dir=tmp_path / "logs", env=env, python=str(fake))
+        # The stand-ins serve no /server_info: the preflight runs against real servers in test_up_preflight.py.
+        return Launcher(deployment, log_dir=tmp_path / "logs", env=env, python=str(fake), preflight=False)
 
     make.path = path  # type: ignore[attr-defined]
     make.ports = {"prefill": p, "decode": d, "router": r, "bootstrap": b}  # type: ignore[attr-defined]

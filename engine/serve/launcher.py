@@ -18,6 +18,18 @@ Contract (mini-sglang style: the launcher blocks on every worker's readiness bef
   exit code and the tail of its log if one exits, or which ones are not ready at the timeout.
 - `check()` raises the same error if a process died after ready; `stop()` sends SIGTERM to all, waits
   `grace_s`, then SIGKILL; it is idempotent and safe from signal handlers' aftermath.
+- The command of each engine instance comes from a planner, `planner(role, index) -> argv`, the one seam
+  between the engines: `engine: builtin` runs `specctl serve`, `engine: sglang` runs the exported
+  `python -m sglang.launch_server ...` (engine/serve/sglang_process.py; `start()` first checks that
+  `sglang.python` imports SGLang, and writes the adaptive files under the log dir). Waiting, status,
+  preflight, router and shutdown are the same code for both. A `/health` body that names a pid (specctl's)
+  must name the started child's; SGLang's names none (the port was checked free before the start).
+- Preflight: once every prefill and decode is healthy and before the router starts, `wait_ready` runs the
+  live preflight (specctl/preflight) over every (prefill, decode) pair, each server also compared with what
+  the deployment asked for its instance; any difference raises `PreflightRefused` (a RuntimeFailure, exit 3)
+  with the itemized rows, and the router is never started. `preflight_reports` keeps the result.
+- While a process does not answer yet, its status detail is the last line of its log (model loading
+  takes minutes on a GPU); `ProcessStatus.started` is when it was spawned.
 - `url` is the OpenAI endpoint (router, else colocated). Torch-free: health checks use urllib.
 """
 
@@ -37,10 +49,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specctl.engine.serve.router import OFFLINE_ENV, role_instances, router_argv
 from specctl.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from specctl.preflight.check import PreflightReport
+
+# (role, instance index) -> the argv of that engine process.
+Planner = Callable[[str, int], list[str]]
 
 # Start order matters: decode registers with prefill, the router health-checks both.
 PD_ORDER = ("prefill", "decode", "router")
@@ -65,10 +83,57 @@ class ProcessStatus:
     returncode: int | None = None
     log_path: str = ""
     since: float = dataclasses.field(default_factory=time.monotonic)
+    started: float | None = None
+
+    def elapsed(self, now: float | None = None) -> float:
+        """Seconds since the process was spawned (0 before)."""
+        return 0.0 if self.started is None else (now if now is not None else time.monotonic()) - self.started
 
     def to_json(self) -> dict[str, Any]:
         return {"role": self.role, "url": self.url, "pid": self.pid, "state": self.state, "detail": self.detail,
-                "ready": self.ready, "returncode": self.returncode, "log": self.log_path}
+                "ready": self.ready, "returncode": self.returncode, "log": self.log_path,
+                "elapsed_s": round(self.elapsed(), 2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PairPreflight:
+    """The live preflight of one (prefill instance, decode instance) pair."""
+
+    prefill: str
+    decode: str
+    report: PreflightReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prefill_instance": self.prefill, "decode_instance": self.decode, **self.report.to_json()}
+
+
+class PreflightRefused(RuntimeFailure):
+    """A pair (or a server against the deployment) differs: the router must not route to it."""
+
+    def __init__(self, pairs: Sequence[PairPreflight]) -> None:
+        lines = []
+        for pair in pairs:
+            r = pair.report
+            if r.ok:
+                continue
+            lines.append(f"{pair.prefill} {r.prefill.url} vs {pair.decode} {r.decode.url}:")
+            lines += [f"  {d.field}: prefill={_show(d.prefill)} decode={_show(d.decode)} -- fix: {d.fix}"
+                      + (f" ({d.detail})" if d.detail else "") for d in r.differences]
+            lines += [f"  {d.field} ({d.role}): deployment asked {_show(d.asked)}, the server runs "
+                      f"{_show(d.running)} -- fix: {d.fix}" for d in r.drifts]
+        n = sum(len(p.report.differences) + len(p.report.drifts) for p in pairs)
+        super().__init__(f"preflight refused the deployment: {n} difference(s); the router was not started\n"
+                         + "\n".join(lines),
+                         hint="fix every row and start again (specctl preflight -c DEPLOY checks a running pair)")
+        self.pairs = tuple(pairs)
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
 
 
 def instance_name(role: str, index: int) -> str:
@@ -107,6 +172,25 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def last_log_line(path: str, limit: int = 8192) -> str:
+    """The last non-empty line of a log (read from its end: SGLang logs grow large), escapes stripped."""
+    import re
+
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            raw = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    for line in reversed(re.split(r"[\r\n]+", raw)):
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).strip()
+        if text:
+            return text[:200]
+    return ""
+
+
 def log_tail(path: str, lines: int = 15) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -124,6 +208,9 @@ class Launcher:
         log_dir: str | Path | None = None,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        planner: Planner | None = None,
+        preflight_timeout_s: float = 60.0,
+        preflight: bool = True,
     ) -> None:
         if not getattr(deployment, "path", None):
             raise RuntimeFailure("the launcher needs a deployment loaded from a file (its processes re-read it)")
@@ -134,7 +221,13 @@ class Launcher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **(env or {}), **OFFLINE_ENV}
         self.python = python
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.engine = str(getattr(deployment, "engine", "builtin"))
+        self._custom_planner = planner is not None
+        self.planner: Planner = planner or (self.sglang_command if self.engine == "sglang" else self.builtin_command)
+        self.preflight_timeout_s = preflight_timeout_s
+        self.preflight = preflight  # False only for stand-ins that serve no /server_info (supervision tests)
+        self.preflight_reports: list[PairPreflight] | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         # One process per instance: prefill, prefill.1, ..., decode, ..., router.
         self.names: tuple[str, ...] = tuple(
             instance_name(r, i) for r in self.roles
@@ -146,7 +239,7 @@ class Launcher:
     def role_config(self, name: str) -> dict[str, Any]:
         role, index = split_name(name)
         if role == "router":
-            return self.deployment.role(role)
+            return dict(self.deployment.role(role))
         return role_instances(self.deployment, role)[index]
 
     @property
@@ -158,6 +251,19 @@ class Launcher:
         role, index = split_name(name)
         if role == "router":
             return router_argv(self.deployment, python=self.python)
+        return self.planner(role, index)
+
+    def sglang_command(self, role: str, index: int) -> list[str]:
+        """engine: sglang: the exported SGLang command of the instance (its adaptive file in the log dir)."""
+        from specctl.engine.serve import sglang_process as sp
+
+        argv, files = sp.role_command(self.deployment, role, index, python=sp.sglang_python(self.deployment),
+                                      workdir=self.log_dir)
+        sp.write_files(files)
+        return argv
+
+    def builtin_command(self, role: str, index: int) -> list[str]:
+        """engine: builtin: `specctl serve --role R -c FILE [--instance I] [--set ...]`."""
         cmd = [self.python, "-m", "specctl.cli", "serve", "--role", role, "-c", str(self.deployment.path)]
         if index:
             cmd += ["--instance", str(index)]
@@ -215,11 +321,15 @@ class Launcher:
             from specctl.engine.serve.router import check_installed
 
             check_installed(self.python)
+        if self.engine == "sglang" and not self._custom_planner:
+            from specctl.engine.serve import sglang_process as sp
+
+            sp.check_sglang(sp.sglang_python(self.deployment))
         for name in self.names:
             if name != "router":
                 self._spawn(name)
         if "router" in self.status:
-            self.status["router"].detail = "starts once prefill and decode are ready"
+            self.status["router"].detail = "starts once prefill and decode are ready and pass the preflight"
 
     def _spawn(self, name: str) -> None:
         st = self.status[name]
@@ -229,7 +339,7 @@ class Launcher:
         log.close()  # the child holds its own descriptor
         self.procs[name] = proc
         st.pid = proc.pid
-        st.since = time.monotonic()
+        st.since = st.started = time.monotonic()
 
     def poll(self) -> list[ProcessStatus]:
         for role, st in self.status.items():
@@ -237,7 +347,7 @@ class Launcher:
             if proc is not None and proc.poll() is not None:
                 st.returncode = proc.returncode
                 st.state, st.ready = "exited", False
-                st.detail = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                st.detail = self.exit_meaning(role, proc.returncode)
                 continue
             if role == "router":
                 self._poll_router(st, proc)
@@ -248,10 +358,10 @@ class Launcher:
                 # state a process reported rather than flapping back to "starting".
                 st.ready = False
                 if st.state == "starting":
-                    st.detail = "waiting for its HTTP port"
+                    st.detail = last_log_line(st.log_path) or "waiting for its HTTP port"
                 continue
             pid = body.get("pid")
-            if proc is not None and pid != proc.pid:
+            if proc is not None and pid is not None and pid != proc.pid:
                 # Someone else answers on this port (another deployment, possibly shutting down): never
                 # report it ready; our child is still starting (it will fail to bind and exit, named).
                 st.ready = False
@@ -262,12 +372,34 @@ class Launcher:
                 st.since = time.monotonic()
             st.state, st.ready = new_state, code == 200
             st.detail = str(body.get("detail") or "")
-        if "router" in self.status and "router" not in self.procs and not self._stopped and all(
-                s.ready for n, s in self.status.items() if n != "router"):
+        engines_ready = all(s.ready for n, s in self.status.items() if n != "router")
+        if engines_ready and not self._stopped and self.preflight and self.preflight_reports is None \
+                and "prefill" in self.roles:
+            self.run_preflight()  # raises PreflightRefused: the router is never started
+        if "router" in self.status and "router" not in self.procs and not self._stopped and engines_ready:
             self._spawn("router")
         return list(self.status.values())
 
-    def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen | None) -> None:
+    def run_preflight(self) -> list[PairPreflight]:
+        """The live preflight of every (prefill, decode) pair, each server against its instance's roles.
+        Raises PreflightRefused on any difference; RuntimeFailure when a server cannot be read."""
+        from specctl.preflight.check import run_preflight
+
+        prefills, decodes = role_instances(self.deployment, "prefill"), role_instances(self.deployment, "decode")
+        pairs: list[PairPreflight] = []
+        for i, pre in enumerate(prefills):
+            for j, dec in enumerate(decodes):
+                # bootstrap_port None: read prefill's bootstrap /route when it speaks SGLang's (an SGLang
+                # prefill reports it); specctl's prefill pairs through its own verified handshake.
+                report = run_preflight(http_url(pre), http_url(dec), deployment_roles={"prefill": pre, "decode": dec},
+                                       timeout_s=self.preflight_timeout_s)
+                pairs.append(PairPreflight(instance_name("prefill", i), instance_name("decode", j), report))
+        self.preflight_reports = pairs
+        if not all(p.report.ok for p in pairs):
+            raise PreflightRefused(pairs)
+        return pairs
+
+    def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen[bytes] | None) -> None:
         # sglang-router names no pid; the port was checked free before anything started, so the answer on it
         # is the started router's. /readiness is 200 once it holds a healthy prefill and decode.
         if proc is None:
@@ -287,13 +419,20 @@ class Launcher:
             proc = self.procs.get(role)
             if proc is not None and proc.poll() is not None:
                 st = self.status[role]
-                why = EXIT_MEANINGS.get(proc.returncode, f"exit code {proc.returncode}")
+                why = self.exit_meaning(role, proc.returncode)
                 tail = log_tail(st.log_path)
                 msg = f"{role} (pid {proc.pid}) exited with code {proc.returncode}: {why}"
                 if tail:
                     msg += f"\n--- last lines of {st.log_path} ---\n{tail}"
                 return RuntimeFailure(msg, hint=f"full log: {st.log_path}")
         return None
+
+    def exit_meaning(self, name: str, code: int) -> str:
+        """specctl's exit codes mean something only for `specctl serve`; SGLang and sglang-router have their own."""
+        if code < 0:
+            return EXIT_MEANINGS.get(code, f"killed by signal {-code}")
+        ours = self.engine == "builtin" and not self._custom_planner and split_name(name)[0] != "router"
+        return EXIT_MEANINGS.get(code, f"exit code {code}") if ours else f"exit code {code}"
 
     def check(self) -> None:
         err = self.failure()
