@@ -88,6 +88,8 @@ STRICT = (
     "engine/pd/__init__.py",
     "engine/serve/__init__.py",
     "engine/spec/__init__.py",
+    "engine/serve/sglang_process.py",
+    "engine/serve/launcher.py",
     "bench/ab.py",
 )
 
