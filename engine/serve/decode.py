@@ -42,7 +42,9 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
-from specctl.engine.serve.roles import EngineBackend, RoleContext, role_instances, sampling_params_of
+from specctl.engine.serve.backend import EngineBackend, RoleContext, sampling_params_of
+from specctl.engine.serve.router import role_instances
+from specctl.engine.tokenizer import prompt_token_ids
 
 log = logging.getLogger("specctl.decode")
 
@@ -484,7 +486,7 @@ class _Admit:
         payload = self.payload
         extra = payload.extra
         length = int(payload.length)
-        ids = self.prompt_ids or [engine.tokenizer.bos_token_id]
+        ids = prompt_token_ids(engine.tokenizer, self.prompt_ids)  # prefill's Engine.add_request applied it too
         if length != len(ids):
             raise RuntimeError(f"{payload.request_id}: transfer length {length} != prompt length {len(ids)}")
         target = {k: v for k, v in payload.tensors.items() if not k.startswith("draft.")}

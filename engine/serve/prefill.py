@@ -43,8 +43,8 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.serve.backend import EngineBackend, RoleContext, sampling_params_of
 from specctl.engine.serve.metrics import ServingMetrics
-from specctl.engine.serve.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
 
