@@ -146,18 +146,9 @@ class Engine:
     def __init__(self, config: EngineConfig, *, runner: Any = None, decoder: Any = None) -> None:
         self.config = config
         if runner is None:
-            from specctl.engine.device import resolve_device
-            from specctl.engine.model_runner import ModelRunner
+            from specctl.engine.model_runner import runner_for
 
-            runner = ModelRunner(
-                config.model_ref,
-                dtype=config.dtype,
-                device=str(resolve_device(config.device)),
-                page_size=config.page_size,
-                max_tokens=config.max_tokens,
-                max_requests=config.max_batch_size,
-                max_draft_tokens=config.max_draft_tokens,
-            )
+            runner = runner_for(config)
         self.runner = runner
         self.tokenizer = runner.tokenizer
         self.decoder = decoder if decoder is not None else make_decoder(config, runner)
