@@ -52,6 +52,8 @@ def serve(
         "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
     instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
                                           "(roles.prefill / roles.decode as a list), from 0.")] = 0,
+    fault_plan: Annotated[str | None, typer.Option(
+        "--fault-plan", hidden=True, help="Tests only: a JSON FaultPlan (engine/serve/faults.py).")] = None,
 ) -> None:
     """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
     every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
@@ -59,10 +61,12 @@ def serve(
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
+        from specctl.engine.serve.faults import FaultPlan
         from specctl.engine.serve.roles import serve_role
 
+        faults = FaultPlan.from_file(fault_plan) if fault_plan is not None else None
         try:
-            code = serve_role(deployment, role.value, instance)
+            code = serve_role(deployment, role.value, instance, faults=faults)
         except SpecctlError as exc:
             fail(exc)
             code = exc.exit_code

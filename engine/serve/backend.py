@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
+from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
@@ -57,6 +58,7 @@ class RoleContext:
     state: RoleState = dataclasses.field(default_factory=RoleState)
     started: float = dataclasses.field(default_factory=time.time)
     http_port: int = 0
+    faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)  # tests only (serve/faults.py)
 
     @property
     def transfer(self) -> dict[str, Any]:

@@ -20,8 +20,9 @@ Contract:
 - With a shared secret every control message must carry its session's MAC (bootstrap.seal); one that does
   not is refused and counted (`auth_failures`), never acted on. Without one, the PD plane binds loopback
   and logs a warning that pairing is unauthenticated.
-- Test-only faults (`FaultPlan`, read once at start from the environment, never per request): hold each
-  payload before sending it, or reverse the components of a marked prompt.
+- Test-only faults come from the role context's `FaultPlan` (serve/faults.py: a file the test names with
+  the hidden `serve --fault-plan`, read once at start-up, never per request): hold each payload before
+  sending it, or reverse the components of a marked prompt.
 """
 
 from __future__ import annotations
@@ -49,20 +50,6 @@ from specctl.engine.serve.metrics import ServingMetrics
 log = logging.getLogger("specctl.prefill")
 
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
-HOLD_ENV = "SPECCTL_TEST_PREFILL_HOLD_S"
-CORRUPT_ENV = "SPECCTL_TEST_PREFILL_CORRUPT"
-
-
-@dataclasses.dataclass(frozen=True)
-class FaultPlan:
-    """Faults a test asks for when it starts a prefill process (never set in production)."""
-
-    hold_s: float = 0.0  # hold each payload this long before sending (kill decode "mid-transfer")
-    corrupt_marker: str = ""  # a prompt containing this has its components sent in reverse order
-
-    @classmethod
-    def from_env(cls) -> FaultPlan:
-        return cls(hold_s=float(os.environ.get(HOLD_ENV, "0") or 0), corrupt_marker=os.environ.get(CORRUPT_ENV, ""))
 
 
 @dataclasses.dataclass(eq=False)
@@ -110,7 +97,7 @@ class PrefillBackend(EngineBackend):
         super().__init__(ctx)
         self.bootstrap: Any = None
         self.info: Any = None
-        self.faults = FaultPlan()
+        self.faults = ctx.faults
         self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
         self._senders: dict[tuple[str, bytes | None], Any] = {}
         self._zctx = zmq.asyncio.Context()
@@ -130,7 +117,6 @@ class PrefillBackend(EngineBackend):
         from specctl.engine.pd.registration import build_registration
         from specctl.engine.pd.transfer import PayloadSpec
 
-        self.faults = FaultPlan.from_env()
         await super().load()
         assert self.aengine is not None
         self.aengine.on_step = self._on_step
@@ -325,7 +311,8 @@ class PrefillBackend(EngineBackend):
         exported: dict[str, Any] = {**seq.exported, **draft}
         tensors = {n: exported[n] for n in self._component_order if n in exported}
         tensors.update({n: t for n, t in exported.items() if n not in tensors})
-        if self.faults.corrupt_marker and self.faults.corrupt_marker in self.tokenizer.decode(list(seq.prompt_ids)):
+        marker = self.faults.prefill_corrupt_marker
+        if marker and marker in self.tokenizer.decode(list(seq.prompt_ids)):
             tensors = dict(reversed(list(tensors.items())))
         ttft = float(out.timings.get("ttft_s", 0.0))
         extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),
@@ -334,8 +321,8 @@ class PrefillBackend(EngineBackend):
         if seq.generator is not None:
             extra["rng_state"] = bytes(seq.generator.get_state().to(torch.uint8).numpy().tobytes())
         seq.exported = None
-        if self.faults.hold_s > 0:
-            await asyncio.sleep(self.faults.hold_s)
+        if self.faults.prefill_hold_s > 0:
+            await asyncio.sleep(self.faults.prefill_hold_s)
         if room.aborted:
             raise _Fail(f"{room.key}: decode aborted it ({room.aborted})")
         assert room.peer is not None

@@ -32,6 +32,7 @@ import sys
 from typing import Any
 
 from specctl.engine.serve.backend import EngineBackend, RoleContext
+from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.router import role_instances
 from specctl.errors import RuntimeFailure, SpecctlError
 
@@ -106,9 +107,9 @@ async def _load(ctx: RoleContext, backend: Any) -> None:
         ctx.state.set("ready", ready=True)
 
 
-def serve_role(deployment: Any, role_name: str, instance: int = 0) -> int:
+def serve_role(deployment: Any, role_name: str, instance: int = 0, *, faults: FaultPlan | None = None) -> int:
     """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
-    `instance` picks one of several prefill or decode instances."""
+    `instance` picks one of several prefill or decode instances; `faults` is a test's FaultPlan."""
     if role_name == "router":
         from specctl.engine.serve.router import run_router
 
@@ -120,7 +121,7 @@ def serve_role(deployment: Any, role_name: str, instance: int = 0) -> int:
         raise UsageError(f"roles.{role_name} has {len(instances)} instance(s); --instance {instance} is not one",
                          hint=f"use --instance 0..{len(instances) - 1}")
     role = instances[instance]
-    ctx = RoleContext(deployment=deployment, role_name=role_name, role=role)
+    ctx = RoleContext(deployment=deployment, role_name=role_name, role=role, faults=faults or FaultPlan())
     _setup_logging(role_name)
 
     async def main() -> int:
