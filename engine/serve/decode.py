@@ -180,7 +180,7 @@ class PrefillLink:
                     continue
                 self.progress_at = now
                 fut = b.waiting.get(msg.req_id)
-                if msg.req_id in self.waiting and fut is not None and not fut.done() and not msg.ok:
+                if msg.req_id in self.waiting and fut is not None and not fut.done():
                     fut.set_exception(_Fail(f"{msg.req_id}: prefill failed: {msg.error}"))
         finally:
             sock.close(linger=0)

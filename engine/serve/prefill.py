@@ -14,7 +14,7 @@ Contract:
   session's decode over the transfer backend (zmq or shm; decode verifies it against the registration and
   acknowledges), and the HTTP half answers with the first token.
 - A room whose other half never comes errors within `transfer.timeout_s`: an HTTP half without a claim
-  answers an error, a claim without an HTTP half gets `PdDone(ok=False)`; a failed transfer errors both.
+  answers an error, a claim without an HTTP half gets `PdDone` (the room failed); a failed transfer errors both.
   Nothing is left behind: pages are freed at export, exported tensors dropped with the room.
 - A request without `bootstrap_room` is refused (400): prefill serves the router, not clients.
 - With a shared secret every control message must carry its session's MAC (bootstrap.seal); one that does
@@ -246,7 +246,7 @@ class PrefillBackend(EngineBackend):
                 self.failed += 1
                 log.warning("%s failed on prefill: %s", key, error)
                 if room.claim is not None and not room.aborted:
-                    await self._reply(room, PdDone(req_id=key, ok=False, error=error))
+                    await self._reply(room, PdDone(req_id=key, error=error))
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error)
 
@@ -359,7 +359,7 @@ class PrefillBackend(EngineBackend):
         peer = self.bootstrap.peer_for(msg.pairing_id) if self.bootstrap is not None else None
         if peer is None:
             if isinstance(msg, PdClaim) and self.bootstrap is not None and not self.bootstrap.auth_required:
-                self._reply_to(identity, None, PdDone(req_id=msg.req_id, ok=False, error=(
+                self._reply_to(identity, None, PdDone(req_id=msg.req_id, error=(
                     "prefill is not paired with this decode (it restarted, or the session expired); re-register")))
             else:
                 self.auth_failures += 1
@@ -377,7 +377,7 @@ class PrefillBackend(EngineBackend):
                 room.claimed.set()
             return
         if room is not None and room.claim is not None:
-            self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False,
+            self._reply_to(identity, peer, PdDone(req_id=msg.req_id,
                                                   error=f"{msg.req_id} is already claimed"))
             return
         if room is None:
@@ -385,7 +385,7 @@ class PrefillBackend(EngineBackend):
             waiting = sum(1 for r in self._rooms.values()
                           if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
             if waiting >= MAX_UNMATCHED_CLAIMS:
-                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False, error=(
+                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, error=(
                     f"{waiting} claims of this session wait for rooms prefill never received; refused")))
                 return
             room = self._rooms[msg.req_id] = _Room(msg.req_id)
@@ -405,7 +405,7 @@ class PrefillBackend(EngineBackend):
                 del self._rooms[room.key]
                 self.failed += 1
                 log.warning("%s: the router's request never reached this prefill", room.key)
-                await self._reply(room, PdDone(req_id=room.key, ok=False, error=(
+                await self._reply(room, PdDone(req_id=room.key, error=(
                     f"the router's request for {room.key} never reached prefill within {self.ctx.timeout_s:g}s "
                     "(transfer.timeout_s)")))
         finally:
