@@ -5,8 +5,9 @@ Contract: `RoleContext` is one serving process's deployment, role settings, metr
 state (`RoleState`). `EngineBackend(ctx)` is what `serve/http.OpenAIServer` calls (the Backend
 protocol: `health`, `encode`/`decode`, `generate`, `server_info`, `refresh_metrics`, `close`) for the
 colocated role; `serve/prefill.PrefillBackend` and `serve/decode.DecodeBackend` extend it with their
-half of the disaggregation protocol. Dependencies point one way: serve/roles (the process) ->
-serve/prefill, serve/decode -> this module -> engine core, serve/metrics.
+half of the disaggregation protocol, sharing the helpers at the end of this module (the shared secret,
+the unauthenticated-pairing warning, the draft runner whose layout is registered). Dependencies point one
+way: serve/roles (the process) -> serve/prefill, serve/decode -> this module -> engine core, serve/metrics.
 """
 
 from __future__ import annotations
@@ -249,3 +250,30 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
                 metrics.adaptive_steps.set(steps, bucket=str(key))
     elif isinstance(spec.get("initial_steps"), (int, float)):
         metrics.adaptive_steps.set(spec["initial_steps"], bucket="fixed")
+
+
+# --------------------------------------------------------------------------------------------- PD, both halves
+
+
+def secret_of(ctx: RoleContext) -> str | None:
+    name = ctx.transfer.get("secret_env")
+    if not name:
+        return None
+    value = os.environ.get(str(name))
+    if not value:
+        from specctl.errors import UsageError
+
+        raise UsageError(f"transfer.secret_env names ${name}, which is not set in this process's environment")
+    return value
+
+
+def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
+    if secret_of(ctx) is None:
+        log.warning("PD pairing is unauthenticated (no transfer.secret_env): any local process may register "
+                    "with the bootstrap endpoint; keep the PD plane on loopback (host %s) or set a shared secret",
+                    host)
+
+
+def draft_runner_of(engine: Any) -> Any:
+    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
+    return getattr(drafter, "runner", None)

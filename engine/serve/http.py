@@ -33,7 +33,9 @@ tools and a response_format other than text are refused with a 400 naming them. 
 only with `stream_options.include_usage`, once, on OpenAI's last chunk (`choices: []`). Extension:
 `return_token_ids: true` adds the generated `token_ids` to each choice (each chunk's new ids when
 streaming), so clients can compare outputs exactly. The HTTP layer knows nothing about engines: it talks
-to a `Backend` (colocated engine, or the router's prefill+decode client).
+to a `Backend` (serve/backend.py `EngineBackend` for colocated, serve/prefill.py and serve/decode.py for a
+disaggregated pair behind sglang-router) and streams text through the one detokenizer
+(engine/detokenizer.py, with stop-string holdback).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Contract:
   draft: its layout is part of the registration; prefill never runs it, decode's drafter builds its own
   cache from the prompt, so the draft components travel empty with `draft_length: 0`), builds its
   RegistrationInfo from the live layouts and serves the bootstrap endpoint on `bootstrap_port` (decodes
-  register there; every decode is its own session, bootstrap.py), plus a ZMQ control socket
-  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd_protocol.py).
+  register there; every decode is its own session, pd/bootstrap.py), plus a ZMQ control socket
+  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd/messages.py).
 - sglang-router sends each request to prefill and to decode at once with `bootstrap_room`. Prefill's HTTP
   half is admitted into the Engine with `export_after_prefill`: batched and chunked by the same Scheduler as
   every other request; once the prompt is cached the first token is sampled, the caches are exported and
@@ -32,7 +32,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,7 +43,14 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
-from specctl.engine.serve.backend import EngineBackend, RoleContext, sampling_params_of
+from specctl.engine.serve.backend import (
+    EngineBackend,
+    RoleContext,
+    draft_runner_of,
+    sampling_params_of,
+    secret_of,
+    warn_unauthenticated,
+)
 from specctl.engine.serve.metrics import ServingMetrics
 
 log = logging.getLogger("specctl.prefill")
@@ -65,28 +71,6 @@ class _Room:
     identity: bytes = b""
     peer: Peer | None = None
     aborted: str | None = None
-
-
-def secret_of(ctx: RoleContext) -> str | None:
-    name = ctx.transfer.get("secret_env")
-    if not name:
-        return None
-    value = os.environ.get(str(name))
-    if not value:
-        from specctl.errors import UsageError
-
-        raise UsageError(f"transfer.secret_env names ${name}, which is not set in this process's environment")
-    return value
-
-
-_secret = secret_of  # the name decode imported before
-
-
-def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
-    if secret_of(ctx) is None:
-        log.warning("PD pairing is unauthenticated (no transfer.secret_env): any local process may register "
-                    "with the bootstrap endpoint; keep the PD plane on loopback (host %s) or set a shared secret",
-                    host)
 
 
 class PrefillBackend(EngineBackend):
@@ -476,8 +460,3 @@ class PrefillBackend(EngineBackend):
 
 class _Fail(Exception):
     pass
-
-
-def draft_runner_of(engine: Any) -> Any:
-    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
-    return getattr(drafter, "runner", None)

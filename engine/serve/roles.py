@@ -4,7 +4,7 @@ SGLang's own sglang-router (engine/serve/router.py).
 Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
 (exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
 with a `status` of `loading`, `pairing`, `refused` or `down` until it can serve, then 200), `/metrics`,
-`/server_info` (SGLang's keys plus specctl's fingerprints) and SGLang's native surface (sglang_http.py) on
+`/server_info` (SGLang's keys plus specctl's fingerprints) and SGLang's native surface (serve/sglang_http.py) on
 its `host:port`. This module only picks the backend and runs the process; the backends are
 serve/backend.py (colocated: `EngineBackend`), serve/prefill.py and serve/decode.py.
 
