@@ -61,7 +61,7 @@ class ServerProbe:
         data = await self.get_json("/v1/models")
         items = data.get("data") if isinstance(data, dict) else None
         if isinstance(items, list) and items and isinstance(items[0], dict) and isinstance(items[0].get("id"), str):
-            return items[0]["id"]
+            return str(items[0]["id"])
         return None
 
     async def server_info(self) -> dict[str, Any] | None:

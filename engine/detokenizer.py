@@ -37,8 +37,8 @@ class Detokenizer:
     def append(self, token_id: int) -> str:
         """Add one token; return the text it completes (possibly empty)."""
         self.ids.append(token_id)
-        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
-        full_text = self.tokenizer.decode(self.ids[self._prefix :])
+        prefix_text: str = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        full_text: str = self.tokenizer.decode(self.ids[self._prefix :])
         pending = len(self.ids) - self._read
         if full_text.endswith(REPLACEMENT) and pending < MAX_PENDING:
             return ""  # an incomplete multi-token character: wait for the rest
@@ -52,8 +52,8 @@ class Detokenizer:
         """Emit whatever is still pending (at the end of a request)."""
         if self._read == len(self.ids):
             return ""
-        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
-        new = self.tokenizer.decode(self.ids[self._prefix :])[len(prefix_text) :]
+        prefix_text: str = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        new: str = self.tokenizer.decode(self.ids[self._prefix :])[len(prefix_text) :]
         self.text += new
         self._prefix = self._read = len(self.ids)
         return new
