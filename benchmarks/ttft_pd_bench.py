@@ -100,8 +100,19 @@ def run_bursts(variants: dict[str, tuple[Any, list[str]]], log_dir: Path, prompt
             la.stop()
 
 
+_MODELS: dict[str, str] = {}
+
+
+def served_model(url: str) -> str:
+    """The model the server at `url` serves (its /v1/models): requests must name it (an unknown name is a 404)."""
+    if url not in _MODELS:
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:  # noqa: S310 - loopback
+            _MODELS[url] = str(json.loads(r.read())["data"][0]["id"])
+    return _MODELS[url]
+
+
 def stream_ttft(url: str, prompt: str) -> tuple[float, dict[str, Any]]:
-    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
+    body = json.dumps({"model": served_model(url), "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
                        "ignore_eos": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
