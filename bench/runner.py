@@ -1,10 +1,11 @@
 """run_bench: one whole bench against a URL -- probe, warm up, run every sweep point, build records.
 
-For each sweep point: snapshot the server (`/server_info`, `/metrics`), run the load, snapshot again,
-and turn results + snapshots into a record (see `record`). Warm-up requests (the first prompt,
-output capped at 16 tokens) run before the first point and are excluded from every metric; if all
-of them fail the server is not usable and `RuntimeFailure` says why. Failures of measured requests
-are counted in the record, never raised.
+For each sweep point: snapshot the server (`/server_info`, `/metrics`; for a launched deployment
+the roles behind its router, see `probe.DeploymentProbe`), run the load, snapshot again, and turn
+results + snapshots into a record (see `record`). Warm-up requests (the first prompt, output capped
+at 16 tokens) run before the first point and are excluded from every metric; if all of them fail
+the server is not usable and `RuntimeFailure` says why. Failures of measured requests are counted
+in the record, never raised.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from specctl.bench.acceptance import summarize_acceptance
 from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult, run_load
 from specctl.bench.metrics import summarize_load
-from specctl.bench.probe import ServerProbe, ServerSnapshot
+from specctl.bench.probe import DeploymentProbe, ServerProbe, ServerSnapshot
 from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
@@ -58,6 +59,9 @@ class Provenance:
     fingerprint: str | None = None
     # The live preflight of the pair behind the URL: {"ok": bool, "prefill": fp, "decode": fp}.
     preflight: dict[str, Any] | None = None
+    # The launched engine processes behind the URL, (instance name, URL): prefill, prefill.1, decode ...
+    # When set, the snapshots read these (a router has no engine /server_info or /metrics of its own).
+    roles: tuple[tuple[str, str], ...] = ()
 
 
 def run_bench(config: BenchConfig, *, progress: ProgressSink | None = None,
@@ -72,6 +76,8 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
     async with aiohttp.ClientSession(connector=connector, read_bufsize=2**20) as session:
         probe = ServerProbe(session, config.url)
         model = config.model or await probe.first_model() or "default"
+        snapshots: ServerProbe | DeploymentProbe = (
+            DeploymentProbe(session, config.url, provenance.roles) if provenance.roles else probe)
         sender = RequestSender(session, config, model)
         bodies = [sender.body(p) for p in prompts]
         await _warmup(sender, prompts[0], config.warmup_requests)
@@ -80,7 +86,7 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
             total = None if config.duration_s is not None else len(prompts)
             if progress is not None:
                 progress.start_point(i, len(config.points), point, total)
-            before = await probe.snapshot()
+            before = await snapshots.snapshot()
             try:
                 load = await run_load(sender, prompts, bodies, point, duration_s=config.duration_s,
                                       burstiness=config.burstiness, seed=config.workload.seed,
@@ -88,7 +94,7 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
             finally:
                 if progress is not None:
                     progress.end_point()
-            after = await probe.snapshot()
+            after = await snapshots.snapshot()
             record = build_record(config, model, load, before, after, provenance)
             runs.append(PointRun(load, before, after, record))
         return runs

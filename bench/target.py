@@ -4,7 +4,9 @@
 engine's launcher -- `specctl.engine.serve.launcher.launch(deployment, status_callback=...)` when the
 engine provides it, else the process `Launcher` that `specctl up` drives -- waits until every role
 is paired and ready, yields the router URL with the provenance the records carry (resolved config,
-handshake fingerprint), and tears the deployment down on exit -- also on Ctrl-C or an error.
+handshake fingerprint, and the URLs of the engine processes behind the router, which the bench's
+snapshots read: the router has no engine `/server_info` or `/metrics`), and tears the deployment
+down on exit -- also on Ctrl-C or an error.
 Both imports are lazy: `--url` benches never load the schemas or the engine.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from specctl.bench import server_info as si
+from specctl.bench.probe import merge_server_info
 from specctl.bench.runner import Provenance
 from specctl.errors import RuntimeFailure
 
@@ -38,11 +41,13 @@ def launched(source: str, overrides: Sequence[str] = (), *,
         raise RuntimeFailure(f"deployment loading is not available in this build: {exc}",
                              hint="bench a running server with --url instead") from None
     deployment = load_deployment(source, overrides=overrides)
-    with _launch(deployment, overrides, status_callback) as (url, info):
+    with _launch(deployment, overrides, status_callback) as (url, info, roles):
+        if roles:  # behind a router: the decodes' own registration fingerprint
+            info = merge_server_info({name: _get_info(role_url) for name, role_url in roles})
         yield Target(url=url, provenance=Provenance(
             deployment={"name": getattr(deployment, "name", None), "path": getattr(deployment, "path", None),
                         "config": getattr(deployment, "raw", None)},
-            fingerprint=si.fingerprint(info), preflight=preflight_of(deployment)))
+            fingerprint=si.fingerprint(info), preflight=preflight_of(deployment), roles=roles))
 
 
 def preflight_of(deployment: Any) -> dict[str, Any] | None:
@@ -64,8 +69,9 @@ def preflight_of(deployment: Any) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def _launch(deployment: Any, overrides: Sequence[str],
-            status_callback: Callable[[Any], None] | None) -> Iterator[tuple[str, Any]]:
-    """(router URL, its /server_info or None) while the deployment runs; torn down on exit."""
+            status_callback: Callable[[Any], None] | None) -> Iterator[tuple[str, Any, tuple[tuple[str, str], ...]]]:
+    """(router URL, its /server_info or None, the engine roles behind a router as (name, URL)) while the
+    deployment runs; torn down on exit."""
     try:
         from specctl.engine.serve import launcher as launcher_mod
     except ImportError as exc:
@@ -79,7 +85,7 @@ def _launch(deployment: Any, overrides: Sequence[str],
                 # Best effort: the fingerprint is provenance, not a precondition (the launcher already
                 # refused to report ready on a failed handshake).
                 info = handle.server_info()
-            yield str(handle.url), info
+            yield str(handle.url), info, ()
         return
     launcher_cls = getattr(launcher_mod, "Launcher", None)
     if launcher_cls is None:
@@ -90,7 +96,16 @@ def _launch(deployment: Any, overrides: Sequence[str],
     launcher = launcher_cls(deployment, overrides=tuple(overrides))
     with launcher:
         launcher.wait_ready(READY_TIMEOUT_S, on_status=status_callback)
-        yield str(launcher.url), _get_info(str(launcher.url))
+        yield str(launcher.url), _get_info(str(launcher.url)), engine_roles(launcher)
+
+
+def engine_roles(launcher: Any) -> tuple[tuple[str, str], ...]:
+    """(instance name, URL) of every engine process behind the launcher's router; () without a router
+    (a colocated server is itself the URL under load)."""
+    status = getattr(launcher, "status", None)
+    if "router" not in getattr(launcher, "roles", ()) or not isinstance(status, dict):
+        return ()
+    return tuple((str(name), str(st.url)) for name, st in status.items() if name.partition(".")[0] != "router")
 
 
 def _get_info(url: str) -> Any:

@@ -65,6 +65,8 @@ def serve(
     print_command: Annotated[bool, typer.Option(
         "--print-command", help="With engine: sglang, print the SGLang command this would exec (JSON: argv, "
         "files, env) and exit 0 instead of running it.")] = False,
+    fault_plan: Annotated[str | None, typer.Option(
+        "--fault-plan", hidden=True, help="Tests only: a JSON FaultPlan (engine/serve/faults.py).")] = None,
 ) -> None:
     """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
     every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
@@ -78,10 +80,12 @@ def serve(
         if print_command:
             raise UsageError("--print-command prints the SGLang command of engine: sglang",
                              hint="add --set engine=sglang (or engine: sglang in the deployment)")
+        from specctl.engine.serve.faults import FaultPlan
         from specctl.engine.serve.roles import serve_role
 
+        faults = FaultPlan.from_file(fault_plan) if fault_plan is not None else None
         try:
-            code = serve_role(deployment, role.value, instance)
+            code = serve_role(deployment, role.value, instance, faults=faults)
         except SpecctlError as exc:
             fail(exc)
             code = exc.exit_code

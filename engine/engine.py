@@ -42,6 +42,7 @@ from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.sampling import SamplingParams, make_generator, sample
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
+from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import InvalidInput, RuntimeFailure
 
 log = logging.getLogger(__name__)
@@ -145,18 +146,9 @@ class Engine:
     def __init__(self, config: EngineConfig, *, runner: Any = None, decoder: Any = None) -> None:
         self.config = config
         if runner is None:
-            from specctl.engine.device import resolve_device
-            from specctl.engine.model_runner import ModelRunner
+            from specctl.engine.model_runner import runner_for
 
-            runner = ModelRunner(
-                config.model_ref,
-                dtype=config.dtype,
-                device=str(resolve_device(config.device)),
-                page_size=config.page_size,
-                max_tokens=config.max_tokens,
-                max_requests=config.max_batch_size,
-                max_draft_tokens=config.max_draft_tokens,
-            )
+            runner = runner_for(config)
         self.runner = runner
         self.tokenizer = runner.tokenizer
         self.decoder = decoder if decoder is not None else make_decoder(config, runner)
@@ -189,20 +181,11 @@ class Engine:
         the prompt) and it finishes with reason "prefilled", freeing its pages; the step() that does
         this returns it."""
         params = _sampling_params(params)
-        if isinstance(prompt, str):
-            prompt_text: str | None = prompt
-            ids = self.encode_prompt(prompt)
-        else:
-            prompt_text = None
-            ids = [int(t) for t in prompt]
+        prompt_text = prompt if isinstance(prompt, str) else None
+        ids = prompt_token_ids(self.tokenizer, prompt)
         vocab = self.runner.facts.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise InvalidInput(f"prompt token ids must be in [0, {vocab})")
-        if not ids:
-            bos = getattr(self.tokenizer, "bos_token_id", None)
-            if bos is None:
-                raise InvalidInput("the prompt is empty and the tokenizer has no BOS token to start from")
-            ids = [bos]  # an empty prompt continues from beginning-of-sequence
         rid = next(self._rids)
         seq = Sequence(rid, ids, params, tokenizer=self.tokenizer, prompt_text=prompt_text)
         seq.generator = make_generator(params, self.runner.device)
@@ -276,10 +259,8 @@ class Engine:
         return seq
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Token ids of a text prompt: BOS (when the tokenizer has one) + the text's ids. Models are
-        trained on documents that start with BOS (the builtin ones too), so a prompt starts a document."""
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        return ([bos] if bos is not None else []) + list(self.tokenizer.encode(text))
+        """Token ids of a text prompt (`tokenizer.prompt_token_ids`: BOS + the text's ids)."""
+        return prompt_token_ids(self.tokenizer, text)
 
     def abort(self, rid: int) -> bool:
         """Stop a request now (finish_reason "abort"); False if it is unknown or already finished."""

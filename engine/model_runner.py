@@ -8,6 +8,10 @@ through this class alone (CONTRACTS.md "Engine (E1)"):
   `start_pos == cached_len(rid)` and gets float32 logits for every input position, rows in item order;
 * PD facts — `layout()` for the handshake, `export_request` / `import_request` for the transfer.
 
+`runner_for(config, model_ref=None, device=None)` is the one place a runner is built from an engine
+config: the target (the Engine) and a draft model (speculative decoding) alike, with the same page size,
+pool and batch limits, so the two caches always agree.
+
 Batching: items of at most `max_draft_tokens + 1` tokens (decode and speculative verify) run as one
 padded group; longer items (prefill) run one group each, so a long prompt never pads a decode batch.
 """
@@ -21,6 +25,7 @@ import torch
 
 from specctl.engine.cache import HybridCache
 from specctl.engine.checkpoint import load_model, model_config, weights_hash
+from specctl.engine.config import EngineConfig
 from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
 from specctl.engine.model import apply_linear
 from specctl.engine.tokenizer import Tokenizer, load_tokenizer
@@ -176,3 +181,18 @@ class ModelRunner:
 
     def import_request(self, rid: int, tensors: dict[str, torch.Tensor], length: int) -> None:
         self.cache.import_request(rid, tensors, length)
+
+
+def runner_for(config: EngineConfig, model_ref: str | None = None, *, device: str | None = None) -> ModelRunner:
+    """A runner for `model_ref` (default: the config's target) under `config`'s dtype, page size, KV pool
+    and batch limits, on `device` (default: the config's, resolved). The draft runner passes the target
+    runner's device so both models live on one device."""
+    return ModelRunner(
+        model_ref if model_ref is not None else config.model_ref,
+        dtype=config.dtype,
+        device=device if device is not None else str(resolve_device(config.device)),
+        page_size=config.page_size,
+        max_tokens=config.max_tokens,
+        max_requests=config.max_batch_size,
+        max_draft_tokens=config.max_draft_tokens,
+    )

@@ -1,8 +1,11 @@
 """Tokenizers: text <-> token ids, for the builtin byte-level models and Hugging Face `tokenizer.json`.
 
-Contract: `encode(text)` returns the ids of the text alone (no BOS/EOS added; the engine decides whether to
-prepend `bos_token_id`); `decode(ids)` skips special ids and never raises on a partial UTF-8 sequence
-(invalid bytes become U+FFFD), so streaming a byte at a time is safe.
+Contract: `encode(text)` returns the ids of the text alone (no BOS/EOS added); `decode(ids)` skips special
+ids and never raises on a partial UTF-8 sequence (invalid bytes become U+FFFD), so streaming a byte at a
+time is safe. `prompt_token_ids(tokenizer, prompt)` is THE tokenize-prompt rule every role uses (engine,
+colocated, prefill, decode): a text prompt is BOS (when the tokenizer has one) + its ids, token ids are
+taken as given, and an empty prompt starts from BOS alone. Disaggregated output equals colocated output
+only because every process applies this one rule.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from specctl.errors import UsageError
+from specctl.errors import InvalidInput, UsageError
 
 # Builtin byte-level vocabulary: ids 0-255 are bytes, then the special tokens.
 BYTE_BOS, BYTE_EOS, BYTE_PAD = 256, 257, 258
@@ -27,6 +30,22 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """A prompt's token ids: text -> BOS (when the tokenizer has one) + the text's ids (models are trained on
+    documents that start with BOS, the builtin ones too); ids -> as given; an empty prompt -> [BOS] (it
+    continues from beginning-of-sequence). Raises `InvalidInput` for an empty prompt without a BOS token."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if isinstance(prompt, str):
+        ids = ([bos] if bos is not None else []) + list(tokenizer.encode(prompt))
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        if bos is None:
+            raise InvalidInput("the prompt is empty and the tokenizer has no BOS token to start from")
+        ids = [int(bos)]
+    return ids
 
 
 class ByteTokenizer:

@@ -90,6 +90,12 @@ STRICT = (
     "engine/spec/__init__.py",
     "engine/serve/sglang_process.py",
     "engine/serve/launcher.py",
+    "engine/serve/backend.py",
+    "engine/serve/faults.py",
+    "engine/serve/roles.py",
+    "engine/detokenizer.py",
+    "engine/tokenizer.py",
+    "bench/probe.py",
     "bench/ab.py",
 )
 

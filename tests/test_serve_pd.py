@@ -109,9 +109,11 @@ class Proc:
     """One `specctl serve --role R` process with its own log."""
 
     def __init__(self, role: str, config: Path, log: Path, *, sets: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, instance: int = 0) -> None:
+                 env: dict[str, str] | None = None, instance: int = 0, fault_plan: Path | None = None) -> None:
         cmd = [sys.executable, "-m", "specctl.cli", "serve", "--role", role, "-c", str(config),
                "--instance", str(instance)]
+        if fault_plan is not None:
+            cmd += ["--fault-plan", str(fault_plan)]
         for s in sets:
             cmd += ["--set", s]
         self.log = log
@@ -319,11 +321,12 @@ def plain(models: dict[str, Path]) -> Iterator[dict[str, Any]]:
     logs = models["root"] / "plain-logs"
     logs.mkdir()
     # Prefill holds each payload 1.5 s before sending it, so the fault tests can kill a peer while a
-    # transfer is in flight (test-only FaultPlan, read once at start, see pd_prefill).
-    hold = {"SPECCTL_TEST_PREFILL_HOLD_S": "1.5", "SPECCTL_TEST_PREFILL_CORRUPT": CORRUPT_MARK}
+    # transfer is in flight (a test-only FaultPlan file, read once at start: engine/serve/faults.py).
+    hold = models["root"] / "plain-faults.json"
+    hold.write_text(json.dumps({"prefill_hold_s": 1.5, "prefill_corrupt_marker": CORRUPT_MARK}))
     t: dict[str, Any] = {"cfg": cfg, "ports": ports, "logs": logs, "hold": hold,
                          "url": {r: f"http://127.0.0.1:{ports[r]}" for r in ("prefill", "decode", "router")}}
-    t["prefill"] = Proc("prefill", cfg, logs / "prefill.log", env=hold)
+    t["prefill"] = Proc("prefill", cfg, logs / "prefill.log", fault_plan=hold)
     t["decode"] = Proc("decode", cfg, logs / "decode.log")
     try:
         wait_for(lambda: healthy(t["url"]["prefill"]) and healthy(t["url"]["decode"]), START_TIMEOUT,
@@ -468,7 +471,7 @@ def test_kill_prefill_fails_in_flight_requests_and_decode_repairs(
     wait_for(lambda: http("GET", plain["url"]["decode"] + "/health", timeout=2)[0] == 503, 15,
              "decode to notice prefill is gone")
     plain["prefill"].stop()
-    plain["prefill"] = Proc("prefill", plain["cfg"], plain["logs"] / "prefill2.log", env=plain["hold"])
+    plain["prefill"] = Proc("prefill", plain["cfg"], plain["logs"] / "prefill2.log", fault_plan=plain["hold"])
     wait_for(lambda: healthy(plain["url"]["prefill"]) and healthy(plain["url"]["decode"]), START_TIMEOUT,
              "decode to re-pair")
     wait_for(lambda: complete(plain["url"]["router"], PROMPTS[2])[0] == 200, 30, "the router to route again",

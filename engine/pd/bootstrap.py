@@ -23,7 +23,7 @@ let decode notice that prefill restarted (a new `server_epoch`, or an unknown se
 
 With a shared secret, each session also gets a per-session key, HMAC(secret, "specctl-session" ||
 server nonce || client nonce), known to exactly the two peers: `seal`/`open_sealed` put an HMAC on every
-control message of that session (pd_protocol), so no socket of the PD plane acts on a message that fails
+control message of that session (pd/messages), so no socket of the PD plane acts on a message that fails
 authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim).
 Each round trip is a Lazy Pirate request (timeout, bounded
 retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.

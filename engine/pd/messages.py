@@ -1,7 +1,9 @@
 """The control messages between a decode and a prefill it is paired with, per bootstrap room (typed wire
-messages, no pickle; with a shared secret each one carries the session's MAC, see bootstrap.seal).
+messages, no pickle; with a shared secret each one carries the session's MAC, see bootstrap.seal). These
+four are all that cross a pair's control socket (serve/decode.py sends PdClaim and PdAbort, serve/prefill.py
+sends PdProgress and PdDone); the handshake's messages are pd/bootstrap.py's, the KV payload pd/transfer.py's.
 
-Flow of one disaggregated request (SGLang's protocol; KV moves over `engine.transfer`):
+Flow of one disaggregated request (SGLang's protocol; KV moves over pd/transfer):
 
     client -> sglang-router: the request; the router adds bootstrap_host/port/room and sends the same body
               to one prefill and one decode at once (HTTP), and answers with decode's response.
@@ -13,8 +15,9 @@ Flow of one disaggregated request (SGLang's protocol; KV moves over `engine.tran
     decode <--PdProgress(started)-- prefill                   (both halves present, compute under way)
     prefill --payload(room R)--> decode's transfer endpoint   (the session's decode; decode checks it
              against the registration and acknowledges); prefill's HTTP half answers with token 1
-    decode <--PdDone(ok=False, error)-- prefill               (only on failure: the HTTP half never came
-             within transfer.timeout_s, the prompts differ, the transfer failed)
+    decode <--PdDone(error)-- prefill                         (only on failure: the HTTP half never came
+             within transfer.timeout_s, the prompts differ, the transfer failed, the room is claimed
+             twice, the session is unknown, too many claims wait)
     decode --PdAbort(room)--> prefill                         (the client went away before the KV came)
 
 Each request's `req_id` is its room; every receive has a timeout on the receiving side.
@@ -45,11 +48,10 @@ class PdProgress(Message, tag="pd.progress", frozen=True):
 
 
 class PdDone(Message, tag="pd.done", frozen=True):
-    """prefill -> decode: room `req_id` failed on prefill (success is the payload itself)."""
+    """prefill -> decode: room `req_id` failed on prefill, and why (success is the payload itself)."""
 
     req_id: str
-    ok: bool
-    error: str | None = None
+    error: str
 
 
 class PdAbort(Message, tag="pd.abort", frozen=True):

@@ -14,7 +14,7 @@ Contract:
   prefill's control socket (`PdClaim`), wait for the payload (the transfer timeout measures liveness: from
   the claim until prefill holds it, from `started` until the payload, and while `queued` from prefill's
   last progress on any room; prefill itself fails a room whose HTTP half never comes), check it against
-  the registration (transfer.py), import it into the engine (target KV + state, prefill's first token and
+  the registration (pd/transfer.py), import it into the engine (target KV + state, prefill's first token and
   generator state; the drafter rebuilds its own cache) and stream the tokens: plain or speculative decoding
   continues from exactly prefill's state. Every failure finishes the request with an error naming it; a
   client that goes away aborts the room on prefill; imported pages are freed by the engine.
@@ -42,7 +42,16 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
-from specctl.engine.serve.roles import EngineBackend, RoleContext, role_instances, sampling_params_of
+from specctl.engine.serve.backend import (
+    EngineBackend,
+    RoleContext,
+    draft_runner_of,
+    sampling_params_of,
+    secret_of,
+    warn_unauthenticated,
+)
+from specctl.engine.serve.router import role_instances
+from specctl.engine.tokenizer import prompt_token_ids
 
 log = logging.getLogger("specctl.decode")
 
@@ -103,8 +112,6 @@ class PrefillLink:
     async def register(self) -> None:
         """Register until accepted (prefill may not be up yet); a refusal is fatal."""
         from specctl.engine.pd.bootstrap import HandshakeRejected, register
-        from specctl.engine.serve.prefill import secret_of
-
         b = self.backend
         secret = secret_of(b.ctx)
         attempt = 0
@@ -178,7 +185,7 @@ class PrefillLink:
                     continue
                 self.progress_at = now
                 fut = b.waiting.get(msg.req_id)
-                if msg.req_id in self.waiting and fut is not None and not fut.done() and not msg.ok:
+                if msg.req_id in self.waiting and fut is not None and not fut.done():
                     fut.set_exception(_Fail(f"{msg.req_id}: prefill failed: {msg.error}"))
         finally:
             sock.close(linger=0)
@@ -209,8 +216,6 @@ class DecodeBackend(EngineBackend):
     async def load(self) -> None:
         from specctl.engine.pd.registration import build_registration
         from specctl.engine.pd.transfer import PayloadSpec, TransferReceiver
-        from specctl.engine.serve.prefill import draft_runner_of, warn_unauthenticated
-
         await super().load()
         self.loop = asyncio.get_running_loop()
         # Admission never exceeds the batch: a request whose KV arrived waits here for a running slot.
@@ -223,8 +228,6 @@ class DecodeBackend(EngineBackend):
             import tempfile
 
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
-        from specctl.engine.serve.prefill import secret_of
-
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
         self.receiver = TransferReceiver(None, bind=bind, timeout_s=self.ctx.timeout_s, auth=auth)
@@ -484,7 +487,7 @@ class _Admit:
         payload = self.payload
         extra = payload.extra
         length = int(payload.length)
-        ids = self.prompt_ids or [engine.tokenizer.bos_token_id]
+        ids = prompt_token_ids(engine.tokenizer, self.prompt_ids)  # prefill's Engine.add_request applied it too
         if length != len(ids):
             raise RuntimeError(f"{payload.request_id}: transfer length {length} != prompt length {len(ids)}")
         target = {k: v for k, v in payload.tensors.items() if not k.startswith("draft.")}

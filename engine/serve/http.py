@@ -33,7 +33,9 @@ tools and a response_format other than text are refused with a 400 naming them. 
 only with `stream_options.include_usage`, once, on OpenAI's last chunk (`choices: []`). Extension:
 `return_token_ids: true` adds the generated `token_ids` to each choice (each chunk's new ids when
 streaming), so clients can compare outputs exactly. The HTTP layer knows nothing about engines: it talks
-to a `Backend` (colocated engine, or the router's prefill+decode client).
+to a `Backend` (serve/backend.py `EngineBackend` for colocated, serve/prefill.py and serve/decode.py for a
+disaggregated pair behind sglang-router) and streams text through the one detokenizer
+(engine/detokenizer.py, with stop-string holdback).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from specctl.engine.async_engine import RequestOutput
+from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.serve.metrics import ServingMetrics, TokenClock
 from specctl.engine.serve.openai_request import (
     DEFAULT_MAX_TOKENS,
@@ -107,33 +110,6 @@ STATUS_CODES = {400: "invalid_value", 404: "not_found", 405: "method_not_allowed
 
 def json_error(message: str, *, status: int, param: str | None = None, code: str | None = None) -> web.Response:
     return web.json_response(error_body(message, status=status, param=param, code=code), status=status)
-
-
-class _Detokenizer:
-    """Incremental text for streaming: holds back a trailing partial UTF-8 sequence, and the last
-    `holdback` characters while stop strings are set (the engine cuts the text where a stop string
-    starts, which may be in characters already decoded). The engine's final text, when it gives one,
-    is authoritative."""
-
-    def __init__(self, backend: Backend, *, holdback: int = 0) -> None:
-        self.backend = backend
-        self.ids: list[int] = []
-        self.emitted = 0
-        self.holdback = holdback
-
-    def push(self, ids: list[int], *, final: bool = False, final_text: str | None = None) -> str:
-        self.ids.extend(ids)
-        if final and final_text is not None:
-            text = final_text
-        else:
-            text = self.backend.decode(self.ids)
-            if not final:
-                text = text.rstrip("\ufffd")
-                if self.holdback:
-                    text = text[: max(0, len(text) - self.holdback)]
-        delta = text[self.emitted :]
-        self.emitted = max(self.emitted, len(text))
-        return delta
 
 
 def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | None]:
@@ -405,7 +381,7 @@ class OpenAIServer:
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
         stops = req.params.get("stop") or []
-        detok = _Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
+        detok = Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
 
         offset = [len(self._echo(req))]  # text_offset of the next token (completions' logprobs)
 

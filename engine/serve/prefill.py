@@ -5,8 +5,8 @@ Contract:
   draft: its layout is part of the registration; prefill never runs it, decode's drafter builds its own
   cache from the prompt, so the draft components travel empty with `draft_length: 0`), builds its
   RegistrationInfo from the live layouts and serves the bootstrap endpoint on `bootstrap_port` (decodes
-  register there; every decode is its own session, bootstrap.py), plus a ZMQ control socket
-  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd_protocol.py).
+  register there; every decode is its own session, pd/bootstrap.py), plus a ZMQ control socket
+  (`endpoints["control"]`) where paired decodes claim rooms (`PdClaim`, pd/messages.py).
 - sglang-router sends each request to prefill and to decode at once with `bootstrap_room`. Prefill's HTTP
   half is admitted into the Engine with `export_after_prefill`: batched and chunked by the same Scheduler as
   every other request; once the prompt is cached the first token is sampled, the caches are exported and
@@ -14,14 +14,15 @@ Contract:
   session's decode over the transfer backend (zmq or shm; decode verifies it against the registration and
   acknowledges), and the HTTP half answers with the first token.
 - A room whose other half never comes errors within `transfer.timeout_s`: an HTTP half without a claim
-  answers an error, a claim without an HTTP half gets `PdDone(ok=False)`; a failed transfer errors both.
+  answers an error, a claim without an HTTP half gets `PdDone` (the room failed); a failed transfer errors both.
   Nothing is left behind: pages are freed at export, exported tensors dropped with the room.
 - A request without `bootstrap_room` is refused (400): prefill serves the router, not clients.
 - With a shared secret every control message must carry its session's MAC (bootstrap.seal); one that does
   not is refused and counted (`auth_failures`), never acted on. Without one, the PD plane binds loopback
   and logs a warning that pairing is unauthenticated.
-- Test-only faults (`FaultPlan`, read once at start from the environment, never per request): hold each
-  payload before sending it, or reverse the components of a marked prompt.
+- Test-only faults come from the role context's `FaultPlan` (serve/faults.py: a file the test names with
+  the hidden `serve --fault-plan`, read once at start-up, never per request): hold each payload before
+  sending it, or reverse the components of a marked prompt.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,26 +43,19 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.serve.backend import (
+    EngineBackend,
+    RoleContext,
+    draft_runner_of,
+    sampling_params_of,
+    secret_of,
+    warn_unauthenticated,
+)
 from specctl.engine.serve.metrics import ServingMetrics
-from specctl.engine.serve.roles import EngineBackend, RoleContext, sampling_params_of
 
 log = logging.getLogger("specctl.prefill")
 
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
-HOLD_ENV = "SPECCTL_TEST_PREFILL_HOLD_S"
-CORRUPT_ENV = "SPECCTL_TEST_PREFILL_CORRUPT"
-
-
-@dataclasses.dataclass(frozen=True)
-class FaultPlan:
-    """Faults a test asks for when it starts a prefill process (never set in production)."""
-
-    hold_s: float = 0.0  # hold each payload this long before sending (kill decode "mid-transfer")
-    corrupt_marker: str = ""  # a prompt containing this has its components sent in reverse order
-
-    @classmethod
-    def from_env(cls) -> FaultPlan:
-        return cls(hold_s=float(os.environ.get(HOLD_ENV, "0") or 0), corrupt_marker=os.environ.get(CORRUPT_ENV, ""))
 
 
 @dataclasses.dataclass(eq=False)
@@ -80,28 +73,6 @@ class _Room:
     aborted: str | None = None
 
 
-def secret_of(ctx: RoleContext) -> str | None:
-    name = ctx.transfer.get("secret_env")
-    if not name:
-        return None
-    value = os.environ.get(str(name))
-    if not value:
-        from specctl.errors import UsageError
-
-        raise UsageError(f"transfer.secret_env names ${name}, which is not set in this process's environment")
-    return value
-
-
-_secret = secret_of  # the name decode imported before
-
-
-def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
-    if secret_of(ctx) is None:
-        log.warning("PD pairing is unauthenticated (no transfer.secret_env): any local process may register "
-                    "with the bootstrap endpoint; keep the PD plane on loopback (host %s) or set a shared secret",
-                    host)
-
-
 class PrefillBackend(EngineBackend):
     # The first token's log-prob would have to travel to decode, which answers the client: refused by name.
     supports_logprobs = False
@@ -110,7 +81,7 @@ class PrefillBackend(EngineBackend):
         super().__init__(ctx)
         self.bootstrap: Any = None
         self.info: Any = None
-        self.faults = FaultPlan()
+        self.faults = ctx.faults
         self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
         self._senders: dict[tuple[str, bytes | None], Any] = {}
         self._zctx = zmq.asyncio.Context()
@@ -130,7 +101,6 @@ class PrefillBackend(EngineBackend):
         from specctl.engine.pd.registration import build_registration
         from specctl.engine.pd.transfer import PayloadSpec
 
-        self.faults = FaultPlan.from_env()
         await super().load()
         assert self.aengine is not None
         self.aengine.on_step = self._on_step
@@ -260,7 +230,7 @@ class PrefillBackend(EngineBackend):
                 self.failed += 1
                 log.warning("%s failed on prefill: %s", key, error)
                 if room.claim is not None and not room.aborted:
-                    await self._reply(room, PdDone(req_id=key, ok=False, error=error))
+                    await self._reply(room, PdDone(req_id=key, error=error))
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error)
 
@@ -325,7 +295,8 @@ class PrefillBackend(EngineBackend):
         exported: dict[str, Any] = {**seq.exported, **draft}
         tensors = {n: exported[n] for n in self._component_order if n in exported}
         tensors.update({n: t for n, t in exported.items() if n not in tensors})
-        if self.faults.corrupt_marker and self.faults.corrupt_marker in self.tokenizer.decode(list(seq.prompt_ids)):
+        marker = self.faults.prefill_corrupt_marker
+        if marker and marker in self.tokenizer.decode(list(seq.prompt_ids)):
             tensors = dict(reversed(list(tensors.items())))
         ttft = float(out.timings.get("ttft_s", 0.0))
         extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),
@@ -334,8 +305,8 @@ class PrefillBackend(EngineBackend):
         if seq.generator is not None:
             extra["rng_state"] = bytes(seq.generator.get_state().to(torch.uint8).numpy().tobytes())
         seq.exported = None
-        if self.faults.hold_s > 0:
-            await asyncio.sleep(self.faults.hold_s)
+        if self.faults.prefill_hold_s > 0:
+            await asyncio.sleep(self.faults.prefill_hold_s)
         if room.aborted:
             raise _Fail(f"{room.key}: decode aborted it ({room.aborted})")
         assert room.peer is not None
@@ -372,7 +343,7 @@ class PrefillBackend(EngineBackend):
         peer = self.bootstrap.peer_for(msg.pairing_id) if self.bootstrap is not None else None
         if peer is None:
             if isinstance(msg, PdClaim) and self.bootstrap is not None and not self.bootstrap.auth_required:
-                self._reply_to(identity, None, PdDone(req_id=msg.req_id, ok=False, error=(
+                self._reply_to(identity, None, PdDone(req_id=msg.req_id, error=(
                     "prefill is not paired with this decode (it restarted, or the session expired); re-register")))
             else:
                 self.auth_failures += 1
@@ -390,7 +361,7 @@ class PrefillBackend(EngineBackend):
                 room.claimed.set()
             return
         if room is not None and room.claim is not None:
-            self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False,
+            self._reply_to(identity, peer, PdDone(req_id=msg.req_id,
                                                   error=f"{msg.req_id} is already claimed"))
             return
         if room is None:
@@ -398,7 +369,7 @@ class PrefillBackend(EngineBackend):
             waiting = sum(1 for r in self._rooms.values()
                           if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
             if waiting >= MAX_UNMATCHED_CLAIMS:
-                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, ok=False, error=(
+                self._reply_to(identity, peer, PdDone(req_id=msg.req_id, error=(
                     f"{waiting} claims of this session wait for rooms prefill never received; refused")))
                 return
             room = self._rooms[msg.req_id] = _Room(msg.req_id)
@@ -418,7 +389,7 @@ class PrefillBackend(EngineBackend):
                 del self._rooms[room.key]
                 self.failed += 1
                 log.warning("%s: the router's request never reached this prefill", room.key)
-                await self._reply(room, PdDone(req_id=room.key, ok=False, error=(
+                await self._reply(room, PdDone(req_id=room.key, error=(
                     f"the router's request for {room.key} never reached prefill within {self.ctx.timeout_s:g}s "
                     "(transfer.timeout_s)")))
         finally:
@@ -489,8 +460,3 @@ class PrefillBackend(EngineBackend):
 
 class _Fail(Exception):
     pass
-
-
-def draft_runner_of(engine: Any) -> Any:
-    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
-    return getattr(drafter, "runner", None)

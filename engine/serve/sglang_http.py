@@ -1,4 +1,4 @@
-"""SGLang's native HTTP surface on a specctl serving process, beside the OpenAI routes of `http_server`.
+"""SGLang's native HTTP surface on a specctl serving process, beside the OpenAI routes of serve/http.py.
 
 Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
 
@@ -16,7 +16,7 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
 - `GET /v1/models/{id}`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count", "max_model_len"}`),
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
 
-`/server_info` keeps its route in `http_server`; the backends put SGLang's keys in it (`sglang_server_args`).
+`/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it (`sglang_server_args`).
 `bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
 `bootstrap_port`, `bootstrap_room`); both the OpenAI and the native routes pass them to `Backend.generate`
 in the params dict. Every malformed request is a 4xx JSON error.

@@ -110,17 +110,9 @@ def make_drafter(config: Any, runner: Any) -> Drafter:
         if not isinstance(ref, str) or not ref:
             raise RuntimeFailure("speculative.algorithm is 'draft' but speculative.draft names no model",
                                  hint="set speculative.draft, e.g. builtin:tiny-draft")
-        from specctl.engine.model_runner import ModelRunner
+        from specctl.engine.model_runner import runner_for
 
-        draft_runner = ModelRunner(
-            ref,
-            dtype=config.dtype,
-            device=str(runner.device),
-            page_size=config.page_size,
-            max_tokens=config.max_tokens,
-            max_requests=config.max_batch_size,
-            max_draft_tokens=config.max_draft_tokens,
-        )
+        draft_runner = runner_for(config, ref, device=str(runner.device))
         if draft_runner.facts.vocab_size != runner.facts.vocab_size:
             raise RuntimeFailure(
                 f"draft model {ref} has vocab_size {draft_runner.facts.vocab_size} but the target has "

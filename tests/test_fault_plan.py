@@ -1,0 +1,50 @@
+"""Test-only fault injection goes through an explicit, hidden `serve --fault-plan FILE` (engine/serve/faults.py),
+read once at start-up: never from the environment, never per request. The faults themselves run end to end
+in tests/test_serve_pd.py (a held transfer, a corrupted payload)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specctl.engine.serve.faults import FaultPlan
+from specctl.errors import UsageError
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def test_a_plan_file_is_read_strictly(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"prefill_hold_s": 1.5, "prefill_corrupt_marker": "XYZ"}))
+    assert FaultPlan.from_file(good) == FaultPlan(prefill_hold_s=1.5, prefill_corrupt_marker="XYZ")
+    assert FaultPlan() == FaultPlan(prefill_hold_s=0.0, prefill_corrupt_marker="")  # production: no faults
+    for body, needle in [({"hold_s": 1}, "unknown key"), ({"prefill_hold_s": -1}, "prefill_hold_s"),
+                         ({"prefill_hold_s": True}, "prefill_hold_s"), ([1], "JSON object"),
+                         ({"prefill_corrupt_marker": 3}, "prefill_corrupt_marker")]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(body))
+        with pytest.raises(UsageError, match=needle):
+            FaultPlan.from_file(bad)
+
+
+def test_the_option_is_hidden_and_a_bad_plan_is_a_usage_error(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "specctl.cli", "serve"]
+    helped = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert helped.returncode == 0 and "--role" in helped.stdout and "--fault-plan" not in helped.stdout
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"hold": 1}')
+    res = subprocess.run([*cli, "--role", "prefill", "-c", "tiny-pd", "--fault-plan", str(bad)],
+                         capture_output=True, text=True, env=ENV, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert "unknown key" in res.stderr and "hold" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_no_serving_module_reads_a_test_fault_from_the_environment() -> None:
+    serve = Path(__file__).resolve().parents[1] / "engine" / "serve"
+    for path in serve.glob("*.py"):
+        assert "SPECCTL_TEST" not in path.read_text(encoding="utf-8"), path
