@@ -192,6 +192,7 @@ class PrefillLink:
 
 
 class DecodeBackend(EngineBackend):
+    front_counts_prompt_tokens = False  # prefill counts them once, where computed (record_prefill)
     supports_logprobs = False  # the first token is prefill's, whose log-prob does not travel (yet)
 
     def __init__(self, ctx: RoleContext) -> None:

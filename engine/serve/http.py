@@ -328,11 +328,17 @@ class OpenAIServer:
             return ""
         return req.prompt_text if req.prompt_text is not None else self.backend.decode(req.prompt_ids)
 
+    @property
+    def _counts_prompts(self) -> bool:
+        """Prompt tokens are counted where they are computed: a PD role's front reads the prompt but prefill's
+        engine counts it (`record_prefill`), and decode never computes it."""
+        return bool(getattr(self.backend, "front_counts_prompt_tokens", True))
+
     def _record(self, *, t0: float, first: float | None, ids: list[int], final: RequestOutput | None,
                 status: str) -> None:
         self.metrics.record_request(status=status, e2e_s=time.perf_counter() - t0,
                                     ttft_s=None if first is None else first - t0,
-                                    prompt_tokens=len(ids) if final is not None else None,
+                                    prompt_tokens=len(ids) if final is not None and self._counts_prompts else None,
                                     accept_lengths=final.accept_lengths if final is not None else ())
 
     async def _unary(self, req: GenerationRequest, *, rid: str, created: int) -> web.Response:

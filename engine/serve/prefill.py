@@ -74,6 +74,7 @@ class _Room:
 
 
 class PrefillBackend(EngineBackend):
+    front_counts_prompt_tokens = False  # prefill counts them once, where computed (record_prefill)
     # The first token's log-prob would have to travel to decode, which answers the client: refused by name.
     supports_logprobs = False
 
