@@ -176,14 +176,6 @@ class SglangRoutes:
                                    "num_waiting_reqs": int(info.get("num_waiting_reqs", 0)),
                                    "num_tokens": int(info.get("num_tokens", 0))}])
 
-    async def model(self, request: web.Request) -> web.Response:
-        name = request.match_info["model_id"]
-        if name != self.backend.model_name:
-            return json_error(f"model {name!r} is not served here (this server serves {self.backend.model_name!r})",
-                              status=404, param="model")
-        return web.json_response({"id": name, "object": "model", "created": 0, "owned_by": "specctl",
-                                  "max_model_len": self.backend.max_context})
-
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self.server._body(request)
         prompt = body.get("prompt", body.get("text"))
@@ -280,7 +272,6 @@ def add_sglang_routes(server: OpenAIServer) -> None:
         web.get("/get_server_info", routes.server_info),
         web.get("/get_load", routes.get_load),
         web.post("/generate", routes.generate),
-        web.get("/v1/models/{model_id:.+}", routes.model),
         web.post("/tokenize", routes.tokenize),
         web.post("/detokenize", routes.detokenize),
     ])
