@@ -50,7 +50,7 @@ from specctl.engine.serve.backend import (
     secret_of,
     warn_unauthenticated,
 )
-from specctl.engine.serve.router import role_instances
+from specctl.engine.serve.router import connect_host, role_instances
 from specctl.engine.tokenizer import prompt_token_ids
 
 log = logging.getLogger("specctl.decode")
@@ -68,11 +68,8 @@ class PrefillLink:
 
     def __init__(self, backend: DecodeBackend, role: dict[str, Any]) -> None:
         self.backend = backend
-        host = str(role.get("host") or "127.0.0.1")
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1"
         self.port = int(role["bootstrap_port"])
-        self.endpoint = f"tcp://{host}:{self.port}"
+        self.endpoint = f"tcp://{connect_host(role)}:{self.port}"
         self.pairing: Any = None
         self.sock: zmq.asyncio.Socket | None = None
         self.ready = False

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specctl.engine.serve.router import OFFLINE_ENV, role_instances, router_argv
+from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv
 from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:
@@ -154,13 +154,6 @@ def roles_to_launch(roles: Sequence[str]) -> tuple[str, ...]:
         f"cannot launch roles {list(roles)}",
         hint="declare prefill + decode (+ router) for a disaggregated deployment, or colocated",
     )
-
-
-def http_url(role: dict[str, Any]) -> str:
-    host = str(role.get("host") or "127.0.0.1")
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://{host}:{role['port']}"
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -35,11 +35,14 @@ def role_instances(deployment: Any, name: str) -> list[dict[str, Any]]:
     return [deployment.role(name)]
 
 
-def _url(role: dict[str, Any]) -> str:
+def connect_host(role: dict[str, Any]) -> str:
+    """The address a client on this host dials for a role: a wildcard bind is reached over loopback."""
     host = str(role.get("host") or "127.0.0.1")
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://{host}:{role['port']}"
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+def http_url(role: dict[str, Any]) -> str:
+    return f"http://{connect_host(role)}:{role['port']}"
 
 
 def router_argv(deployment: Any, *, python: str = sys.executable) -> list[str]:
@@ -49,9 +52,9 @@ def router_argv(deployment: Any, *, python: str = sys.executable) -> list[str]:
     argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
             "--host", str(router.get("host") or "127.0.0.1"), "--port", str(router["port"])]
     for pre in role_instances(deployment, "prefill"):
-        argv += ["--prefill", _url(pre), str(pre["bootstrap_port"])]
+        argv += ["--prefill", http_url(pre), str(pre["bootstrap_port"])]
     for dec in role_instances(deployment, "decode"):
-        argv += ["--decode", _url(dec)]
+        argv += ["--decode", http_url(dec)]
     argv += [
         "--policy", "round_robin",
         "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),
