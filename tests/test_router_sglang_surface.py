@@ -139,7 +139,7 @@ def test_tokenize_detokenize_models_load_and_server_info(server: Server) -> None
 @pytest.mark.parametrize("body", [
     {"text": ""}, {"input_ids": []}, {"input_ids": [1, True]}, {"text": "x", "sampling_params": []},
     {"text": "x", "bootstrap_room": 3}, {"text": "x", "bootstrap_host": "h", "bootstrap_port": 0, "bootstrap_room": 1},
-    {"text": "x", "stream": "yes"},
+    {"text": "x", "stream": "yes"}, {"input_ids": [999999]}, {"input_ids": [-5]},
 ])
 def test_malformed_native_requests_are_4xx(server: Server, body: dict[str, Any]) -> None:
     code, err = post(server.url + "/generate", body)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from specctl.engine.serve.http import RequestError, json_error, sampling_params
+from specctl.engine.serve.openai_request import _check_ids
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
@@ -199,9 +200,10 @@ class SglangRoutes:
             return unavailable
         if body.get("input_ids") is not None:
             ids = body["input_ids"]
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                               for t in ids):
+            if not isinstance(ids, list) or not ids:
                 raise RequestError("input_ids must be a non-empty list of token ids", param="input_ids")
+            # In the vocabulary, as the OpenAI routes check: the engine refuses others, which would be a 503.
+            ids = _check_ids(ids, self.server._vocab_size(), "input_ids")
         else:
             text = body.get("text")
             if not isinstance(text, str) or not text:
