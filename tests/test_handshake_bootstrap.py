@@ -220,7 +220,7 @@ def test_decode_in_another_process(tmp_path) -> None:
         """
     )
     with BootstrapServer(_pre(), secret="s") as srv:
-        env = {**os.environ, "PYTHONWARNINGS": "error"}
+        env = {**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         ok = subprocess.run(
             [sys.executable, "-c", script, srv.endpoint, json.dumps(LAYOUT)],
             capture_output=True, text=True, timeout=60, env=env,

@@ -44,7 +44,7 @@ class Child:
             [sys.executable, "-c", RECEIVER, bind],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONWARNINGS": "error"},
+            env={**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
         self.lines: list[str] = []
         self._cv = threading.Condition()
