@@ -266,15 +266,6 @@ class BootstrapServer:
                     return None
                 self._cond.wait(left)
 
-    def forget_peer(self, session_id: str | None = None) -> None:
-        """Drop one pairing (all without a session id): its pings now answer paired=False."""
-        with self._cond:
-            gone = [p for s, p in self._peers.items() if session_id is None or s == session_id]
-            for p in gone:
-                del self._peers[p.session_id]
-        for p in gone:
-            self._unpaired(p)
-
     def _expire(self) -> None:
         now = time.monotonic()
         with self._cond:
