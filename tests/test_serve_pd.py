@@ -397,6 +397,25 @@ def test_a_room_whose_other_half_never_comes_errors_within_the_timeout(plain: di
     assert d["engine"]["free_pages"] == d["engine"]["total_pages"]
 
 
+@pytest.mark.parametrize(("role", "room"), [("decode", 333), ("prefill", 334)])
+def test_a_second_request_for_a_room_being_served_is_a_409(plain: dict[str, Any], role: str, room: int) -> None:
+    # A room is one request's: sglang-router draws a fresh one each time, so a repeat is the client's to fix.
+    url = plain["url"][role]
+    fields = {"bootstrap_host": "127.0.0.1", "bootstrap_port": plain["ports"]["bootstrap"], "bootstrap_room": room}
+    first: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: first.update(r=complete(url, PROMPTS[0], **fields)))
+    t.start()
+    try:
+        wait_for(lambda: info(url)["in_flight"] == 1, 3, f"{role} to hold room {room}")
+        code, body = complete(url, PROMPTS[1], **fields)
+        assert code == 409 and body["error"]["param"] == "bootstrap_room", body
+        assert body["error"]["code"] == "room_in_use" and str(room) in body["error"]["message"], body
+    finally:
+        t.join(15)
+    code, body = first["r"]  # its other half never comes: it fails as before, within the transfer timeout
+    assert code is not None and code >= 500 and f"room-{room}" in body["error"]["message"], body
+
+
 def test_mismatched_decode_is_refused_with_the_diff_and_never_healthy(plain: dict[str, Any], models: dict) -> None:
     # The decode's own file drifted from prefill's (a different page size, and it speculates with a draft
     # whose KV this prefill does not produce). Each file is symmetric on its own, so `validate` passes both:

@@ -319,6 +319,10 @@ class DecodeBackend(EngineBackend):
         if int(params["bootstrap_port"]) not in self.links:
             raise RequestError(f"bootstrap_port {params['bootstrap_port']} is not a prefill this decode pairs with "
                                f"(bootstrap ports: {sorted(self.links)})", param="bootstrap_port")
+        if room_key(int(params["bootstrap_room"])) in self.waiting:  # generate() would fail it as a 503
+            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this decode; "
+                               "each request needs a room of its own", param="bootstrap_room", status=409,
+                               code="room_in_use")
 
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self.waiting) + (self.aengine.num_live if self.aengine else 0)}

@@ -166,6 +166,11 @@ class PrefillBackend(EngineBackend):
             raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
                                param="bootstrap_room")
+        room = self._rooms.get(room_key(int(params["bootstrap_room"])))
+        if room is not None and room.prompt_ids is not None:  # generate() would fail it as a 503
+            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this prefill; "
+                               "each request needs a room of its own", param="bootstrap_room", status=409,
+                               code="room_in_use")
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         if self.bootstrap is not None:
