@@ -11,12 +11,10 @@ its share of connections.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,8 +26,8 @@ import pytest
 import torch
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.http import OpenAIServer, start_http
-from specctl.engine.serve.roles import EngineBackend, RoleContext
+
+from test_serve_http import Server as ServeHttpServer  # isort: skip
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -191,34 +189,13 @@ class LogRecorder(logging.Handler):
                 if r.exc_info or r.levelno >= logging.ERROR or "Traceback" in r.getMessage()]
 
 
-class Server:
-    """An OpenAIServer over a real EngineBackend on a private event-loop thread."""
+class Server(ServeHttpServer):
+    """test_serve_http's server (an OpenAIServer over a real EngineBackend on a private event-loop thread),
+    loaded and ready at once."""
 
     def __init__(self, model_dir: Path, **limits: Any) -> None:
-        role = {"name": "colocated", "model": {"target": str(model_dir), "dtype": "float32", "device": "cpu"},
-                "speculative": {"algorithm": "none"}, "cache": {"page_size": 4, "max_tokens": 2048},
-                "serve": {"max_batch_size": 8}, "host": "127.0.0.1", "port": 0}
-        self.ctx = RoleContext(deployment=None, role_name="colocated", role=role)
-        self.backend = EngineBackend(self.ctx)
-        http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections_per_client") if k in limits}
-        self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024, **limits)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runner, self.port = self.run(start_http(self.server.app, "127.0.0.1", 0, **http_limits))
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.run(self.backend.load())
-        self.ctx.state.set("ready", ready=True)
-
-    def run(self, coro: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.run(self.backend.close())
-        self.run(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
+        super().__init__(model_dir, **limits)
+        self.load()
 
 
 @pytest.fixture(scope="module")

@@ -51,14 +51,16 @@ def role_dict(model_dir: Path) -> dict[str, Any]:
 class Server:
     """An OpenAIServer over EngineBackend on a private event loop thread."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, **limits: Any) -> None:
+        """`limits`: start_http's header_timeout_s / max_connections_per_client, OpenAIServer's body_timeout_s."""
         self.ctx = RoleContext(deployment=None, role_name="colocated", role=role_dict(model_dir))
         self.backend = EngineBackend(self.ctx)
-        self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024)
+        http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections_per_client") if k in limits}
+        self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024, **limits)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.runner, self.port = self.run(start_http(self.server.app, "127.0.0.1", 0))
+        self.runner, self.port = self.run(start_http(self.server.app, "127.0.0.1", 0, **http_limits))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def run(self, coro: Any, timeout: float = 60) -> Any:
