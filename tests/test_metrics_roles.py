@@ -2,8 +2,9 @@
 with draft speculation, router; loopback HTTP and ZMQ), parsed with Prometheus' own parser.
 
 Oracles: each role counts what it did (prefill: prompts, prefill time, bytes and time sent; decode:
-generated tokens, ITL, speculative verify steps, bytes and time received; router: requests, TTFT); the
-counts match the traffic sent; every series carries `model_name`; no gauge is named like a counter.
+generated tokens, ITL, speculative verify steps, bytes and time received, and, as the front that answers
+the client behind sglang-router, requests and TTFT; sglang-router's own exporter is not read); the counts
+match the traffic sent; every series carries `model_name`; no gauge is named like a counter.
 """
 
 from __future__ import annotations
