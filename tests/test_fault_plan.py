@@ -4,6 +4,7 @@ in tests/test_serve_pd.py (a held transfer, a corrupted payload)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -44,7 +45,26 @@ def test_the_option_is_hidden_and_a_bad_plan_is_a_usage_error(tmp_path: Path) ->
     assert "unknown key" in res.stderr and "hold" in res.stderr and "Traceback" not in res.stderr
 
 
+def _env_reads(tree: ast.AST) -> set[str]:
+    """The literal names read with os.environ.get(X) / os.environ[X] / os.getenv(X)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        key: ast.expr | None = None
+        if isinstance(node, ast.Call) and node.args and ast.unparse(node.func) in {"os.environ.get", "os.getenv"}:
+            key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+    return names
+
+
 def test_no_serving_module_reads_a_test_fault_from_the_environment() -> None:
-    serve = Path(__file__).resolve().parents[1] / "engine" / "serve"
-    for path in serve.glob("*.py"):
-        assert "SPECCTL_TEST" not in path.read_text(encoding="utf-8"), path
+    engine = Path(__file__).resolve().parents[1] / "engine"
+    read: set[str] = set()
+    for path in [*(engine / "serve").glob("*.py"), *(engine / "pd").glob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        assert "SPECCTL_TEST" not in text, path
+        read |= _env_reads(ast.parse(text))
+    # Only log levels come from the environment (and the secret whose name the deployment gives).
+    assert read == {"SPECCTL_LOG_LEVEL", "SPECCTL_ROUTER_LOG_LEVEL"}, read
