@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.engine.checkpoint import write_random_model
 
+from test_serve_pd import free_port  # isort: skip
+
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 8
 PROMPTS = ["def fib(n):", "import os\n", "class Tree:"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def post(url: str, body: dict[str, Any]) -> str:
