@@ -146,6 +146,18 @@ def test_malformed_native_requests_are_4xx(server: Server, body: dict[str, Any])
     assert code == 400, err
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input_ids": [1] * 5000}, "input_ids"), ({"text": "x" * 5000}, "text"),
+    ({"text": "x", "sampling_params": {"max_new_tokens": "9"}}, "sampling_params.max_new_tokens"),
+    ({"text": "x", "sampling_params": {"temperature": 9}}, "sampling_params.temperature"),
+    ({"text": "x", "sampling_params": {"stop": 5}}, "sampling_params.stop"),
+])
+def test_native_errors_name_the_field_as_the_request_spelled_it(server: Server, body: dict[str, Any],
+                                                                 param: str) -> None:
+    code, err = post(server.url + "/generate", body)
+    assert code == 400 and err["error"]["param"] == param, err
+
+
 def test_sglang_router_fronts_the_server_and_loads_its_tokenizer_offline(server: Server, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "router.log"

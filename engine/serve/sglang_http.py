@@ -209,7 +209,13 @@ class SglangRoutes:
             if not isinstance(text, str) or not text:
                 raise RequestError("text (or input_ids) must be a non-empty string", param="text")
             ids = self.backend.encode(text)
-        params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context)
+        try:
+            params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context)
+        except RequestError as exc:  # name the field as this request spelled it, not its OpenAI translation
+            prompt = "input_ids" if body.get("input_ids") is not None else "text"
+            exc.param = {"prompt": prompt, "messages": prompt, "max_tokens": "sampling_params.max_new_tokens",
+                         None: None}.get(exc.param, f"sampling_params.{exc.param}")
+            raise
         params.update(bootstrap_fields(body))
         check = getattr(self.backend, "check_params", None)
         if check is not None:
