@@ -18,6 +18,10 @@ import os
 from hypothesis import settings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No hub, ever: transformers, sglang-router and SGLang's bench reach for the Hugging Face hub when a name is not a
+# local directory. Every test process (and every child it starts, which inherits the environment) stays offline.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
