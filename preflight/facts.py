@@ -27,7 +27,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+
+from specctl.errors import UsageError
+from specctl.schemas.loader import read_text
 
 JsonDoc = Mapping[str, object]
 
@@ -226,9 +228,10 @@ def _adaptive_config_sglang(info: JsonDoc) -> str | None:
     if path is None:
         return None
     try:
-        # A path readable here (same host, shared filesystem): compare contents, not spellings.
-        return canonical_json(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, UnicodeDecodeError):
+        # A path readable here (same host, shared filesystem): compare contents, not spellings. The path
+        # comes from the server: read_text refuses FIFOs, devices and huge files instead of hanging on them.
+        return canonical_json(json.loads(read_text(path)))
+    except (UsageError, ValueError):
         return path
 
 

@@ -266,6 +266,21 @@ def test_normalise_reads_specctl_extras_on_sglang_shape() -> None:
     assert facts.reported_fingerprint == "abc123"
 
 
+def test_adaptive_config_compared_by_content_and_a_fifo_path_is_not_read(tmp_path: Path) -> None:
+    # The path comes from the server: a readable file is compared by its content (spelling aside), a
+    # FIFO or device is never opened for reading (it would hang or never end): its spelling is compared.
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text('{"1": {"candidate_steps": [1, 3]}}')
+    fifo = tmp_path / "adaptive.fifo"
+    os.mkfifo(fifo)
+    base = {**fixture("server_info_decode.json"), "speculative_adaptive": True}
+    by_file = normalise("http://x", {**base, "speculative_adaptive_config": str(cfg)})
+    assert by_file.adaptive_config == json.dumps({"1": {"candidate_steps": [1, 3]}}, sort_keys=True,
+                                                 separators=(",", ":"))
+    for path in (str(fifo), "/dev/zero"):
+        assert normalise("http://x", {**base, "speculative_adaptive_config": path}).adaptive_config == path
+
+
 def test_bootstrap_port_with_nothing_listening_names_the_flag(pair_of: Any) -> None:
     pair = pair_of()
     res = runner.invoke(app, ["preflight", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
