@@ -231,7 +231,7 @@ def _adaptive_config_sglang(info: JsonDoc) -> str | None:
         # A path readable here (same host, shared filesystem): compare contents, not spellings. The path
         # comes from the server: read_text refuses FIFOs, devices and huge files instead of hanging on them.
         return canonical_json(json.loads(read_text(path)))
-    except (UsageError, ValueError):
+    except (UsageError, ValueError, RecursionError):  # RecursionError: JSON nested too deep to parse
         return path
 
 

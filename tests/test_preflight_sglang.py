@@ -277,7 +277,9 @@ def test_adaptive_config_compared_by_content_and_a_fifo_path_is_not_read(tmp_pat
     by_file = normalise("http://x", {**base, "speculative_adaptive_config": str(cfg)})
     assert by_file.adaptive_config == json.dumps({"1": {"candidate_steps": [1, 3]}}, sort_keys=True,
                                                  separators=(",", ":"))
-    for path in (str(fifo), "/dev/zero"):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)  # json.loads raises RecursionError, not ValueError
+    for path in (str(fifo), "/dev/zero", str(deep)):
         assert normalise("http://x", {**base, "speculative_adaptive_config": path}).adaptive_config == path
 
 
