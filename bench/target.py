@@ -115,5 +115,5 @@ def _get_info(url: str) -> Any:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=5) as resp:  # noqa: S310 - loopback
             return json.loads(resp.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None

@@ -219,7 +219,8 @@ def test_server_down_is_a_clear_error(pair_of: Any) -> None:
     (json_answer(["not", "an", "object"]), "not an object"),
     (text_answer("Internal Server Error", status=500), "HTTP 500"),
     (json_answer({"hello": "world"}), "neither SGLang's nor specctl's"),
-], ids=["html", "text", "json-list", "http-500", "unknown-shape"])
+    (text_answer("[" * 200_000, content_type="application/json"), "nested too deep"),  # RecursionError
+], ids=["html", "text", "json-list", "http-500", "unknown-shape", "too-deep"])
 def test_unusable_answers_are_clear_errors(answer: Any, says: str) -> None:
     with FixtureServer({"/server_info": [answer]}) as bad, \
             FixtureServer({"/server_info": [json_answer(fixture("server_info_decode.json"))]}) as good:
