@@ -207,7 +207,7 @@ class StubServer:
             body = await request.json()
             n = int(body.get("max_tokens") or b.default_max_tokens)
             usage = self._usage(n, body)
-        except (ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             return web.json_response({"error": {"message": f"bad request body: {exc}"}}, status=400)
         if record.fault == "http500":
             return web.Response(status=500, text="injected failure")

@@ -193,7 +193,8 @@ def test_cyclic_gc_is_off_during_a_run_and_restored_after(stub: StubServer) -> N
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"max_tokens": "many"}', b'{"messages": [3]}'])
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"max_tokens": "many"}', b'{"messages": [3]}',
+                                  b"[" * 200_000], ids=["not-json", "array", "max-tokens", "messages", "too-deep"])
 def test_stub_answers_a_malformed_request_400_never_500(body: bytes) -> None:
     import json
     import urllib.error
