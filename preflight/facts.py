@@ -28,6 +28,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
+from specctl.bench.server_info import sglang_accept_lengths
 from specctl.errors import UsageError
 from specctl.schemas.loader import read_text
 
@@ -236,13 +237,7 @@ def _adaptive_config_sglang(info: JsonDoc) -> str | None:
 
 
 def _accept_length(info: JsonDoc) -> float | None:
-    states = info.get("internal_states")
-    values = []
-    if isinstance(states, list):
-        for state in states:
-            v = _float(_at(state, "avg_spec_accept_length"))
-            if v is not None:
-                values.append(v)
+    values = sglang_accept_lengths(info)  # SGLang's internal_states, one entry per DP rank: their mean
     if values:
         return sum(values) / len(values)
     return _float(_first(info.get("avg_spec_accept_length"), _at(info, "adaptive", "mean_tokens_per_verify")))
