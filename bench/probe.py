@@ -54,7 +54,7 @@ class ServerProbe:
             return None
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep; best effort, so n/a
             return None
 
     async def first_model(self) -> str | None:

@@ -203,11 +203,14 @@ class StubServer:
         if b.stall_at_request == index and b.stall_s > 0:
             # Block the whole server thread, as a hung engine step would: nothing is read or sent.
             time.sleep(b.stall_s)
-        body = await request.json()
+        try:  # a malformed request is the client's error (400), never a 500 with a logged traceback
+            body = await request.json()
+            n = int(body.get("max_tokens") or b.default_max_tokens)
+            usage = self._usage(n, body)
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            return web.json_response({"error": {"message": f"bad request body: {exc}"}}, status=400)
         if record.fault == "http500":
             return web.Response(status=500, text="injected failure")
-        n = int(body.get("max_tokens") or b.default_max_tokens)
-        usage = self._usage(n, body)
         if not body.get("stream", False):
             await asyncio.sleep(b.ttft_s + b.itl_s * max(0, n - 1))
             record.first_write = record.end = time.perf_counter()

@@ -54,14 +54,14 @@ def preflight_of(deployment: Any) -> dict[str, Any] | None:
     """The live preflight of a launched deployment's prefill and decode (None without a PD pair, or
     when a server cannot be read: provenance, never a precondition -- the launcher's handshake gates)."""
     from specctl.errors import SpecctlError
-    from specctl.preflight.check import run_preflight
+    from specctl.preflight.check import pair_urls_of, run_preflight
 
     roles = getattr(deployment, "roles", ())
     if "prefill" not in roles or "decode" not in roles:
         return None
     try:
-        p, d = deployment.role("prefill"), deployment.role("decode")
-        report = run_preflight(f"http://{p['host']}:{p['port']}", f"http://{d['host']}:{d['port']}", timeout_s=10)
+        prefill_url, decode_url, _ = pair_urls_of(deployment)  # 0.0.0.0 / IPv6 hosts handled there
+        report = run_preflight(prefill_url, decode_url, timeout_s=10)
     except (SpecctlError, KeyError, TypeError):
         return None
     return {"ok": report.ok, **report.fingerprints()}
@@ -115,5 +115,5 @@ def _get_info(url: str) -> Any:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=5) as resp:  # noqa: S310 - loopback
             return json.loads(resp.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None

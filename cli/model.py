@@ -35,7 +35,7 @@ def model(
         from pathlib import Path
 
         from specctl.schemas.model_facts import BUILTIN_PREFIX, read_config_json, resolve_model_dir
-        from specctl.schemas.sglang.command import SGLangCommand, Word, parse_args, shell_words
+        from specctl.schemas.sglang.command import SGLangCommand, ShellError, Word, parse_args, shell_words
         from specctl.schemas.sglang.families import FamilyError, sglang_model
 
         p = resolve_model_dir(path) if path.startswith(BUILTIN_PREFIX) else Path(path).expanduser()
@@ -45,7 +45,7 @@ def model(
         if sglang_args:
             try:
                 groups = shell_words(sglang_args)
-            except Exception as exc:  # ShellError: unbalanced quotes
+            except ShellError as exc:  # unbalanced quotes
                 raise UsageError(f"--sglang-args: {exc}") from None
             words = [w for g in groups for w in g]
             parse_args(cmd, [Word("--model-path", 1, 1), Word(str(p), 1, 1), *words])

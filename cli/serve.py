@@ -113,7 +113,6 @@ def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
     from pathlib import Path
 
     from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
-    from specctl.errors import UsageError
 
     if trace_steps is not None and trace_out is None:
         raise UsageError("--trace-steps needs --trace-out FILE", hint="add --trace-out verify_trace.jsonl")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specctl.errors import RuntimeFailure
+from specctl.errors import RuntimeFailure, UsageError
 from specctl.preflight.diff import Difference, Drift, compare_pair, compare_with_deployment
 from specctl.preflight.facts import ServerFacts, expected_facts, normalise
 from specctl.preflight.reader import ServerReader
@@ -111,8 +111,6 @@ def pair_urls_of(deployment: Deployment) -> tuple[str, str, int | None]:
     -c DEPLOY` without URLs. The bootstrap port is SGLang's HTTP bootstrap only with `engine: sglang`
     (the builtin engine's bootstrap is its ZeroMQ handshake). A role bound to every interface
     (`0.0.0.0`, `::`) is reached on loopback."""
-    from specctl.errors import UsageError
-
     missing = [r for r in ("prefill", "decode") if r not in deployment.roles]
     if missing:
         raise UsageError(f"deployment {deployment.name!r} declares no {' or '.join(missing)} role",

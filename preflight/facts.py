@@ -27,7 +27,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+
+from specctl.bench.server_info import sglang_accept_lengths
+from specctl.errors import UsageError
+from specctl.schemas.loader import read_text
 
 JsonDoc = Mapping[str, object]
 
@@ -226,20 +229,15 @@ def _adaptive_config_sglang(info: JsonDoc) -> str | None:
     if path is None:
         return None
     try:
-        # A path readable here (same host, shared filesystem): compare contents, not spellings.
-        return canonical_json(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, UnicodeDecodeError):
+        # A path readable here (same host, shared filesystem): compare contents, not spellings. The path
+        # comes from the server: read_text refuses FIFOs, devices and huge files instead of hanging on them.
+        return canonical_json(json.loads(read_text(path)))
+    except (UsageError, ValueError, RecursionError):  # RecursionError: JSON nested too deep to parse
         return path
 
 
 def _accept_length(info: JsonDoc) -> float | None:
-    states = info.get("internal_states")
-    values = []
-    if isinstance(states, list):
-        for state in states:
-            v = _float(_at(state, "avg_spec_accept_length"))
-            if v is not None:
-                values.append(v)
+    values = sglang_accept_lengths(info)  # SGLang's internal_states, one entry per DP rank: their mean
     if values:
         return sum(values) / len(values)
     return _float(_first(info.get("avg_spec_accept_length"), _at(info, "adaptive", "mean_tokens_per_verify")))

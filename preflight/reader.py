@@ -94,6 +94,9 @@ def _json_object(answer: Answer, *, who: str, url: str) -> dict[str, object]:
         raise RuntimeFailure(f"{who} {url} answered more than {MAX_BODY // 2**20} MiB: not a server description")
     try:
         doc = json.loads(answer.body)
+    except RecursionError:
+        raise RuntimeFailure(f"{who} {url} answered JSON nested too deep to be a server description",
+                             hint="point the URL at the SGLang (or specctl) server's HTTP port") from None
     except (ValueError, UnicodeDecodeError):
         kind = "HTML" if b"<html" in answer.body[:512].lower() or "html" in answer.content_type else "non-JSON"
         raise RuntimeFailure(

@@ -32,7 +32,6 @@ from specctl.schemas.adaptive_config import (
 )
 from specctl.schemas.adaptive_coverage import CoverageRow, StepCoverage, check_deployment_steps, step_coverage
 from specctl.schemas.adaptive_parser import (
-    _Parser,  # noqa: F401 - kept importable for callers of the pre-split module
     child_path,
     looks_like_sglang_adaptive,
     parse_deployment_adaptive,

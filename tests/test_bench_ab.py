@@ -8,6 +8,7 @@ Also: variants of a deployment get their own free ports; bad --ab values are usa
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,7 +108,8 @@ def test_ab_launches_a_variant_next_to_the_deployment_and_traces_the_base(tmp_pa
          "--ab", "speculative.algorithm=none", "--ab-rounds", "2", "--num-prompts", "4", "--max-concurrency", "2",
          "--dataset-name", "code", "--random-output-len", "12", "--no-progress", "--format", "json",
          "--trace-out", str(trace), "--trace-steps", "3"],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     *runs, comp = [json.loads(line) for line in proc.stdout.splitlines()]
     base, none = runs

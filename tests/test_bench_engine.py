@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -25,7 +26,8 @@ def test_bench_launches_benches_and_tears_down_the_builtin_deployment(tmp_path: 
         [sys.executable, "-m", "specctl.cli", "bench", "-c", "tiny-colocated", "--set", f"roles.colocated.port={port}",
          "--num-prompts", "6", "--max-concurrency", "3", "--dataset-name", "code", "--random-output-len", "16",
          "--no-progress", "--format", "json", "--output", str(out), "--plot", str(png)],
-        capture_output=True, text=True, timeout=240)
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (rec,) = [json.loads(x) for x in proc.stdout.splitlines()]
     assert rec["completed"] == 6 and rec["errors"] == {}

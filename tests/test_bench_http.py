@@ -191,3 +191,20 @@ def test_cyclic_gc_is_off_during_a_run_and_restored_after(stub: StubServer) -> N
 
     asyncio.run(fail())
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"max_tokens": "many"}', b'{"messages": [3]}',
+                                  b"[" * 200_000], ids=["not-json", "array", "max-tokens", "messages", "too-deep"])
+def test_stub_answers_a_malformed_request_400_never_500(body: bytes) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    with StubServer() as server:
+        req = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)  # noqa: S310 - loopback
+        with err.value as resp:
+            assert resp.code == 400 and "bad request body" in json.loads(resp.read())["error"]["message"]
+        assert server.log[-1].index == 0  # the server is still up: it logged the request and answered

@@ -92,7 +92,7 @@ def bench_serving_metrics(outputs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 async def _bench_serving_run(url: str, model: str) -> dict[str, float]:
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:  # every read bounded
         outputs = [await _bench_serving_request(session, url, model) for _ in range(N)]  # one at a time
     return bench_serving_metrics(outputs)
 

@@ -143,3 +143,23 @@ def test_bench_refuses_a_mismatched_pair_before_sending_load(sglang_pair: Any) -
         assert stub.scrapes == 0  # no load, no snapshot
     assert res.exit_code == 3
     assert "page_size" in " ".join(res.output.split()) and "Traceback" not in res.output
+
+
+def test_probe_reads_unusable_json_as_n_a_never_a_crash() -> None:
+    import asyncio
+
+    import aiohttp
+    from sglang_fixture_server import text_answer
+
+    from specctl.bench.probe import ServerProbe
+
+    deep = text_answer("[" * 200_000, content_type="application/json")  # json.loads: RecursionError
+    with FixtureServer({"/server_info": [deep], "/get_server_info": [text_answer("not json")],
+                        "/v1/models": [json_answer({"data": [{"id": "m"}]})]}) as server:
+        async def probe() -> tuple[Any, Any]:
+            async with aiohttp.ClientSession() as session:
+                p = ServerProbe(session, server.url, timeout_s=5)
+                return await p.server_info(), await p.get_json("/v1/models")
+
+        info, models = asyncio.run(probe())
+    assert info is None and models == {"data": [{"id": "m"}]}

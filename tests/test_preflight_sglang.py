@@ -219,7 +219,8 @@ def test_server_down_is_a_clear_error(pair_of: Any) -> None:
     (json_answer(["not", "an", "object"]), "not an object"),
     (text_answer("Internal Server Error", status=500), "HTTP 500"),
     (json_answer({"hello": "world"}), "neither SGLang's nor specctl's"),
-], ids=["html", "text", "json-list", "http-500", "unknown-shape"])
+    (text_answer("[" * 200_000, content_type="application/json"), "nested too deep"),  # RecursionError
+], ids=["html", "text", "json-list", "http-500", "unknown-shape", "too-deep"])
 def test_unusable_answers_are_clear_errors(answer: Any, says: str) -> None:
     with FixtureServer({"/server_info": [answer]}) as bad, \
             FixtureServer({"/server_info": [json_answer(fixture("server_info_decode.json"))]}) as good:
@@ -264,6 +265,23 @@ def test_normalise_reads_specctl_extras_on_sglang_shape() -> None:
     facts = normalise("http://x", info)
     assert facts.state_types == ("mamba", "swa") and facts.state_types_source == "reported"
     assert facts.reported_fingerprint == "abc123"
+
+
+def test_adaptive_config_compared_by_content_and_a_fifo_path_is_not_read(tmp_path: Path) -> None:
+    # The path comes from the server: a readable file is compared by its content (spelling aside), a
+    # FIFO or device is never opened for reading (it would hang or never end): its spelling is compared.
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text('{"1": {"candidate_steps": [1, 3]}}')
+    fifo = tmp_path / "adaptive.fifo"
+    os.mkfifo(fifo)
+    base = {**fixture("server_info_decode.json"), "speculative_adaptive": True}
+    by_file = normalise("http://x", {**base, "speculative_adaptive_config": str(cfg)})
+    assert by_file.adaptive_config == json.dumps({"1": {"candidate_steps": [1, 3]}}, sort_keys=True,
+                                                 separators=(",", ":"))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)  # json.loads raises RecursionError, not ValueError
+    for path in (str(fifo), "/dev/zero", str(deep)):
+        assert normalise("http://x", {**base, "speculative_adaptive_config": path}).adaptive_config == path
 
 
 def test_bootstrap_port_with_nothing_listening_names_the_flag(pair_of: Any) -> None:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from sglang_strategies import deployments
 from validate_helpers import run_cli, run_json
 
+from specctl.schemas.adaptive import AdaptiveConfig, Knobs, parse_deployment_adaptive, parse_sglang_config
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.export import export_commands, shell_script
 from specctl.schemas.sglang.flags import table
@@ -27,15 +28,20 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
+def _buckets(cfg: AdaptiveConfig) -> list[tuple[int, tuple[int, ...], Knobs]]:
+    return [(b.min_batch_size, b.candidate_steps, b.knobs) for b in cfg.buckets]  # where it was read aside
+
+
 def _flags(argv: list[str]) -> list[str]:
     return [a for a in argv[3:] if a.startswith("--")]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_export_uses_full_flag_names_and_adaptive_always_carries_the_switch(preset: str) -> None:
-    cmds = export_commands(load_deployment(preset))
+    deployment = load_deployment(preset)
+    cmds = export_commands(deployment)
     tab = table()
-    for argv in (cmds.prefill, cmds.decode, cmds.colocated):
+    for role, argv in (("prefill", cmds.prefill), ("decode", cmds.decode), ("colocated", cmds.colocated)):
         if not argv:
             continue
         assert argv[:3] == ["python", "-m", "sglang.launch_server"]
@@ -44,7 +50,12 @@ def test_export_uses_full_flag_names_and_adaptive_always_carries_the_switch(pres
         if "--speculative-adaptive-config" in argv:
             assert "--speculative-adaptive" in argv
             name = argv[argv.index("--speculative-adaptive-config") + 1]
-            assert json.loads(cmds.files[name])  # the file it references is exported
+            # the file it references is exported, and SGLang reads from it the deployment's very buckets
+            exported, findings = parse_sglang_config(json.loads(cmds.files[name]))
+            asked, _ = parse_deployment_adaptive(deployment.role(role)["speculative"]["adaptive"])
+            assert exported is not None and asked is not None
+            assert [f for f in findings if f.severity == "error"] == []
+            assert _buckets(exported) == _buckets(asked) and exported.strategy == asked.strategy
         assert not any(a.startswith("builtin:") for a in argv)  # never a name SGLang could look up on a hub
 
 

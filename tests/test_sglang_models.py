@@ -86,6 +86,8 @@ def test_model_command_with_sglang_args_and_text() -> None:
     assert text.exit_code == 0 and "state_types   [mamba]" in text.stdout
     bad = run_cli("model", str(MODELS / "llama"), "--sglang-args", "--kv-cache-dtype fp9")
     assert bad.exit_code == 2 and "invalid choice" in bad.stderr
+    quote = run_cli("model", str(MODELS / "llama"), "--sglang-args", "--kv-cache-dtype 'mxfp8")
+    assert quote.exit_code == 2 and "--sglang-args: unbalanced single quote" in quote.stderr
     unknown = run_cli("model", str(MODELS / "unknown-arch"), "--format", "json")
     assert unknown.exit_code == 0 and json.loads(unknown.stdout)["known"] is False
 

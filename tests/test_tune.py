@@ -9,6 +9,7 @@ follows the phases and beats every fixed step.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from specctl.engine.spec.tune import (
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, parse_sglang_config
 
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no hub, ever: every child
 K = 7
 
 
@@ -140,7 +142,8 @@ def test_cost_model_round_trips_and_interpolates():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=ENV)
 
 
 def test_tune_cli_prints_json_and_text(tmp_path: Path):
@@ -171,7 +174,7 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
 def test_tune_and_trace_modules_do_not_import_torch():
     code = ("import sys; import specctl.engine.spec.tune, specctl.engine.spec.trace, specctl.cli.adaptive; "
             "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
 
