@@ -243,3 +243,25 @@ def test_server_thread_stops_promptly() -> None:
     srv.stop()
     assert time.monotonic() - t0 < 2.0
     assert not any(t.name == "specctl-bootstrap" and t.is_alive() for t in threading.enumerate())
+
+
+class _BuggyOnce(BootstrapServer):
+    """A bootstrap whose message handling has a bug on its first message (not a malformed message: a bug)."""
+
+    failed = False
+
+    def _handle(self, msg):  # type: ignore[no-untyped-def]
+        if not self.failed:
+            self.failed = True
+            raise KeyError("a bug in a check")
+        return super()._handle(msg)
+
+
+def test_a_bug_handling_one_message_is_refused_and_the_bootstrap_keeps_pairing(caplog) -> None:
+    with _BuggyOnce(_pre()) as srv:
+        with pytest.raises(HandshakeRejected, match="could not handle"):
+            register(srv.endpoint, _dec(), timeout_s=5)
+        assert srv.failed
+        pairing = register(srv.endpoint, _dec(), timeout_s=5)  # the thread is alive: the next decode pairs
+        assert pairing.session_id
+    assert "KeyError" in caplog.text and "Traceback" not in caplog.text

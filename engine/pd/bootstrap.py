@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import threading
 import time
@@ -47,6 +48,8 @@ import zmq
 from specctl.engine.pd import wire
 from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches
 from specctl.errors import RuntimeFailure
+
+log = logging.getLogger("specctl.bootstrap")
 
 _NONCE_TTL_S = 30.0
 _MAX_NONCES = 1024
@@ -303,6 +306,9 @@ class BootstrapServer:
                     reply = self._handle(env.msg)
                 except wire.WireError as exc:
                     reply = Rejected(reason=f"malformed handshake message: {exc}")
+                except Exception as exc:  # a bug in a check must not kill the thread: prefill could never pair again
+                    log.warning("bootstrap: refused a message it could not handle (%s: %s)", type(exc).__name__, exc)
+                    reply = Rejected(reason="the bootstrap could not handle this message (see prefill's log)")
                 if reply is not None:
                     try:
                         wire.send(sock, reply, timeout_s=0.2, identity=identity)
