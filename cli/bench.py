@@ -21,6 +21,11 @@ from specctl.cli.main import app
 from specctl.cli.options import SetOption
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from rich.console import Console
+
     from specctl.bench.config import BenchConfig
     from specctl.bench.runner import Provenance
 
@@ -179,8 +184,6 @@ def _run_ab(cfg: BenchConfig, deploy: str | None, overrides: list[str], variants
 
     from specctl.bench.ab import Variant, comparison, plot_runs, port_overrides, render_comparison, run_ab
     from specctl.bench.progress import make_progress
-    from specctl.bench.record import append_jsonl, json_safe
-    from specctl.bench.report import render_record
     from specctl.errors import RuntimeFailure
 
     err = stderr_console()
@@ -208,27 +211,8 @@ def _run_ab(cfg: BenchConfig, deploy: str | None, overrides: list[str], variants
             sink.close()
     comp = comparison(runs)
     records = [r.record for r in runs]
-    if output is not None:
-        append_jsonl(output, [*records, comp])
-    if plot is not None:
-        from specctl.bench.plot import write_plot
-
-        write_plot(plot, plot_runs(runs))
-    if fmt is OutputFormat.json:
-        # The shape --output appends: one record per line, the comparison record last.
-        for rec in [*records, comp]:
-            typer.echo(json.dumps(json_safe(rec)))
-    else:
-        out = stdout_console()
-        if not out.is_terminal:
-            out.width = max(out.width, 120)
-        for rec in records:
-            render_record(out, rec)
-        render_comparison(out, comp)
-        if output is not None:
-            err.print(f"appended {len(records) + 1} record(s) to {output}", markup=False)
-        if plot is not None:
-            err.print(f"wrote {plot}", markup=False)
+    _emit(records, [comp], plot_input=plot_runs(runs), output=output, plot=plot, fmt=fmt,
+          tail=lambda out: render_comparison(out, comp))
     if not all(rec.get("completed") for rec in records):
         raise RuntimeFailure("a variant completed no request", hint="see errors by kind in its report")
 
@@ -236,8 +220,7 @@ def _run_ab(cfg: BenchConfig, deploy: str | None, overrides: list[str], variants
 def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: Path | None, plot: Path | None,
          fmt: OutputFormat, show_progress: bool, preflight_pair: tuple[str, str] | None = None) -> None:
     from specctl.bench.progress import make_progress
-    from specctl.bench.record import append_jsonl, json_safe
-    from specctl.bench.report import render_record, render_sweep
+    from specctl.bench.report import render_sweep
     from specctl.bench.runner import run_bench
     from specctl.bench.target import launched
     from specctl.errors import RuntimeFailure
@@ -264,30 +247,46 @@ def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: 
         if sink is not None:
             sink.close()
     records = [r.record for r in runs]
+
+    def sweep(out: Console) -> None:
+        if len(records) > 1:
+            render_sweep(out, records)
+
+    _emit(records, [], plot_input=runs, output=output, plot=plot, fmt=fmt, tail=sweep)
+    if not any(rec.get("completed") for rec in records):
+        raise RuntimeFailure("no request completed", hint="see errors by kind in the report")
+
+
+def _emit(records: list[dict[str, Any]], trailer: list[dict[str, Any]], *, plot_input: Any, output: Path | None,
+          plot: Path | None, fmt: OutputFormat, tail: Callable[[Console], None]) -> None:
+    """What every bench writes: the records (then `trailer`, e.g. the A/B comparison) appended to --output as
+    JSON Lines, the plot, and stdout in the same JSON Lines shape or as tables (`tail` renders what follows the
+    per-record tables)."""
+    from specctl.bench.record import append_jsonl, json_safe
+    from specctl.bench.report import render_record
+
+    lines = [*records, *trailer]
     if output is not None:
-        append_jsonl(output, records)
+        append_jsonl(output, lines)
     if plot is not None:
         from specctl.bench.plot import write_plot
 
-        write_plot(plot, runs)
+        write_plot(plot, plot_input)
     if fmt is OutputFormat.json:
-        # The very shape --output appends: one record per line (JSON Lines), one line per sweep point.
-        for rec in records:
+        for rec in lines:
             typer.echo(json.dumps(json_safe(rec)))
-    else:
-        out = stdout_console()
-        if not out.is_terminal:
-            out.width = max(out.width, 120)  # files and pipes: no wrapping of the wide latency table
-        for rec in records:
-            render_record(out, rec)
-        if len(records) > 1:
-            render_sweep(out, records)
-        if output is not None:
-            err.print(f"appended {len(records)} record(s) to {output}", markup=False)
-        if plot is not None:
-            err.print(f"wrote {plot}", markup=False)
-    if not any(rec.get("completed") for rec in records):
-        raise RuntimeFailure("no request completed", hint="see errors by kind in the report")
+        return
+    out = stdout_console()
+    if not out.is_terminal:
+        out.width = max(out.width, 120)  # files and pipes: no wrapping of the wide latency table
+    for rec in records:
+        render_record(out, rec)
+    tail(out)
+    err = stderr_console()
+    if output is not None:
+        err.print(f"appended {len(lines)} record(s) to {output}", markup=False)
+    if plot is not None:
+        err.print(f"wrote {plot}", markup=False)
 
 
 def _status_line(status: object) -> str:
