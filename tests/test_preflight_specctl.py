@@ -9,10 +9,7 @@ against the base is refused with exactly its field(s) in the diff.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,9 +23,10 @@ from specctl.cli.main import app
 from specctl.engine.checkpoint import write_random_model
 from specctl.preflight.check import run_preflight
 
+from test_serve_pd import Proc  # isort: skip  (one `specctl serve` process helper for the PD tests)
+
 pytestmark = pytest.mark.slow
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 START_TIMEOUT = 180.0
 runner = CliRunner()
 
@@ -79,26 +77,6 @@ VARIANTS: dict[str, tuple[tuple[str, ...], set[str]]] = {
 }
 
 
-class Proc:
-    def __init__(self, role: str, config: Path, log: Path, sets: tuple[str, ...] = ()) -> None:
-        cmd = [sys.executable, "-m", "specctl.cli", "serve", "--role", role, "-c", str(config)]
-        for s in sets:
-            cmd += ["--set", s]
-        self.out = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.log = log
-        self.p = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=ENV)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(5)
-        self.out.close()
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("preflight")
@@ -120,7 +98,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         for name, (sets, _) in VARIANTS.items():
             port = free_port()
             filled = tuple(s.format(**{k: str(v) for k, v in models.items()}) for s in sets)
-            procs[name] = Proc("colocated", colo, root / f"{name}.log", (f"roles.colocated.port={port}", *filled))
+            procs[name] = Proc("colocated", colo, root / f"{name}.log", sets=(f"roles.colocated.port={port}", *filled))
             urls[name] = f"http://127.0.0.1:{port}"
         procs["prefill"] = Proc("prefill", cfg, root / "prefill.log")
         procs["decode"] = Proc("decode", cfg, root / "decode.log")
