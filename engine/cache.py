@@ -177,6 +177,14 @@ class HybridCache:
                                + torch.arange(self.page_size, device=self.device)).reshape(-1)
         return req.slot_tensor
 
+    def _contiguous_base(self, req: _Request) -> int | None:
+        """First flat slot of `req` when its pages are consecutive (then positions 0 .. end-1 are one slice of
+        the pool; the allocator hands out low pages first, so a lone request's pages usually are), else None."""
+        pages = req.pages
+        if pages and pages[-1] - pages[0] == len(pages) - 1 and pages == list(range(pages[0], pages[-1] + 1)):
+            return pages[0] * self.page_size
+        return None
+
     def _true(self, n: int) -> torch.Tensor:
         """n True values as a slice of one cached tensor."""
         if self._trues.numel() < n:
@@ -355,6 +363,10 @@ class Group:
     def keep_states(self) -> int:
         return self.cache.rollback_tokens
 
+    @property
+    def max_position(self) -> int:
+        return max(self.ends_list) - 1
+
     # ---- attention ----
 
     def page_tables(self) -> torch.Tensor:
@@ -428,6 +440,10 @@ class Group:
             slots, kpos = self._keys("full", "full", [0] * len(ends), ends)
             # single-token items that all end at the same position see every cached key: no mask needed
             mask = None if (self.lmax == 1 and min(ends) == max(ends)) else self._mask("full", kpos, None)
+            base = c._contiguous_base(self.reqs[0]) if len(self.reqs) == 1 else None
+            if base is not None:
+                # one request on consecutive pages: its keys are a view of the pool, no gather
+                return sdpa(q, store[0].narrow(0, base, ends[0])[None], store[1].narrow(0, base, ends[0])[None], mask)
             return sdpa(q, _gather(store[0], slots), _gather(store[1], slots), mask)
         store = c.swa[c.swa_index[layer]]
         lo = [max(0, s - c.window + 1) for s in self.starts_list]

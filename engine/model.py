@@ -40,7 +40,7 @@ SSD_CHUNK = 64
 _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_GQA = _TORCH >= (2, 5)
 _FUSED_RMS_NORM = _TORCH >= (2, 4)
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [b, L, 1, head_dim]
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sign-folded sin), each [b, L, 1, head_dim]
 # oneDNN's prepacked fp32 linear has a fixed cost of ~12 us a call but grows slowly with the rows; the
 # default kernel costs ~4 us for one row and grows linearly. Inside a whole forward (weights no longer hot
 # in cache) the packed kernel only wins from about 16 rows: builtin hybrid, batch 32 decode 3.3 vs 3.7 ms,
@@ -159,6 +159,11 @@ class CacheContext(Protocol):
         """How many trailing per-position mamba states the cache wants (for rollback)."""
         ...
 
+    @property
+    def max_position(self) -> int:
+        """The largest position of any token in this forward."""
+        ...
+
 
 def _can_pack(weight: torch.Tensor) -> bool:
     return (
@@ -240,21 +245,32 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     raise ValueError(f"unsupported rope scaling {kind!r}")
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [b, L, 1, d] for positions [b, L] (computed once per forward, shared by layers)."""
-    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [b, L, d/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-    return emb.cos(), emb.sin()
+def rope_table(inv_freq: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin tables [n, head_dim] for positions 0 .. n-1 (float32, on inv_freq's device).
+
+    The sin table holds -sin in its first half, so `rotary` needs no negation: for Llama's rotate-half,
+    x * cos + cat(-x2, x1) * sin == x * cos + cat(x2, x1) * sin_folded, exactly (negation is exact)."""
+    freqs = torch.arange(n, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq  # [n, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin()
+    sin[:, : inv_freq.shape[0]].neg_()
+    return emb.cos(), sin
+
+
+def rope_cos_sin(positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> Rope:
+    """cos/sin [b, L, 1, d] for positions [b, L]: rows of the tables (`rope_table`), two gathers per forward
+    shared by every layer, instead of recomputing cos and sin of every position."""
+    cos, sin = table
+    return F.embedding(positions, cos)[:, :, None, :], F.embedding(positions, sin)[:, :, None, :]
 
 
 def rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Apply rotary embeddings (Llama's rotate-half convention). x [b, L, h, d]."""
+    """Apply rotary embeddings (Llama's rotate-half convention). x [b, L, h, d]; rope from `rope_cos_sin`."""
     cos, sin = rope
-    d = x.shape[-1]
+    h = x.shape[-1] // 2
     xf = x.float()
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    swapped = torch.cat((xf[..., h:], xf[..., :h]), dim=-1)  # the sign lives in the sin table
+    return (xf * cos + swapped * sin).to(x.dtype)
 
 
 def attention_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -305,15 +321,14 @@ class Attention(nn.Module):
         if self.qkv is not None:
             nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             qkv = self.qkv_packed(x) if self.qkv_packed is not None else F.linear(x, *self.qkv)
-            q, k, v = torch.split(qkv, [nq, nk, nk], dim=-1)
-            q = q.view(b, n, self.num_heads, self.head_dim)
-            k = k.view(b, n, self.num_kv_heads, self.head_dim)
-            v = v.view(b, n, self.num_kv_heads, self.head_dim)
+            # q and k sit side by side in the fused output: rotate them with one call, split the result.
+            qk = rotary(qkv[..., : nq + nk].view(b, n, self.num_heads + self.num_kv_heads, self.head_dim), rope)
+            q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
+            v = qkv[..., nq + nk :].view(b, n, self.num_kv_heads, self.head_dim)
         else:
-            q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim)
-            k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
+            q = rotary(self.q_proj(x).view(b, n, self.num_heads, self.head_dim), rope)
+            k = rotary(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim), rope)
             v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(q, rope), rotary(k, rope)
         if ctx is not None:
             o = ctx.attention(self.layer, q, k, v)
         else:
@@ -597,6 +612,7 @@ class HybridForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # a plain attribute, not a buffer: it must survive meta-device construction in the loader
         self.inv_freq = rope_inv_freq(cfg)
+        self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # rope_table rows, built on use
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -658,12 +674,21 @@ class HybridForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm)."""
         x = self.model.embed_tokens(input_ids)
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        rope = rope_cos_sin(positions, self.inv_freq)
+        bound = ctx.max_position + 1 if ctx is not None else input_ids.shape[1]
+        rope = rope_cos_sin(positions, self._rope(bound, positions.device))
         for layer in self.model.layers:
             x = layer(x, positions, rope, ctx)
         return self.model.norm(x)
+
+    def _rope(self, bound: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rope tables covering positions < bound (grown by doubling, rebuilt on a device change)."""
+        table = self._rope_tables
+        if table is None or table[0].shape[0] < bound or table[0].device != device:
+            if self.inv_freq.device != device:
+                self.inv_freq = self.inv_freq.to(device)
+            n = max(bound, 2 * table[0].shape[0] if table is not None else 512)
+            table = self._rope_tables = rope_table(self.inv_freq, n)
+        return table
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Cache-free forward over whole sequences starting at position 0: [b, L] -> logits [b, L, vocab]."""

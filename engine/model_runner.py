@@ -128,20 +128,27 @@ class ModelRunner:
         groups = ([short] if short else []) + [[i] for i, it in enumerate(items) if i not in set(short)]
         hidden_rows: list[torch.Tensor | None] = [None] * len(items)
         with torch.no_grad():
+            flat: torch.Tensor | None = None
             for g in groups:
                 its = [items[i] for i in g]
                 lens = [len(it.token_ids) for it in its]
+                lmax = max(lens)
                 ctx = self.cache.group([it.rid for it in its], [it.start_pos for it in its], lens)
-                ids = torch.zeros(len(its), ctx.lmax, dtype=torch.long)
-                for r, it in enumerate(its):
-                    ids[r, : lens[r]] = torch.as_tensor(list(it.token_ids), dtype=torch.long)
-                hidden = self.model.forward_hidden(ids.to(self.device), ctx.positions, ctx)
+                # one host-to-tensor copy of the padded ids (per-row writes cost microseconds each)
+                ids = torch.tensor([[*it.token_ids, *[0] * (lmax - n)] for it, n in zip(its, lens, strict=True)],
+                                   dtype=torch.long, device=self.device)
+                hidden = self.model.forward_hidden(ids, ctx.positions, ctx)
+                if len(groups) == 1 and min(lens) == lmax:
+                    flat = hidden.reshape(-1, hidden.shape[-1])  # no padding: every row is a real position
+                    break
                 for r, i in enumerate(g):
                     hidden_rows[i] = hidden[r, : lens[r]]
             for it in items:
                 self.cache.requests[it.rid].length = it.start_pos + len(it.token_ids)
-            flat = torch.cat([h for h in hidden_rows if h is not None], dim=0)
-            return apply_linear(flat, self.model.lm_head).float()
+            if flat is None:
+                flat = torch.cat([h for h in hidden_rows if h is not None], dim=0)
+            logits = apply_linear(flat, self.model.lm_head)
+            return logits if logits.dtype == torch.float32 else logits.float()
 
     # ---- PD facts --------------------------------------------------------------------------------
 
