@@ -1,7 +1,7 @@
 """Oracles for the serving path's fast kernels: each must compute what the reference form computes.
 
 - `causal_conv` (unfold + multiply-add) == `F.conv1d` with groups == channels (the cache-free forward's);
-- `ssd_short` (every per-position state of a verify in one batched matmul) == the recurrence `ssd_step`
+- `ssd_short` (every per-position state of a verify, inputs formed at once) == the recurrence `ssd_step`
   run position by position, states and outputs, including padding (dt = 0) positions;
 - `PackedLinear` (oneDNN's prepacked kernel above PACKED_MIN_ROWS rows) == `F.linear` at every row count;
 - a verify forward of k + 1 positions on the hybrid model == k + 1 single-token decodes, for every k the
