@@ -26,6 +26,7 @@ single-token decode uses the recurrence. Both are tested to agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -579,14 +580,26 @@ class DecoderLayer(nn.Module):
             self.self_attn = Attention(cfg, layer, window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        # Serving binds the submodules' forwards once (`bind_serving`): a Module attribute lookup and call
+        # cost about a microsecond each, and a tiny model's step makes dozens of them.
+        self.serving: tuple[Callable[..., torch.Tensor], ...] | None = None
+
+    def bind_serving(self) -> None:
+        mixer = self.mixer if self.kind == "mamba" else self.self_attn
+        self.serving = (self.input_layernorm.forward, mixer.forward, self.post_attention_layernorm.forward,
+                        self.mlp.forward)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
     ) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        h = self.mixer(h, ctx) if self.kind == "mamba" else self.self_attn(h, positions, rope, ctx)
+        if self.serving is not None:
+            norm1, mix, norm2, mlp = self.serving
+        else:
+            norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
+            mix = self.mixer if self.kind == "mamba" else self.self_attn
+        h = mix(norm1(x), ctx) if self.kind == "mamba" else mix(norm1(x), positions, rope, ctx)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + mlp(norm2(x))
 
 
 class HybridModel(nn.Module):
@@ -610,6 +623,7 @@ class HybridForCausalLM(nn.Module):
         # a plain attribute, not a buffer: it must survive meta-device construction in the loader
         self.inv_freq = rope_inv_freq(cfg)
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # rope_table rows, built on use
+        self._serving_layers: tuple[Callable[..., torch.Tensor], ...] = ()  # bound by fuse_for_inference
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -636,7 +650,9 @@ class HybridForCausalLM(nn.Module):
             if layer.kind != "mamba":
                 layer.self_attn.fuse()
             layer.mlp.fuse()
+            layer.bind_serving()
         self._pack()
+        self._serving_layers = tuple(layer.forward for layer in self.model.layers)
         return self
 
     def _pack(self) -> None:
@@ -670,10 +686,10 @@ class HybridForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None
     ) -> torch.Tensor:
         """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm)."""
-        x = self.model.embed_tokens(input_ids)
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)
         bound = ctx.max_position + 1 if ctx is not None else input_ids.shape[1]
         rope = rope_cos_sin(positions, self._rope(bound, positions.device))
-        for layer in self.model.layers:
+        for layer in self._serving_layers or self.model.layers:
             x = layer(x, positions, rope, ctx)
         return self.model.norm(x)
 
