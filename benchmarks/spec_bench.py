@@ -281,7 +281,11 @@ def main() -> None:
         doc = json.loads(Path(args.tuned).read_text())
         if "recommended" in doc:  # a whole `adaptive tune --format json` document
             args.tuned_initial = doc["recommended"]["initial_steps"]
-            doc = doc["recommended"]["sglang_adaptive_config"]
+            # deployment_adaptive carries specctl-only knobs (zero_backoff) that the SGLang JSON cannot,
+            # and is null-free; sglang_adaptive_config is null when the recommendation needs such a knob.
+            doc = doc["recommended"].get("deployment_adaptive") or doc["recommended"]["sglang_adaptive_config"]
+            if "buckets" in doc:
+                doc = {**{k: v for k, v in doc.items() if k != "buckets"}, **doc["buckets"]}
         block: dict[str, Any] = {"strategy": "ema", "buckets": {}}
         for key, entry in doc.items():
             if key.isdigit():
