@@ -423,6 +423,26 @@ class _Parser:
         return AdaptiveConfig(buckets=buckets, strategy=strategy)
 
 
+def specctl_only_settings(adaptive: Any) -> list[tuple[tuple[str, ...], str, Any]]:
+    """(keys under speculative.adaptive, knob, value) of every specctl-only knob a deployment's adaptive
+    block sets away from its default (SGLang's behaviour): what an SGLang engine cannot run."""
+    if not isinstance(adaptive, Mapping):
+        return []
+    out: list[tuple[tuple[str, ...], str, Any]] = []
+    for knob, default in SPECCTL_KNOB_DEFAULTS.items():
+        if knob in adaptive and adaptive[knob] != default:
+            out.append(((), knob, adaptive[knob]))
+    buckets = adaptive.get("buckets")
+    if isinstance(buckets, Mapping):
+        for key, entry in buckets.items():
+            if not isinstance(entry, Mapping):
+                continue
+            for knob, default in SPECCTL_KNOB_DEFAULTS.items():
+                if knob in entry and entry[knob] != default:
+                    out.append((("buckets", str(key)), knob, entry[knob]))
+    return out
+
+
 def parse_sglang_config(obj: Any, *, base_path: str = "$") -> tuple[AdaptiveConfig | None, list[Finding]]:
     """SGLang's `--speculative-adaptive-config` JSON object -> (config SGLang would run, findings)."""
     p = _Parser("sglang", base_path)

@@ -1,6 +1,6 @@
 """What semantic rules see: a `RuleContext` per document (merged roles, source paths, model facts).
 
-Contract: each rule module (`rules_adaptive`, `rules_capacity`, `rules_fallback`, `rules_model`, `rules_topology`)
+Contract: each rule module (`rules_capacity`, `rules_fallback`, `rules_model`, `rules_topology`)
 exposes `check(ctx: RuleContext) -> list[Finding]`; `rules_pd` also `check_pair(prefill, decode)`
 over two `RoleRef`s (possibly from two files). Rules read only the sections of a role that passed
 the schema (`ctx.engine_roles(*sections)`, `ctx.clean(role, ...)`), so a schema error is never
@@ -23,7 +23,6 @@ from specctl.schemas.model_facts import ModelFacts, load_model_facts, model_avai
 
 # Rule modules, in reporting order (also registered in catalog.RULE_MODULES).
 RULE_MODULES = (
-    "specctl.schemas.rules_adaptive",
     "specctl.schemas.rules_capacity",
     "specctl.schemas.rules_fallback",
     "specctl.schemas.rules_model",

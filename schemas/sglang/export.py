@@ -68,7 +68,7 @@ def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
     its default (SGLang's behaviour) is dropped: SGLang runs exactly that.
     """
     from specctl.schemas.adaptive_config import SPECCTL_KNOBS
-    from specctl.schemas.rules_adaptive import specctl_only_settings
+    from specctl.schemas.adaptive_parser import specctl_only_settings
 
     found = specctl_only_settings(adaptive)
     if found:
