@@ -268,9 +268,10 @@ def main() -> None:
                          "--threads 1 and --device cpu) or wall time")
     ap.add_argument("--quick", action="store_true", help="2 requests per stream, 48 tokens")
     ap.add_argument("--no-snapshot", action="store_true", help="read the models in place (no private copy)")
-    ap.add_argument("--tuned", help="SGLang adaptive JSON (e.g. from `specctl adaptive tune --format json`'s "
-                    "recommended.sglang_adaptive_config, or the whole tune JSON): adds `draft:tuned` / `never:tuned`, "
-                    "and the checks use it")
+    ap.add_argument("--tuned", help="the whole `specctl adaptive tune --format json` output (its "
+                    "recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff), or an "
+                    "SGLang adaptive JSON (its non-bucket keys are copied, so zero_backoff there applies too): adds "
+                    "`draft:tuned` / `never:tuned`, and the checks use it")
     ap.add_argument("--record-trace", metavar="FILE", help="instead of benchmarking: run every workload and batch "
                     "size once with the drafter drafting --trace-steps every step, appending the verify trace to "
                     "FILE (the input of `specctl adaptive tune`), and write the adaptive config it ran to FILE.json")
