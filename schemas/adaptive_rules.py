@@ -192,7 +192,8 @@ _RULES = (
         "A deployment whose engine is sglang runs SGLang servers from the exported adaptive JSON, which cannot carry "
         "zero_backoff (SGLang ignores the key): the policy would differ from what the deployment says and what "
         "`specctl adaptive tune` predicted.",
-        "None at start-up under SGLang; `specctl export sglang`, `up` and `serve` refuse the deployment (exit 2).",
+        "None at start-up under SGLang (the back-off silently never happens); specctl's commands that load the "
+        "deployment (`up`, `serve`, `export sglang`) refuse it as invalid.",
         "Remove zero_backoff (or set it to 1, SGLang's behaviour), or use engine: builtin; "
         "`specctl adaptive tune --sglang` finds the best config SGLang can run.",
         "engine: sglang\nspeculative: {adaptive: {zero_backoff: 16, buckets: {...}}}",
