@@ -142,6 +142,34 @@ def test_snapshot_shows_the_stay_only_when_the_knob_is_on() -> None:
     assert "zero_stay" not in q.snapshot()["buckets"]["1"]
 
 
+def test_the_engine_runs_the_back_off_and_still_decodes_greedily(tmp_path: Path) -> None:
+    """The builtin engine (deployment knob -> EngineConfig -> decoder policy) with a drafter that is always
+    wrong: the hand-derived sequence of the policy test above, and plain greedy's output."""
+    from spec_support import (  # isort: skip
+        ScriptedDrafter, always_wrong, engine_config, greedy, plain_outputs, spec_engine, write_models,
+    )
+
+    target = write_models(tmp_path)["target"]
+    prompt = list(b"prompt 0: ")
+    (want,) = plain_outputs(target, [prompt], [22])
+    spec = {"algorithm": "ngram", "num_steps": 1,
+            "adaptive": {**FAST, "zero_backoff": 4, "buckets": {"1": {"candidate_steps": [0, 1]}}}}
+    engine, dec = spec_engine(engine_config(target, spec), ScriptedDrafter({tuple(prompt): want}, always_wrong))
+    rid = engine.add_request(prompt, greedy(22))
+    steps: list[int] = []
+    out: list[int] | None = None
+    while out is None:
+        before = dec.stats()["verify_batches"]
+        for seq in engine.step():
+            if seq.rid == rid and seq.is_finished:
+                out = list(seq.output_ids)
+        if dec.stats()["verify_batches"] > before:
+            steps.append(dec.last_state.steps)
+    assert out == want
+    assert steps == [1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    assert dec.stats()["buckets"]["1"]["zero_stay"] == 4
+
+
 # -- SGLang's own policy ignores the key ---------------------------------------------------------------
 
 _SGLANG_CHILD = """
