@@ -268,9 +268,10 @@ def main() -> None:
                          "--threads 1 and --device cpu) or wall time")
     ap.add_argument("--quick", action="store_true", help="2 requests per stream, 48 tokens")
     ap.add_argument("--no-snapshot", action="store_true", help="read the models in place (no private copy)")
-    ap.add_argument("--tuned", help="SGLang adaptive JSON (e.g. from `specctl adaptive tune --format json`'s "
-                    "recommended.sglang_adaptive_config, or the whole tune JSON): adds `draft:tuned` / `never:tuned`, "
-                    "and the checks use it")
+    ap.add_argument("--tuned", help="the whole `specctl adaptive tune --format json` output (its "
+                    "recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff), or an "
+                    "SGLang adaptive JSON (its non-bucket keys are copied, so zero_backoff there applies too): adds "
+                    "`draft:tuned` / `never:tuned`, and the checks use it")
     ap.add_argument("--record-trace", metavar="FILE", help="instead of benchmarking: run every workload and batch "
                     "size once with the drafter drafting --trace-steps every step, appending the verify trace to "
                     "FILE (the input of `specctl adaptive tune`), and write the adaptive config it ran to FILE.json")
@@ -281,7 +282,11 @@ def main() -> None:
         doc = json.loads(Path(args.tuned).read_text())
         if "recommended" in doc:  # a whole `adaptive tune --format json` document
             args.tuned_initial = doc["recommended"]["initial_steps"]
-            doc = doc["recommended"]["sglang_adaptive_config"]
+            # deployment_adaptive carries specctl-only knobs (zero_backoff) that the SGLang JSON cannot,
+            # and is null-free; sglang_adaptive_config is null when the recommendation needs such a knob.
+            doc = doc["recommended"].get("deployment_adaptive") or doc["recommended"]["sglang_adaptive_config"]
+            if "buckets" in doc:
+                doc = {**{k: v for k, v in doc.items() if k != "buckets"}, **doc["buckets"]}
         block: dict[str, Any] = {"strategy": "ema", "buckets": {}}
         for key, entry in doc.items():
             if key.isdigit():

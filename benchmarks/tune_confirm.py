@@ -44,7 +44,8 @@ def deployment_with(deploy: str, rec: dict[str, Any], path: Path, env: dict[str,
     """A copy of the deployment whose speculative block runs the tune recommendation."""
     shown = cli("presets", "show", deploy, env=env).stdout if not Path(deploy).exists() else Path(deploy).read_text()
     doc = yaml.safe_load(shown)
-    cfg = rec["sglang_adaptive_config"]
+    # deployment_adaptive also carries specctl-only knobs (zero_backoff), which the SGLang JSON cannot
+    cfg = rec["deployment_adaptive"]["buckets"] if rec.get("deployment_adaptive") else rec["sglang_adaptive_config"]
     buckets = {int(k): v for k, v in cfg.items() if k.isdigit()}
     spec = doc.setdefault("speculative", {})
     spec["num_steps"] = rec["initial_steps"]
@@ -95,7 +96,8 @@ def main() -> None:
                      "measured_ci95": [round(x, 3) if x else None for x in ci],
                      "predicted_over_measured": round(predicted / measured, 3),
                      "within_10pct": abs(predicted / measured - 1) <= 0.10,
-                     "recommended": tuned["recommended"]["sglang_adaptive_config"],
+                     "recommended": tuned["recommended"].get("deployment_adaptive")
+                     or tuned["recommended"]["sglang_adaptive_config"],
                      "initial_steps": tuned["recommended"]["initial_steps"],
                      "predicted_vs_best_fixed": round(tuned["speedup"]["vs_best_fixed"], 3),
                      "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3)})

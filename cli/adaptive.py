@@ -58,6 +58,7 @@ class SimulationSetup:
     graph_batch_sizes: tuple[int, ...]
     coverage: StepCoverage
     findings: tuple[Finding, ...]  # warnings and infos (errors raise)
+    engine: str | None = None  # a deployment's `engine` (builtin | sglang); None for an SGLang JSON
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def load_setup(
         if overrides:
             raise UsageError("--set applies to deployment files, not to an SGLang adaptive JSON")
         kind = "sglang"
+        engine = None
         cfg, findings = parse_sglang_config(doc.data)
         graphs = tuple(graph_batch_sizes or ())
         max_bs = None
@@ -127,6 +129,7 @@ def load_setup(
 
         kind = "deployment"
         dep = load_deployment(config, overrides=overrides)
+        engine = dep.engine
         role_name = next((r for r in ("decode", "colocated") if r in dep.roles), None)
         if role_name is None:
             raise UsageError(
@@ -182,6 +185,7 @@ def load_setup(
         graph_batch_sizes=tuple(sorted(set(graphs))),
         coverage=coverage,
         findings=tuple(findings),
+        engine=engine,
     )
 
 
@@ -396,6 +400,9 @@ def tune_command(
     steps: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--steps", metavar="0,1,3,5", help="Search only these steps (e.g. the ones you capture graphs for; "
         "default: every step the cost model measures up to the trace's depth).", show_default=False)] = None,
+    sglang: Annotated[bool, typer.Option(
+        "--sglang", help="Search only what SGLang can run: no specctl-only knobs (zero_backoff). Implied by a "
+        "deployment with engine: sglang.")] = False,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -404,9 +411,11 @@ def tune_command(
 
     A verify that drafted K tokens and accepted a would have accepted min(a, k) with any k <= K, so a trace
     recorded with `--trace-steps K` answers every candidate up to K. Candidate sets (up to three steps) per
-    bucket and the knobs ema_alpha, update_interval and down_hysteresis are searched; the result prints as
-    SGLang JSON and as a deployment snippet, with its predicted speed-up over the current config, the best
-    fixed step and no speculation. Confirm it with `specctl bench --ab`.
+    bucket and the knobs ema_alpha, update_interval and down_hysteresis are searched, and for sets with 0
+    specctl's zero_backoff (kept off unless it predicts >= 1% better). The result prints as a deployment
+    snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
+    SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
+    the current config, the best fixed step and no speculation. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
         from specctl.engine.spec.tune import TuneSetup, read_cost, tune
@@ -417,8 +426,9 @@ def tune_command(
         rows = setup.coverage.rows
         max_bs = rows[-1].batch_max if rows else None
         allowed = tuple(_parse_steps(steps)) if steps else None
-        result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed), records,
-                      cost_model)
+        sglang_only = sglang or setup.engine == "sglang"
+        result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
+                                sglang=sglang_only), records, cost_model)
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
@@ -427,19 +437,38 @@ def tune_command(
 
 def render_tune(result: Any) -> str:
     sp = result.speedups()
-    lines = ["recommended adaptive config (SGLang --speculative-adaptive-config JSON):",
-             json.dumps(result.sglang_json(), indent=2), "",
-             f"as a deployment snippet (initial steps {result.initial_steps}):", result.deployment_snippet().rstrip(),
-             "", "predicted on the trace (tokens/s under the cost model):"]
+    sglang_json = result.sglang_json()
+    lines: list[str] = []
+    if sglang_json is not None:
+        lines += ["recommended adaptive config (SGLang --speculative-adaptive-config JSON):",
+                  json.dumps(sglang_json, indent=2), "",
+                  f"as a deployment snippet (initial steps {result.initial_steps}):"]
+    else:
+        knobs = ", ".join(result.specctl_only)
+        lines += [f"recommended adaptive config: a specctl deployment (engine: builtin), initial steps "
+                  f"{result.initial_steps}; it uses {knobs}, which SGLang cannot express (its loader ignores the key):"]
+    lines += [result.deployment_snippet().rstrip(), "", "predicted on the trace (tokens/s under the cost model):"]
     rows = [("recommended", result.predicted), ("current", result.current),
             (f"best fixed (steps {result.best_fixed_steps})", result.best_fixed), ("no speculation", result.none)]
+    if result.sglang is not None:
+        rows.insert(1, ("best SGLang can run", result.sglang.predicted))
     width = max(len(n) for n, _ in rows)
     for name, p in rows:
         used = ", ".join(f"{k}: {v}" for k, v in sorted(p.batches_per_steps.items()))
         lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
     lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
                  f"{sp['vs_none']:.2f}x no speculation")
-    lines.append(f"(steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed)")
+    searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
+    if result.sglang_only:
+        searched += "; only what SGLang can run (--sglang or engine: sglang)"
+    lines.append(f"({searched})")
+    if result.sglang is not None:
+        s = result.sglang
+        ratio = s.predicted.tokens_per_s / result.none.tokens_per_s if result.none.tokens_per_s else float("inf")
+        lines += ["", f"for SGLang (which cannot run {', '.join(result.specctl_only)}), the best config it can run, "
+                  f"initial steps {s.initial_steps}, predicted {ratio:.2f}x no speculation "
+                  "(`--sglang` searches only these):", json.dumps(s.to_json(result.none)["sglang_adaptive_config"],
+                                                                 indent=2)]
     lines.append("")
     lines.append("validation of the recommendation (specctl validate's step coverage):")
     lines.append(result.coverage.render_text())

@@ -22,6 +22,8 @@ from specctl.schemas.adaptive_config import (
     EMA_KNOBS,
     KNOB_DEFAULTS,
     SGLANG_DEFAULT_CONFIG,
+    SPECCTL_KNOB_DEFAULTS,
+    SPECCTL_KNOBS,
     STRATEGIES,
     THROUGHPUT_KEYS,
     AdaptiveConfig,
@@ -39,7 +41,8 @@ from specctl.schemas.adaptive_parser import (
 )
 
 __all__ = [
-    "EMA_KNOBS", "KNOB_DEFAULTS", "SGLANG_DEFAULT_CONFIG", "STRATEGIES", "THROUGHPUT_KEYS", "AdaptiveConfig", "Bucket",
+    "EMA_KNOBS", "KNOB_DEFAULTS", "SGLANG_DEFAULT_CONFIG", "SPECCTL_KNOBS", "SPECCTL_KNOB_DEFAULTS", "STRATEGIES",
+    "THROUGHPUT_KEYS", "AdaptiveConfig", "Bucket",
     "CoverageRow", "Knobs", "Mode", "StepCoverage", "check_deployment_steps", "child_path",
     "looks_like_sglang_adaptive", "pad_batch_size", "parse_deployment_adaptive", "parse_sglang_config",
     "step_coverage",

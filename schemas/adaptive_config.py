@@ -27,6 +27,15 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "ceiling_coeff": 0,
 }
 EMA_KNOBS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis", "ceiling_coeff")
+# Knobs only specctl's policy reads (opt-in; their defaults are SGLang's behaviour exactly). SGLang's loader
+# merges `{**cfg, **entry}` and never reads them, so an SGLang config cannot carry them (ADP220, ADP221).
+SPECCTL_KNOB_DEFAULTS: dict[str, Any] = {
+    # Longest stay at steps 0, in decision intervals, after repeated failed probes: each probe from 0 that
+    # falls back to 0 doubles the next stay (1, 2, 4, ... up to this); a probe that holds resets it to 1.
+    # 1 = SGLang: probe the next candidate at every decision.
+    "zero_backoff": 1,
+}
+SPECCTL_KNOBS = tuple(SPECCTL_KNOB_DEFAULTS)
 # Settings only SGLang's throughput_aware controller reads (throughput_aware_controller.py).
 THROUGHPUT_KEYS = (
     "window_size",
@@ -37,7 +46,7 @@ THROUGHPUT_KEYS = (
     "profile_run_n_measure",
     "profile_run_seq_len",
 )
-_KNOWN_KEYS = ("strategy", "candidate_steps", "buckets", *EMA_KNOBS, *THROUGHPUT_KEYS)
+_KNOWN_KEYS = ("strategy", "candidate_steps", "buckets", *EMA_KNOBS, *THROUGHPUT_KEYS, *SPECCTL_KNOBS)
 # Top-level keys of a deployment file: their presence means "this is not an SGLang adaptive JSON".
 _DEPLOYMENT_KEYS = ("version", "speculative", "model", "roles", "serve", "cache", "transfer", "name")
 _DIGITS = re.compile(r"[0-9]+")
@@ -57,6 +66,12 @@ class Knobs:
     down_hysteresis: float = -0.25
     up_hysteresis: float = 0.0
     ceiling_coeff: float = 0
+    zero_backoff: int = 1  # specctl only (SPECCTL_KNOB_DEFAULTS); 1 = SGLang's behaviour
+
+    @property
+    def specctl_only(self) -> tuple[str, ...]:
+        """The specctl-only knobs set away from their defaults (what SGLang cannot run)."""
+        return tuple(k for k, v in SPECCTL_KNOB_DEFAULTS.items() if getattr(self, k) != v)
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,11 @@ class AdaptiveConfig:
         size = batch_size if padded is None else padded
         i = bisect.bisect_right(self.keys, size) - 1
         return self.buckets[max(0, i)]
+
+    @property
+    def specctl_only(self) -> tuple[str, ...]:
+        """specctl-only knobs any bucket sets away from their defaults (empty: SGLang runs it the same)."""
+        return tuple(sorted({k for b in self.buckets for k in b.knobs.specctl_only}))
 
     @property
     def union_steps(self) -> tuple[int, ...]:

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from specctl.schemas.adaptive_config import (
+    SPECCTL_KNOB_DEFAULTS,
     AdaptiveConfig,
     Mode,
     _is_int,
 )
-from specctl.schemas.adaptive_parser import parse_deployment_adaptive
+from specctl.schemas.adaptive_parser import child_path, parse_deployment_adaptive, specctl_only_settings
 from specctl.schemas.findings import Finding
 
 # --------------------------------------------------------------------------------------------------
@@ -235,16 +236,41 @@ def step_coverage(
     return coverage, findings
 
 
+def engine_findings(adaptive: Any, engine: str, apath: str) -> list[Finding]:
+    """ADP221: specctl-only knobs (zero_backoff) set in a deployment whose engine is sglang. Its servers
+    read the exported SGLang adaptive JSON, whose loader never reads them, so the deployment would run
+    another policy than it says. Reported where each value sits under the adaptive block at `apath`."""
+    if engine != "sglang":
+        return []
+    out: list[Finding] = []
+    for keys, knob, value in specctl_only_settings(adaptive):
+        path = apath
+        for k in (*keys, knob):
+            path = child_path(path, k)
+        where = f'bucket "{keys[1]}" sets {knob}' if keys else f"speculative.adaptive.{knob} is"
+        out.append(Finding(
+            "ADP221", "error", path,
+            f"{where} {value}, a specctl-only knob, but engine: sglang runs SGLang servers: their adaptive JSON "
+            f"cannot carry {knob} (SGLang ignores the key and probes from steps 0 at every decision), so the "
+            "deployment would not run the policy it describes",
+            f"remove {knob} (or set it to {SPECCTL_KNOB_DEFAULTS[knob]}, SGLang's behaviour), or set engine: builtin; "
+            "`specctl adaptive tune --sglang` finds the best config SGLang can run",
+        ))
+    return out
+
+
 def check_deployment_steps(
     role: Mapping[str, Any],
     *,
     base_path: str = "$",
     adaptive_path: str | None = None,
     num_steps_path: str | None = None,
+    engine: str = "builtin",
 ) -> tuple[StepCoverage | None, list[Finding]]:
     """Rules 1 and 2 for one merged role dict (`Deployment.role(...)`): bucket sanity findings of its
     `speculative.adaptive` block plus step coverage. Without `adaptive` the coverage is the fixed
     `num_steps` (0 for `algorithm: none`). Returns (None, findings) when no coverage can be computed.
+    `engine` is the deployment's (`builtin` | `sglang`): with sglang, specctl-only knobs are ADP221 errors.
 
     Paths default to `{base_path}.speculative.adaptive` / `.num_steps`; pass `adaptive_path` and
     `num_steps_path` where a role override wrote them (`$.roles.decode.speculative.adaptive`)."""
@@ -266,6 +292,7 @@ def check_deployment_steps(
         return _fixed_coverage(num_steps, graphs, max_bs), []
     apath = adaptive_path or f"{base_path}.speculative.adaptive"
     cfg, findings = parse_deployment_adaptive(adaptive, base_path=apath)
+    findings += engine_findings(adaptive, engine, apath)
     if cfg is None:
         return None, findings
     coverage, more = step_coverage(

@@ -17,6 +17,8 @@ from specctl.schemas.adaptive_config import (
     _SIMPLE_KEY,
     EMA_KNOBS,
     KNOB_DEFAULTS,
+    SPECCTL_KNOB_DEFAULTS,
+    SPECCTL_KNOBS,
     STRATEGIES,
     THROUGHPUT_KEYS,
     AdaptiveConfig,
@@ -123,6 +125,15 @@ class _Parser:
                 f"ceiling_coeff is {_show(value)}; it must be a finite number >= 0 (0 disables the ceiling)",
                 "set ceiling_coeff to 0 (off) or a positive number",
             )
+        elif name == "zero_backoff":
+            if _is_int(value) and value >= 1:
+                return value
+            self.add(
+                "ADP214", "error", path,
+                f"zero_backoff is {_show(value)}; it must be an integer >= 1: the longest stay at steps 0, in "
+                "decision intervals, after repeated failed probes (1 = SGLang: probe at every decision)",
+                "set zero_backoff to 1 (off, SGLang's behaviour) or a cap such as 16",
+            )
         elif name in THROUGHPUT_KEYS:
             ok = value is None if name.startswith(("profile_run_batch", "max_profile", "profile_run_seq")) else False
             if name == "profile_run_batch_sizes" and isinstance(value, list):
@@ -194,6 +205,21 @@ class _Parser:
             f'key "{key}" is not a setting SGLang reads; it is silently ignored, so the setting you meant '
             f"never applies.{hint}",
             f'rename "{key}" to "{close[0]}"' if close else f'remove "{key}"',
+        )
+
+    def specctl_only_in_sglang(self, key: str, value: Any, path: str) -> None:
+        """A specctl-only knob in an SGLang adaptive JSON: SGLang's loader never reads it."""
+        default = SPECCTL_KNOB_DEFAULTS[key]
+        effect = (
+            f"{key} {_show(value)} is SGLang's behaviour anyway" if value == default
+            else "under SGLang the bucket probes from steps 0 at every decision, as if it were absent"
+        )
+        self.add(
+            "ADP220", "warning", path,
+            f"{key} is a specctl-only knob; SGLang ignores the key ({effect}). specctl reads this file as "
+            "SGLang does, so `specctl adaptive simulate` of it ignores the key too",
+            f"remove {key} from the SGLang JSON; to run it, put it in a deployment's speculative.adaptive "
+            "with engine: builtin (`specctl adaptive tune --sglang` searches only what SGLang can run)",
         )
 
     def top_level_key(self, key: str) -> None:
@@ -310,6 +336,15 @@ class _Parser:
                         "move strategy to the top level of the adaptive config",
                     )
                 continue
+            if key in SPECCTL_KNOBS:
+                if self.mode == "sglang":
+                    # SGLang never reads it, so the config SGLang runs (which this parser returns) lacks it.
+                    self.specctl_only_in_sglang(key, value, kpath)
+                    continue
+                checked = self.knob(key, value, kpath)
+                if checked is not None:
+                    knobs[key] = checked
+                continue
             if key in EMA_KNOBS or key in THROUGHPUT_KEYS:
                 if self.ignored_for_strategy(key, kpath, strategy):
                     continue
@@ -344,7 +379,7 @@ class _Parser:
     def build(
         self, global_obj: Mapping[str, Any], entries: list[tuple[str, Any]], strategy: str
     ) -> AdaptiveConfig | None:
-        base_knobs = dict(KNOB_DEFAULTS)
+        base_knobs = {**KNOB_DEFAULTS, **SPECCTL_KNOB_DEFAULTS}
         if strategy == "throughput_aware":
             base_knobs["update_interval"] = 10  # throughput_aware_controller's own default
         base_knobs = self.merge_knobs(base_knobs, global_obj, self.base, strategy, in_bucket=False)
@@ -369,7 +404,7 @@ class _Parser:
                 by_key.pop(bs, None)
                 continue
             knobs = self.merge_knobs(base_knobs, entry, path, strategy, in_bucket=True)
-            knobs = {k: knobs[k] for k in KNOB_DEFAULTS}
+            knobs = {k: knobs[k] for k in (*KNOB_DEFAULTS, *SPECCTL_KNOBS)}
             by_key[bs] = Bucket(min_batch_size=bs, candidate_steps=steps, knobs=Knobs(**knobs), key=key, path=path)
         if not entries:
             got = ", ".join(f'"{k}"' for k in global_obj) or "none"
@@ -386,6 +421,26 @@ class _Parser:
         for b in buckets:
             self.oscillation(b)
         return AdaptiveConfig(buckets=buckets, strategy=strategy)
+
+
+def specctl_only_settings(adaptive: Any) -> list[tuple[tuple[str, ...], str, Any]]:
+    """(keys under speculative.adaptive, knob, value) of every specctl-only knob a deployment's adaptive
+    block sets away from its default (SGLang's behaviour): what an SGLang engine cannot run."""
+    if not isinstance(adaptive, Mapping):
+        return []
+    out: list[tuple[tuple[str, ...], str, Any]] = []
+    for knob, default in SPECCTL_KNOB_DEFAULTS.items():
+        if knob in adaptive and adaptive[knob] != default:
+            out.append(((), knob, adaptive[knob]))
+    buckets = adaptive.get("buckets")
+    if isinstance(buckets, Mapping):
+        for key, entry in buckets.items():
+            if not isinstance(entry, Mapping):
+                continue
+            for knob, default in SPECCTL_KNOB_DEFAULTS.items():
+                if knob in entry and entry[knob] != default:
+                    out.append((("buckets", str(key)), knob, entry[knob]))
+    return out
 
 
 def parse_sglang_config(obj: Any, *, base_path: str = "$") -> tuple[AdaptiveConfig | None, list[Finding]]:
@@ -406,7 +461,7 @@ def parse_sglang_config(obj: Any, *, base_path: str = "$") -> tuple[AdaptiveConf
         key = str(raw_key)
         if _DIGITS.fullmatch(key):
             entries.append((key, value))
-        elif key != "strategy" and key not in EMA_KNOBS and key not in THROUGHPUT_KEYS:
+        elif key != "strategy" and key not in (*EMA_KNOBS, *THROUGHPUT_KEYS, *SPECCTL_KNOBS):
             p.top_level_key(key)
     cfg = p.build(obj, entries, strategy)
     return cfg, p.findings

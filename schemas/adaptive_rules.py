@@ -178,6 +178,27 @@ _RULES = (
         "ValueError: speculative adaptive config must be a JSON object, got list",
         "Write an object of buckets and knobs.",
     ),
+    RuleDoc(
+        "ADP220", "specctl-only knob in an SGLang adaptive JSON", "warning",
+        "zero_backoff is read only by specctl's policy. SGLang's loader merges {**cfg, **entry} and never reads it, "
+        "so the file runs under SGLang as if the key were absent (a bucket at steps 0 probes at every decision); "
+        "specctl reads an SGLang file the way SGLang does, so its simulation ignores the key too.",
+        "None; the back-off silently never happens.",
+        "Remove the key from the SGLang JSON; run the back-off from a deployment file with engine: builtin.",
+        '{"zero_backoff": 16, "1": {"candidate_steps": [0, 1, 3]}}', '{"1": {"candidate_steps": [0, 1, 3]}}',
+    ),
+    RuleDoc(
+        "ADP221", "specctl-only knob with engine: sglang", "error",
+        "A deployment whose engine is sglang runs SGLang servers from the exported adaptive JSON, which cannot carry "
+        "zero_backoff (SGLang ignores the key): the policy would differ from what the deployment says and what "
+        "`specctl adaptive tune` predicted.",
+        "None at start-up under SGLang (the back-off silently never happens); specctl's commands that load the "
+        "deployment (`up`, `serve`, `export sglang`) refuse it as invalid.",
+        "Remove zero_backoff (or set it to 1, SGLang's behaviour), or use engine: builtin; "
+        "`specctl adaptive tune --sglang` finds the best config SGLang can run.",
+        "engine: sglang\nspeculative: {adaptive: {zero_backoff: 16, buckets: {...}}}",
+        "engine: builtin\nspeculative: {adaptive: {zero_backoff: 16, buckets: {...}}}",
+    ),
 )
 for _doc in _RULES:
     register(_doc)

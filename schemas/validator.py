@@ -373,7 +373,8 @@ class Validator:
             raw_role = (ctx.data.get("roles") or {}).get(role) if isinstance(ctx.data.get("roles"), dict) else None
             if isinstance(raw_role, dict) and isinstance(raw_role.get("speculative"), dict):
                 base = child_path("$.roles", role)
-            coverage, found = self._coverage(check_deployment_steps, cfg, base)
+            engine = str(ctx.data.get("engine") or "builtin")
+            coverage, found = self._coverage(check_deployment_steps, cfg, base, engine)
             out.extend(found)
             if coverage is not None:
                 tables[role] = coverage
@@ -383,14 +384,14 @@ class Validator:
                 break
         return out
 
-    def _coverage(self, check: Any, cfg: dict[str, Any], base: str) -> tuple[Any, list[Finding]]:
+    def _coverage(self, check: Any, cfg: dict[str, Any], base: str, engine: str) -> tuple[Any, list[Finding]]:
         """`check_deployment_steps` memoized on what it reads: files of one invocation (a repo's
         deployments, a PD pair) mostly share their speculative/serve sections. The key is the repr:
         equal reprs mean equal JSON values of equal types (1, 1.0 and True differ), in equal order."""
-        key = repr((base, cfg.get("speculative"), cfg.get("serve")))
+        key = repr((base, engine, cfg.get("speculative"), cfg.get("serve")))
         hit = self._coverage_cache.get(key)
         if hit is None:
-            hit = check(cfg, base_path=base)
+            hit = check(cfg, base_path=base, engine=engine)
             self._coverage_cache[key] = hit
         return hit[0], list(hit[1])
 

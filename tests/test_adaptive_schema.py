@@ -49,7 +49,8 @@ def sglang_findings(path: Path, opts: dict) -> list:
 
 
 def deployment_findings(path: Path) -> list:
-    _, findings = check_deployment_steps(yaml.safe_load(path.read_text()))
+    role = yaml.safe_load(path.read_text())
+    _, findings = check_deployment_steps(role, engine=role.get("engine", "builtin"))
     return findings
 
 

@@ -12,6 +12,12 @@ the same here:
   steps == 0); an empty batch changes nothing and is not counted; no decision during the first
   `warmup_batches` batches, then one every `update_interval` batches.
 
+One opt-in specctl knob departs from SGLang (`zero_backoff`, default 1 = SGLang exactly): at steps 0
+SGLang probes the next candidate at every decision, so a drafter that is never right still runs half its
+batches at the probe step. With `zero_backoff: N > 1` a stay at 0 lasts `stay` decisions before the
+probe; a probe that falls back to 0 at the next decision doubles `stay` (up to N), one that holds resets
+it to 1. The stays run 1, 2, 4, ..., N intervals, so a useless drafter costs 1/(N + 1) of the batches.
+
 The policy only decides; it never allocates. The engine prebuilds a runtime state for every step in
 `specctl.schemas.adaptive.step_coverage(...).required_states`, so whatever this returns is built.
 Torch-free.
@@ -60,6 +66,11 @@ class BucketState:
         # A neutral start: "one draft fewer than we run is accepted".
         self.ema = float(self.steps - 1)
         self.batches = 0
+        # zero_backoff (specctl only; inert at its default 1): decisions the current stay at 0 lasts, the
+        # decisions spent at 0 so far, and whether the last decision was a probe up from 0.
+        self.zero_stay = 1
+        self.zero_held = 0
+        self.probing = False
 
     def update(self, accepted: Sequence[int]) -> bool:
         """Absorb one verify result (accepted drafts per request); True when the steps changed."""
@@ -84,12 +95,19 @@ class BucketState:
         idx = old_idx = cands.index(old)
 
         if old == 0:
+            if k.zero_backoff > 1:
+                # Back-off: hold at 0 until this stay's decisions are spent, then probe.
+                self.zero_held += 1
+                if self.zero_held < self.zero_stay:
+                    return False
+                self.zero_held = 0
             # Steps 0 learns nothing, so it always probes the next candidate up.
             idx = min(idx + 1, len(cands) - 1)
             target = cands[idx]
             if target > 0 and self.ema < 0:
                 # A bucket that started at 0 has no history (EMA -1): probe from the target's neutral EMA.
                 self.ema = float(target - 1)
+            self.probing = k.zero_backoff > 1 and target > 0
             return self._apply(target)
 
         # Step down while the EMA does not justify the current step: at steps s about s - 0.5 drafts
@@ -117,6 +135,10 @@ class BucketState:
                 while idx > 0 and cands[idx] > ceiling:
                     idx -= 1
                 target = cands[idx]
+        if self.probing:
+            # The decision after a probe from 0 judges it: back to 0 doubles the next stay, else reset.
+            self.probing = False
+            self.zero_stay = min(2 * self.zero_stay, k.zero_backoff) if target == 0 else 1
         return self._apply(target)
 
     def _apply(self, target: int) -> bool:
@@ -126,12 +148,15 @@ class BucketState:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "steps": self.steps,
             "ema": self.ema,
             "batches": self.batches,
             "candidate_steps": list(self.candidates),
         }
+        if self.knobs.zero_backoff > 1:
+            out["zero_stay"] = self.zero_stay
+        return out
 
 
 class AdaptivePolicy:

@@ -16,11 +16,15 @@ Contract:
   `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
   keys), candidate-step sets of up to three steps and then knobs (`ema_alpha`, `update_interval`,
-  `down_hysteresis`) for the best few, maximising predicted tokens/s over the records routed to that
-  bucket; then picks the initial steps. It returns the recommended config as SGLang JSON and as a
-  deployment snippet, the predictions for the current config, the best fixed step and no speculation,
-  and the recommendation's own validation (`step_coverage` findings and the reachable table: the
-  functions `specctl validate` runs).
+  `down_hysteresis`, and for sets with 0 specctl's `zero_backoff`, unless `setup.sglang`) for the best
+  few, maximising predicted tokens/s over the records routed to that bucket; then picks the initial
+  steps. `zero_backoff` stays off (1, SGLang's behaviour) unless it predicts at least
+  `BACKOFF_MARGIN` better, since SGLang cannot run it. It returns the recommended config as a
+  deployment snippet and, when SGLang can express it, as SGLang JSON; when it uses a specctl-only knob
+  it also returns the best SGLang-expressible config with its own prediction (`TuneResult.sglang`).
+  Plus the predictions for the current config, the best fixed step and no speculation, and the
+  recommendation's own validation (`step_coverage` findings and the reachable table: the functions
+  `specctl validate` runs).
 
 Torch-free (it imports only the policy and the schemas), so it runs wherever `validate` runs.
 """
@@ -39,7 +43,15 @@ from typing import Any
 from specctl.engine.spec.adaptive import AdaptivePolicy
 from specctl.engine.spec.trace import TraceRecord
 from specctl.errors import UsageError
-from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs, StepCoverage, parse_sglang_config, step_coverage
+from specctl.schemas.adaptive import (
+    AdaptiveConfig,
+    Bucket,
+    Knobs,
+    StepCoverage,
+    parse_deployment_adaptive,
+    parse_sglang_config,
+    step_coverage,
+)
 from specctl.schemas.findings import Finding
 
 COST_KIND = "specctl-cost-model"
@@ -48,6 +60,11 @@ MAX_SET_SIZE = 3
 ALPHAS = (0.2, 0.5, 0.8)
 INTERVALS = (2, 5, 20)
 DOWN_HYSTERESES = (-0.25, 0.0)
+# zero_backoff values tried for candidate sets with 0 (1 = off = SGLang). With a probe step costing c plain
+# steps, a never-right drafter runs at 1 / (1 + (c - 1) / (N + 1)) of no speculation once the stays reach
+# N: 0.98x at N = 16, c = 1.4; 4 is for traces where the drafter recovers often and must be re-found fast.
+ZERO_BACKOFFS = (1, 4, 16)
+BACKOFF_MARGIN = 0.01  # the specctl-only knob must predict >= 1% better than the best config without it
 FINALISTS = 6  # candidate sets whose knobs are searched
 MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evidence, keep the user's bucket
 
@@ -327,6 +344,25 @@ class TuneSetup:
     graph_batch_sizes: tuple[int, ...] = ()
     max_batch_size: int | None = None
     steps: tuple[int, ...] | None = None  # search only these steps (default: every measured step <= the depth)
+    sglang: bool = False  # search only what SGLang can run (no specctl-only knobs such as zero_backoff)
+
+
+@dataclass(frozen=True)
+class SGLangChoice:
+    """The best config SGLang can run, when the recommendation needs a specctl-only knob."""
+
+    cfg: AdaptiveConfig
+    initial_steps: int
+    predicted: Prediction
+
+    def to_json(self, none: Prediction) -> dict[str, Any]:
+        return {"sglang_adaptive_config": sglang_json(self.cfg), "initial_steps": self.initial_steps,
+                "predicted": self.predicted.to_json(),
+                "speedup_vs_none": _ratio(self.predicted, none)}
+
+
+def _ratio(p: Prediction, base: Prediction) -> float:
+    return p.tokens_per_s / base.tokens_per_s if base.tokens_per_s else math.inf
 
 
 @dataclass(frozen=True)
@@ -342,25 +378,43 @@ class TuneResult:
     coverage: StepCoverage
     findings: tuple[Finding, ...]
     evaluated: int
+    sglang: SGLangChoice | None = None  # set when `recommended` uses a specctl-only knob
+    sglang_only: bool = False  # the search was restricted to what SGLang can run
 
     def speedups(self) -> dict[str, float]:
-        r = self.predicted.tokens_per_s
+        p = self.predicted
+        return {"vs_current": _ratio(p, self.current), "vs_best_fixed": _ratio(p, self.best_fixed),
+                "vs_none": _ratio(p, self.none)}
 
-        def ratio(p: Prediction) -> float:
-            return r / p.tokens_per_s if p.tokens_per_s else math.inf
+    @property
+    def specctl_only(self) -> tuple[str, ...]:
+        """specctl-only knobs the recommendation uses (empty: SGLang runs it as is)."""
+        return self.recommended.specctl_only
 
-        return {"vs_current": ratio(self.current), "vs_best_fixed": ratio(self.best_fixed), "vs_none": ratio(self.none)}
-
-    def sglang_json(self) -> dict[str, Any]:
-        return sglang_json(self.recommended)
+    def sglang_json(self) -> dict[str, Any] | None:
+        """The recommendation as SGLang JSON; None when SGLang cannot express it (see `sglang`)."""
+        return None if self.specctl_only else sglang_json(self.recommended)
 
     def deployment_snippet(self) -> str:
         return deployment_snippet(self.recommended, self.initial_steps)
 
+    def deployment_adaptive(self) -> dict[str, Any]:
+        return deployment_adaptive(self.recommended)
+
     def to_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "sglang_adaptive_config": self.sglang_json(), "initial_steps": self.initial_steps,
+            "deployment_snippet": self.deployment_snippet(), "deployment_adaptive": self.deployment_adaptive(),
+            "specctl_only_knobs": list(self.specctl_only),
+        }
+        if self.specctl_only:
+            rec["sglang_note"] = (
+                f"SGLang cannot express {', '.join(self.specctl_only)} (its loader ignores the key): run this "
+                "config with engine: builtin; the best config SGLang can run is under 'sglang'")
         return {
-            "recommended": {"sglang_adaptive_config": self.sglang_json(), "initial_steps": self.initial_steps,
-                            "deployment_snippet": self.deployment_snippet()},
+            "recommended": rec,
+            "sglang": self.sglang.to_json(self.none) if self.sglang is not None else None,
+            "search": {"sglang_only": self.sglang_only},
             "predicted": self.predicted.to_json(),
             "current": self.current.to_json(),
             "best_fixed": {"steps": self.best_fixed_steps, **self.best_fixed.to_json()},
@@ -377,7 +431,12 @@ _KNOB_FIELDS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteres
 
 
 def sglang_json(cfg: AdaptiveConfig) -> dict[str, Any]:
-    """The config as SGLang's `--speculative-adaptive-config` JSON (every knob written in its bucket)."""
+    """The config as SGLang's `--speculative-adaptive-config` JSON (every knob written in its bucket).
+
+    Only SGLang's knobs: a config with a specctl-only knob set is refused (ValueError), never silently
+    written without it (SGLang would run another policy)."""
+    if cfg.specctl_only:
+        raise ValueError(f"SGLang cannot express {', '.join(cfg.specctl_only)}; use deployment_adaptive(cfg)")
     out: dict[str, Any] = {}
     for b in cfg.buckets:
         entry: dict[str, Any] = {"candidate_steps": list(b.candidate_steps)}
@@ -387,11 +446,22 @@ def sglang_json(cfg: AdaptiveConfig) -> dict[str, Any]:
     return out
 
 
+def _bucket_knobs(b: Bucket) -> dict[str, Any]:
+    """A bucket's knobs as written in a deployment: SGLang's all, specctl-only ones where set."""
+    return {**{n: getattr(b.knobs, n) for n in _KNOB_FIELDS}, **{n: getattr(b.knobs, n) for n in b.knobs.specctl_only}}
+
+
+def deployment_adaptive(cfg: AdaptiveConfig) -> dict[str, Any]:
+    """The config as a deployment's `speculative.adaptive` block (a dict; specctl-only knobs included)."""
+    return {"strategy": "ema", "buckets": {str(b.min_batch_size): {"candidate_steps": list(b.candidate_steps),
+                                                                   **_bucket_knobs(b)} for b in cfg.buckets}}
+
+
 def deployment_snippet(cfg: AdaptiveConfig, initial_steps: int) -> str:
     """The same config as a deployment file's `speculative` block (YAML)."""
     lines = ["speculative:", f"  num_steps: {initial_steps}", "  adaptive:", "    strategy: ema", "    buckets:"]
     for b in cfg.buckets:
-        knobs = ", ".join(f"{n}: {getattr(b.knobs, n)}" for n in _KNOB_FIELDS)
+        knobs = ", ".join(f"{n}: {v}" for n, v in _bucket_knobs(b).items())
         steps = ", ".join(map(str, b.candidate_steps))
         lines.append(f"      {b.min_batch_size}: {{candidate_steps: [{steps}], {knobs}}}")
     return "\n".join(lines) + "\n"
@@ -408,6 +478,73 @@ def _bucket_score(bucket: Bucket, records: Sequence[TraceRecord], cost: CostMode
     return replay(single, records, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).tokens_per_s
 
 
+def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
+                   allowed: Sequence[int], backoffs: Sequence[int]) -> tuple[Bucket, float, Bucket, float, int]:
+    """(best bucket, its score, best bucket SGLang can run, its score, configs replayed) for one bucket.
+
+    `backoffs` are the zero_backoff values to try for candidate sets with 0 (first: 1, off)."""
+    evaluated = 0
+    base_knobs = replace(b.knobs, strategy="ema", zero_backoff=1)
+    on = [z for z in backoffs if z > 1]
+    scored: list[tuple[float, tuple[int, ...]]] = []  # ranking score: the better of off / back-off
+    off_score, best_off = -math.inf, b
+    on_score, best_on = -math.inf, b
+    for size in range(1, MAX_SET_SIZE + 1):
+        for cands in itertools.combinations(allowed, size):
+            cand = Bucket(b.min_batch_size, cands, base_knobs)
+            score = _bucket_score(cand, recs, cost, graphs, -1)
+            evaluated += 1
+            if score > off_score * (1 + 1e-9) or off_score == -math.inf:
+                off_score, best_off = score, cand
+            rank = score
+            if on and 0 in cands and len(cands) > 1:
+                # Rank a set with 0 by its back-off score too, or sets that only pay with it never get knobs.
+                cand = Bucket(b.min_batch_size, cands, replace(base_knobs, zero_backoff=on[-1]))
+                score = _bucket_score(cand, recs, cost, graphs, -1)
+                evaluated += 1
+                rank = max(rank, score)
+                if score > on_score * (1 + 1e-9) or on_score == -math.inf:
+                    on_score, best_on = score, cand
+            scored.append((rank, cands))
+    scored.sort(key=lambda t: (-t[0], len(t[1]), t[1]))
+    for _, cands in scored[:FINALISTS]:
+        if len(cands) == 1:
+            continue  # a single candidate never moves: knobs change nothing
+        zbs = backoffs if 0 in cands else (1,)
+        for alpha, interval, down, zb in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES, zbs):
+            knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down,
+                            zero_backoff=zb)
+            cand = Bucket(b.min_batch_size, cands, knobs)
+            score = _bucket_score(cand, recs, cost, graphs, -1)
+            evaluated += 1
+            if zb == 1 and score > off_score * (1 + 1e-9):
+                off_score, best_off = score, cand
+            if zb > 1 and score > on_score * (1 + 1e-9):
+                on_score, best_on = score, cand
+    if on_score > off_score * (1 + BACKOFF_MARGIN):
+        return best_on, on_score, best_off, off_score, evaluated
+    return best_off, off_score, best_off, off_score, evaluated
+
+
+def _finish(cfg: AdaptiveConfig, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
+            fixed: Mapping[int, Prediction], best_k: int) -> tuple[AdaptiveConfig, int, Prediction]:
+    """Pick the initial steps of a whole config (any step of the union, validate's rule); fall back to the
+    best fixed step should the config lose to it."""
+    best_init, best_pred = cfg.default_initial_steps, None
+    for init in cfg.union_steps:
+        pred = replay(cfg, records, cost, initial_steps=init, graph_batch_sizes=graphs)
+        if best_pred is None or pred.tokens_per_s > best_pred.tokens_per_s * (1 + 1e-9):
+            best_init, best_pred = init, pred
+    assert best_pred is not None
+    if best_pred.tokens_per_s < fixed[best_k].tokens_per_s:
+        # Per-bucket searches start each bucket at its middle candidate; should the chosen initial steps
+        # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
+        cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,), knobs=replace(b.knobs, zero_backoff=1))
+                                   for b in cfg.buckets))
+        best_init, best_pred = best_k, replay(cfg, records, cost, initial_steps=best_k, graph_batch_sizes=graphs)
+    return cfg, best_init, best_pred
+
+
 def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> TuneResult:
     """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring)."""
     records = [r for r in records if r.accepted]
@@ -422,67 +559,57 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     by_bucket: dict[int, list[TraceRecord]] = {b.min_batch_size: [] for b in cur.buckets}
     for r in records:
         by_bucket[_route_key(cur, r.batch_size, graphs)].append(r)
+    backoffs = (1,) if setup.sglang else ZERO_BACKOFFS
 
     evaluated = 0
     chosen: list[Bucket] = []
+    chosen_sglang: list[Bucket] = []
     for b in cur.buckets:
         recs = by_bucket[b.min_batch_size]
         if len(recs) < MIN_BUCKET_RECORDS:
-            chosen.append(b)  # (almost) no evidence for this bucket: keep what the user wrote
+            # (almost) no evidence for this bucket: keep what the user wrote (minus what SGLang cannot run)
+            plain = replace(b, knobs=replace(b.knobs, zero_backoff=1))
+            chosen.append(plain if setup.sglang else b)
+            chosen_sglang.append(plain)
             continue
-        base_knobs = replace(b.knobs, strategy="ema")
-        scored: list[tuple[float, tuple[int, ...]]] = []
-        for size in range(1, MAX_SET_SIZE + 1):
-            for cands in itertools.combinations(allowed, size):
-                score = _bucket_score(Bucket(b.min_batch_size, cands, base_knobs), recs, cost, graphs, -1)
-                evaluated += 1
-                scored.append((score, cands))
-        scored.sort(key=lambda t: (-t[0], len(t[1]), t[1]))
-        best_score, best = scored[0][0], Bucket(b.min_batch_size, scored[0][1], base_knobs)
-        for _, cands in scored[:FINALISTS]:
-            if len(cands) == 1:
-                continue  # a single candidate never moves: knobs change nothing
-            for alpha, interval, down in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES):
-                knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down)
-                cand = Bucket(b.min_batch_size, cands, knobs)
-                score = _bucket_score(cand, recs, cost, graphs, -1)
-                evaluated += 1
-                if score > best_score * (1 + 1e-9):
-                    best_score, best = score, cand
+        best, _, best_sglang, _, n = _search_bucket(b, recs, cost, graphs, allowed, backoffs)
+        evaluated += n
         chosen.append(best)
-    rec_cfg = AdaptiveConfig(tuple(chosen), strategy="ema")
-
-    # The initial steps: any step of the union (validate's rule); keep the best whole-config prediction.
-    best_init, best_pred = rec_cfg.default_initial_steps, None
-    for init in rec_cfg.union_steps:
-        pred = replay(rec_cfg, records, cost, initial_steps=init, graph_batch_sizes=graphs)
-        if best_pred is None or pred.tokens_per_s > best_pred.tokens_per_s * (1 + 1e-9):
-            best_init, best_pred = init, pred
-    assert best_pred is not None
+        chosen_sglang.append(best_sglang)
 
     current = replay(cur, records, cost, initial_steps=setup.initial_steps, graph_batch_sizes=graphs)
     fixed = {k: replay(fixed_config(k), records, cost, initial_steps=k) for k in allowed}
     best_k = max(fixed, key=lambda k: (fixed[k].tokens_per_s, -k))
-    if best_pred.tokens_per_s < fixed[best_k].tokens_per_s:
-        # Per-bucket searches start each bucket at its middle candidate; should the chosen initial steps
-        # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
-        rec_cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,)) for b in rec_cfg.buckets))
-        best_init, best_pred = best_k, replay(rec_cfg, records, cost, initial_steps=best_k,
-                                              graph_batch_sizes=graphs)
+    rec_cfg, best_init, best_pred = _finish(AdaptiveConfig(tuple(chosen), strategy="ema"), records, cost, graphs,
+                                            fixed, best_k)
+    sglang_choice = None
+    if rec_cfg.specctl_only:
+        s_cfg, s_init, s_pred = _finish(AdaptiveConfig(tuple(chosen_sglang), strategy="ema"), records, cost, graphs,
+                                        fixed, best_k)
+        if s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s:
+            # Across buckets (and with the initial steps) the knob did not pay after all: SGLang's config wins.
+            rec_cfg, best_init, best_pred = s_cfg, s_init, s_pred
+        else:
+            sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
 
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang)
 
 
 def validate_recommendation(
     cfg: AdaptiveConfig, initial_steps: int, setup: TuneSetup
 ) -> tuple[list[Finding], StepCoverage]:
-    """Re-parse the recommendation as SGLang JSON and run step coverage on it, as `validate` would."""
-    parsed, findings = parse_sglang_config(sglang_json(cfg))
-    if parsed is None:
-        raise AssertionError(f"tune produced an unparsable config: {findings}")
+    """Re-parse the recommendation as SGLang JSON (as a deployment block when it uses a specctl-only knob)
+    and run step coverage on it, as `validate` would."""
+    if cfg.specctl_only:
+        parsed, findings = parse_deployment_adaptive(deployment_adaptive(cfg))
+    else:
+        parsed, findings = parse_sglang_config(sglang_json(cfg))
+    if parsed is None or parsed.buckets != tuple(replace(b, key=str(b.min_batch_size), path=p.path)
+                                                 for b, p in zip(cfg.buckets, parsed.buckets, strict=True)):
+        raise AssertionError(f"tune produced a config that does not round-trip: {findings}")
     coverage, more = step_coverage(parsed, initial_steps=initial_steps, graph_batch_sizes=setup.graph_batch_sizes,
                                    max_batch_size=setup.max_batch_size)
     return findings + more, coverage

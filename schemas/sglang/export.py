@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from specctl.errors import UsageError
 from specctl.schemas.deployment import Deployment
 from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
 
@@ -60,10 +61,29 @@ def model_path(ref: str) -> str:
 
 
 def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
-    """A deployment's speculative.adaptive block as SGLang's --speculative-adaptive-config object."""
+    """A deployment's speculative.adaptive block as SGLang's --speculative-adaptive-config object.
+
+    Refuses (UsageError, exit 2) a block that sets a specctl-only knob (`zero_backoff` > 1): SGLang would
+    ignore the key and run a different policy, so dropping it silently would export a lie. A knob left at
+    its default (SGLang's behaviour) is dropped: SGLang runs exactly that.
+    """
+    from specctl.schemas.adaptive_config import SPECCTL_KNOBS
+    from specctl.schemas.adaptive_parser import specctl_only_settings
+
+    found = specctl_only_settings(adaptive)
+    if found:
+        paths = [f"speculative.adaptive{''.join(f'.{k}' for k in keys)}.{knob}" for keys, knob, _ in found]
+        where = ", ".join(f"{p}: {value}" for p, (_, _, value) in zip(paths, found, strict=True))
+        raise UsageError(
+            f"cannot export to SGLang: {where} is specctl-only; SGLang's adaptive JSON cannot carry it (SGLang "
+            "ignores the key and probes from steps 0 at every decision), so the exported servers would run "
+            "another policy than this deployment",
+            hint=f"remove it (or set it to 1) for SGLang, e.g. --set {paths[0]}=1; "
+            "`specctl adaptive tune --sglang` finds the best config SGLang can run",
+        )
     out: dict[str, Any] = {k: adaptive[k] for k in KNOBS if k in adaptive}
     for key, bucket in sorted((adaptive.get("buckets") or {}).items(), key=lambda kv: int(kv[0])):
-        out[str(key)] = dict(bucket)
+        out[str(key)] = {k: v for k, v in bucket.items() if k not in SPECCTL_KNOBS}
     return out
 
 
