@@ -189,5 +189,20 @@ def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
     assert cm.batch_sizes == (1, 2) and cm.steps == (0, 3)
     assert all(cm.step_time(b, 3) > cm.step_time(b, 0) > 0 for b in (1, 2))
     assert json.loads(out.read_text())["threads"] == 1
+    assert json.loads(out.read_text())["clock"] == "wall"
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
     assert r.returncode == 2 and "max_batch_size" in r.stderr
+
+
+def test_profile_on_the_cpu_clock(tmp_path: Path):
+    """`--clock cpu` times steps with the process's CPU time (robust on a shared machine): the same ordering
+    holds, the model says which clock it used, and an unknown clock is a usage error."""
+    out = tmp_path / "cost.json"
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "1", "--steps", "0,3",
+             "--rounds", "1", "--iters", "3", "--threads", "1", "--clock", "cpu", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    cm = CostModel.from_json(doc)
+    assert doc["clock"] == "cpu" and cm.step_time(1, 3) > cm.step_time(1, 0) > 0
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--clock", "sundial")
+    assert r.returncode == 2 and "--clock" in r.stderr

@@ -1,4 +1,4 @@
-"""Step-cost profiling: the wall time of one decode step (draft + verify) per (batch size, steps).
+"""Step-cost profiling: the time of one decode step (draft + verify) per (batch size, steps).
 
 `profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with
 its runtime sized for the largest step, and for each batch size keeps that many requests decoding
@@ -8,7 +8,9 @@ the temperature the workload uses) while it pins the decoder to each step in tur
 over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
 drift on a shared machine hits every point alike;
 a point's cost is the median over all its timed steps. Requests that finish are replaced before the
-next timing (a step always runs the full batch). The result is a `specctl.engine.spec.tune.CostModel`.
+next timing (a step always runs the full batch). `clock="cpu"` times with this process's CPU time
+instead of wall time: on a shared machine other jobs barely disturb it, and with one torch thread on a
+CPU device it equals wall time on an idle machine. The result is a `specctl.engine.spec.tune.CostModel`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def profile_costs(
     rounds: int = 3,
     iters: int = 6,
     temperature: float = 0.0,
+    clock: str = "wall",
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
     from specctl.engine.engine import Engine
@@ -53,6 +56,9 @@ def profile_costs(
     if too_big:
         raise UsageError(f"--batch-sizes {too_big} exceed serve.max_batch_size {config.max_batch_size}",
                          hint="pick batch sizes the deployment can run")
+    if clock not in ("wall", "cpu"):
+        raise UsageError(f"clock {clock!r}: expected wall or cpu")
+    now = time.perf_counter if clock == "wall" else time.process_time
     kmax = max(steps)
     engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
     decoder: Any = engine.decoder
@@ -80,9 +86,9 @@ def profile_costs(
                 engine.step()  # warm this step's path
                 refill()
                 for _ in range(iters):
-                    t0 = time.perf_counter()
+                    t0 = now()
                     engine.step()
-                    samples[b][k].append(time.perf_counter() - t0)
+                    samples[b][k].append(now() - t0)
                     refill()
         for r in list(rids):
             engine.abort(r)
@@ -102,6 +108,7 @@ def profile_costs(
         "rounds": rounds,
         "temperature": temperature,
         "iters": iters,
+        "clock": clock,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return CostModel(table, meta)
