@@ -332,6 +332,10 @@ def profile_command(
     temperature: Annotated[float, typer.Option(
         "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
         "(sampled verify is rejection sampling, which costs somewhat more than greedy).")] = 0.0,
+    sampled_temperature: Annotated[Optional[float], typer.Option(  # noqa: UP045
+        "--sampled-temperature", min=0.0, help="Also measure a table for sampled requests at this temperature "
+        "(e.g. 1.0): `tune` then prices each traced verify by how many of its requests sampled, so a workload "
+        "that mixes greedy and sampled requests is costed as it runs.", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(  # noqa: UP045
         "--threads", min=1, help="torch intra-op threads (default: torch's). Match what the served role gets: "
         "`up` gives each engine process cpu_count / engines.", show_default=False)] = None,
@@ -364,7 +368,7 @@ def profile_command(
             sys.stderr.write(line + "\n")
 
         cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
-                             clock=clock, progress=progress)
+                             sampled_temperature=sampled_temperature, clock=clock, progress=progress)
         text = json.dumps(cost.to_json(), indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)

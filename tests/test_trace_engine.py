@@ -61,6 +61,7 @@ def test_trace_lines_are_complete_and_consistent(deep_trace):
         assert r.steps == r.trace_steps == 7
         assert all(a <= d <= 7 for a, d in zip(r.accepted, r.drafted, strict=True))
         assert r.time is not None and r.draft_s is not None and r.verify_s is not None and r.verify_s > 0
+        assert r.sampled == 0  # greedy requests
     assert sum(sum(r.accepted) for r in recs) == stats["accepted_tokens"]
     # the old reader's view (adaptive simulate) still loads it
     out = subprocess.run([sys.executable, "-m", "specctl.cli", "adaptive", "simulate", "tiny-colocated",
@@ -115,3 +116,15 @@ def test_no_trace_without_the_option(tmp_path):
     eng, _, _ = run_one_at_a_time(dataclasses.replace(config(2)))
     assert eng.decoder.trace is None and "trace" not in eng.stats()["speculative"]
     assert json.dumps(eng.stats()["speculative"])  # still serialisable
+
+
+def test_trace_counts_sampled_requests(tmp_path: Path):
+    """`sampled` says how many of a verify batch's requests sample (tune prices them with the sampled table)."""
+    path = tmp_path / "t.jsonl"
+    eng = Engine(config(2, trace_out=str(path)))
+    eng.generate(PROMPTS[:2], [SamplingParams(max_tokens=8, ignore_eos=True),
+                               SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=1)])
+    eng.decoder.trace.close()
+    recs = read_trace(path)
+    assert recs and all(r.sampled is not None and r.sampled <= 1 for r in recs)  # only one request samples
+    assert any(r.batch_size == 2 and r.sampled == 1 for r in recs)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.spec.trace import TraceRecord, read_trace
+from specctl.engine.spec.trace import TraceRecord, parse_record, read_trace
 from specctl.engine.spec.tune import (
     CostModel,
     TuneSetup,
@@ -157,7 +157,8 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
     r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(cost), "--format", "json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    rec = out["recommended"]["sglang_adaptive_config"]
+    # with zero_backoff the recommendation is a specctl deployment block; SGLang's best is then beside it
+    rec = out["recommended"]["sglang_adaptive_config"] or out["sglang"]["sglang_adaptive_config"]
     cfg2, findings = parse_sglang_config(rec)
     assert isinstance(cfg2, AdaptiveConfig) and not [f for f in findings if f.severity == "error"]
     assert out["speedup"]["vs_best_fixed"] >= 1.0
@@ -199,10 +200,35 @@ def test_profile_on_the_cpu_clock(tmp_path: Path):
     holds, the model says which clock it used, and an unknown clock is a usage error."""
     out = tmp_path / "cost.json"
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "1", "--steps", "0,3",
-             "--rounds", "1", "--iters", "3", "--threads", "1", "--clock", "cpu", "-o", str(out))
+             "--rounds", "1", "--iters", "3", "--threads", "1", "--clock", "cpu", "--sampled-temperature", "1.0",
+             "-o", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     cm = CostModel.from_json(doc)
     assert doc["clock"] == "cpu" and cm.step_time(1, 3) > cm.step_time(1, 0) > 0
+    # the sampled table: drafting with probabilities and rejection sampling cost more than greedy at steps 3
+    assert doc["sampled_temperature"] == 1.0 and cm.sampled_step_s is not None
+    assert cm.step_time(1, 3, sampled=1) > cm.step_time(1, 3)
+    assert CostModel.from_json(cm.to_json()) == cm
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--clock", "sundial")
     assert r.returncode == 2 and "--clock" in r.stderr
+
+
+def test_sampled_share_prices_each_verify():
+    """A cost model with a sampled table prices a verify by the share of its requests that sample, and a
+    trace record carrying `sampled` is replayed at that price; without the table, greedy prices everything."""
+    greedy = {b: {0: 1e-3 * b, 3: 2e-3 * b} for b in (1, 4)}
+    sampled = {b: {0: 1.1e-3 * b, 3: 3e-3 * b} for b in (1, 4)}
+    cm = CostModel(greedy, {}, sampled)
+    assert cm.step_time(4, 3, sampled=0) == pytest.approx(8e-3)
+    assert cm.step_time(4, 3, sampled=2) == pytest.approx(10e-3)
+    assert cm.step_time(4, 3, sampled=4) == pytest.approx(12e-3)
+    assert CostModel(greedy).step_time(4, 3, sampled=4) == pytest.approx(8e-3)
+    recs = [parse_record({"batch_size": 4, "accepted": [1, 1, 1, 1], "steps": 3, "sampled": 2}, "t", 1)]
+    p = replay(fixed_config(3), recs, cm, initial_steps=3)
+    assert p.seconds == pytest.approx(10e-3)
+    with pytest.raises(UsageError, match="sampled = 5 exceeds"):
+        parse_record({"batch_size": 4, "accepted": [1, 1, 1, 1], "sampled": 5}, "t", 1)
+    bad = {**cm.to_json(), "sampled_step_s": {"1": {"0": 1e-3}}}
+    with pytest.raises(UsageError, match="same"):
+        CostModel.from_json(bad)

@@ -274,7 +274,7 @@ class SpeculativeDecoder:
         self._counters["emitted_tokens"] += sum(a + 1 for a in acc)
         if self.trace is not None:
             self.trace.record(batch_size=b, steps=steps, accepted=acc, drafted=nd, rids=[s.rid for s in seqs],
-                              draft_s=t1 - t0, verify_s=t2 - t1)
+                              draft_s=t1 - t0, verify_s=t2 - t1, sampled=sum(not s.params.greedy for s in seqs))
         if self.policy is not None and self.trace_steps is None:
             self.policy.on_verify_complete(acc, b)
         return new_tokens
@@ -293,7 +293,8 @@ class SpeculativeDecoder:
         self._verify_s += dt
         if self.trace is not None:
             self.trace.record(batch_size=b, steps=0, accepted=[0] * b, drafted=[0] * b,
-                              rids=[s.rid for s in seqs], draft_s=0.0, verify_s=dt)
+                              rids=[s.rid for s in seqs], draft_s=0.0, verify_s=dt,
+                              sampled=sum(not s.params.greedy for s in seqs))
         self._batches_per_steps[0] += 1
         self._counters["verify_batches"] += 1
         self._counters["verify_requests"] += b

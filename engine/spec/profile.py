@@ -2,8 +2,9 @@
 
 `profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with
 its runtime sized for the largest step, and for each batch size keeps that many requests decoding
-(greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify, so profile at
-the temperature the workload uses) while it pins the decoder to each step in turn
+(greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify; with
+`sampled_temperature` a second table is measured for sampled requests, which `tune` mixes per verify
+batch by the share of requests that sample — traces record it) while it pins the decoder to each step in turn
 (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed
 over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
 drift on a shared machine hits every point alike;
@@ -43,11 +44,11 @@ def profile_costs(
     rounds: int = 3,
     iters: int = 6,
     temperature: float = 0.0,
+    sampled_temperature: float | None = None,
     clock: str = "wall",
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
     from specctl.engine.engine import Engine
-    from specctl.engine.sampling import SamplingParams
 
     if config.algorithm == "none":
         raise UsageError("the deployment does not speculate (speculative.algorithm: none): nothing to profile",
@@ -61,7 +62,44 @@ def profile_costs(
     now = time.perf_counter if clock == "wall" else time.process_time
     kmax = max(steps)
     engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
+    table = _measure(engine, batch_sizes, steps, rounds, iters, temperature, now, progress)
+    sampled = None
+    if sampled_temperature is not None:
+        if progress is not None:
+            progress(f"sampled requests (temperature {sampled_temperature}):")
+        sampled = _measure(engine, batch_sizes, steps, rounds, iters, sampled_temperature, now, progress)
+    meta = {
+        "deployment": config.name,
+        "target": config.model_ref,
+        "algorithm": config.algorithm,
+        "draft": config.speculative.get("draft"),
+        "device": str(engine.runner.device),
+        "threads": _threads(),
+        "rounds": rounds,
+        "temperature": temperature,
+        **({"sampled_temperature": sampled_temperature} if sampled_temperature is not None else {}),
+        "iters": iters,
+        "clock": clock,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return CostModel(table, meta, sampled)
+
+
+def _measure(
+    engine: Any,
+    batch_sizes: Sequence[int],
+    steps: Sequence[int],
+    rounds: int,
+    iters: int,
+    temperature: float,
+    now: Callable[[], float],
+    progress: Callable[[str], None] | None,
+) -> dict[int, dict[int, float]]:
+    """Median seconds of one engine step per (batch size, steps) with requests at `temperature`."""
+    from specctl.engine.sampling import SamplingParams
+
     decoder: Any = engine.decoder
+    kmax = max(steps)
     tokens_per_round = iters * (kmax + 1) + 8
     # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
     params = SamplingParams(max_tokens=rounds * len(steps) * tokens_per_round + 64, ignore_eos=True,
@@ -97,18 +135,4 @@ def profile_costs(
         if progress is not None:
             row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}: {row}")
-    table = {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
-    meta = {
-        "deployment": config.name,
-        "target": config.model_ref,
-        "algorithm": config.algorithm,
-        "draft": config.speculative.get("draft"),
-        "device": str(engine.runner.device),
-        "threads": _threads(),
-        "rounds": rounds,
-        "temperature": temperature,
-        "iters": iters,
-        "clock": clock,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    return CostModel(table, meta)
+    return {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}

@@ -4,14 +4,17 @@ The format (JSON Lines; one object per line, blank lines skipped, unknown keys i
 
     {"batch_size": 4, "accepted": [2, 3, 0, 1]}                                  # the original format
     {"time": 1733050000.12, "batch_size": 4, "steps": 3, "accepted": [2, 3, 0, 1],
-     "drafted": [3, 3, 3, 2], "rids": [0, 5, 6, 9], "draft_s": 0.0012, "verify_s": 0.0031, "trace_steps": 7}
+     "drafted": [3, 3, 3, 2], "rids": [0, 5, 6, 9], "draft_s": 0.0012, "verify_s": 0.0031, "sampled": 1,
+     "trace_steps": 7}
 
 `batch_size` and `accepted` (accepted draft tokens per request) are required: they are what the
 adaptive policy consumes, so `adaptive simulate` replays either shape. The engine adds `time` (Unix
 seconds when the verify finished), `steps` (the steps the batch ran with), `drafted` (drafts each
 request actually proposed: fewer than `steps` when the drafter had nothing or max_tokens capped it),
 `rids` (the engine's request ids, so one request's verifies can be followed through the trace),
-`draft_s` and `verify_s` (wall seconds drafting, and verifying + accepting). `trace_steps` is set when
+`draft_s` and `verify_s` (wall seconds drafting, and verifying + accepting), `sampled` (how many of the
+batch's requests sample, temperature > 0: their drafts and verify take the costlier rejection-sampling
+path, which `adaptive tune` prices with the cost model's sampled table). `trace_steps` is set when
 the engine ran with `--trace-steps K` (drafting K every step whatever the policy says): such a trace
 is counterfactual-complete, because a verify that drafted K and accepted a would have accepted
 min(a, k) with any k <= K (greedy acceptance is a prefix test, so a shorter draft is a prefix of the
@@ -54,6 +57,7 @@ class TraceRecord:
     verify_s: float | None = None
     trace_steps: int | None = None
     rids: tuple[int, ...] | None = None
+    sampled: int | None = None  # requests of the batch that sample (None: unknown, an older trace)
 
     @property
     def drafted_per_request(self) -> tuple[int, ...] | None:
@@ -66,7 +70,7 @@ class TraceRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"batch_size": self.batch_size, "accepted": list(self.accepted)}
-        for key in ("time", "steps", "draft_s", "verify_s", "trace_steps"):
+        for key in ("time", "steps", "draft_s", "verify_s", "sampled", "trace_steps"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -138,10 +142,14 @@ def parse_record(obj: Any, name: str, lineno: int) -> TraceRecord:
         raise _bad_line(name, lineno, f"rids has {len(rids)} entries but accepted has {len(acc)}")
     if steps is not None and any(a > steps for a in acc):
         raise _bad_line(name, lineno, f"an accepted count exceeds steps = {steps}")
+    sampled = _opt_int(obj, "sampled", name, lineno)
+    if sampled is not None and sampled > len(acc):
+        raise _bad_line(name, lineno, f"sampled = {sampled} exceeds the batch's {len(acc)} requests")
     return TraceRecord(
         line=lineno, batch_size=bs, accepted=acc, steps=steps, drafted=drafted,
         time=_opt_float(obj, "time", name, lineno), draft_s=_opt_float(obj, "draft_s", name, lineno),
         verify_s=_opt_float(obj, "verify_s", name, lineno), trace_steps=trace_steps, rids=rids,
+        sampled=sampled,
     )
 
 
@@ -198,6 +206,7 @@ class TraceWriter:
         rids: Sequence[int],
         draft_s: float,
         verify_s: float,
+        sampled: int = 0,
     ) -> None:
         if self._fd is None:
             return
@@ -210,6 +219,7 @@ class TraceWriter:
             "rids": list(rids),
             "draft_s": round(draft_s, 7),
             "verify_s": round(verify_s, 7),
+            "sampled": sampled,
         }
         if self.trace_steps is not None:
             obj["trace_steps"] = self.trace_steps

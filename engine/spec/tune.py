@@ -15,7 +15,7 @@ Contract:
   step above what a record drafted is only a lower bound (min(a, k) = a) and is counted in
   `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
-  keys), candidate-step sets of up to three steps and then knobs (`ema_alpha`, `update_interval`,
+  keys), candidate-step sets of up to four steps and then knobs (`ema_alpha`, `update_interval`,
   `down_hysteresis`, and for sets with 0 specctl's `zero_backoff`, unless `setup.sglang`) for the best
   few, maximising predicted tokens/s over the records routed to that bucket; then picks the initial
   steps. `zero_backoff` stays off (1, SGLang's behaviour) unless it predicts at least
@@ -56,10 +56,10 @@ from specctl.schemas.findings import Finding
 
 COST_KIND = "specctl-cost-model"
 COST_VERSION = 1
-MAX_SET_SIZE = 3
+MAX_SET_SIZE = 4
 ALPHAS = (0.2, 0.5, 0.8)
 INTERVALS = (2, 5, 20)
-DOWN_HYSTERESES = (-0.25, 0.0)
+DOWN_HYSTERESES = (-0.25, 0.0, 0.5)  # 0.5 drops a step earlier, with the EMA up to half a draft above the bar
 # zero_backoff values tried for candidate sets with 0 (1 = off = SGLang). With a probe step costing c plain
 # steps, a never-right drafter runs at 1 / (1 + (c - 1) / (N + 1)) of no speculation once the stays reach
 # N: 0.98x at N = 16, c = 1.4; 4 is for traces where the drafter recovers often and must be re-found fast.
@@ -76,8 +76,10 @@ MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evid
 class CostModel:
     """Seconds of one decode step per (batch size, steps), measured on one machine."""
 
-    step_s: Mapping[int, Mapping[int, float]]  # batch size -> steps -> seconds
+    step_s: Mapping[int, Mapping[int, float]]  # batch size -> steps -> seconds (greedy requests)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # The same table for sampled requests (rejection sampling drafts and verifies cost more), when profiled.
+    sampled_step_s: Mapping[int, Mapping[int, float]] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -89,23 +91,17 @@ class CostModel:
         sets = [set(v) for v in self.step_s.values()]
         return tuple(sorted(set.intersection(*sets))) if sets else ()
 
-    def step_time(self, batch_size: int, steps: int) -> float:
-        sizes = self.batch_sizes
+    def step_time(self, batch_size: int, steps: int, sampled: float = 0.0) -> float:
+        """Seconds of one step of `batch_size` requests at `steps`, `sampled` of them sampling: the greedy
+        and sampled tables mixed in that proportion (greedy only when the model has no sampled table)."""
         if steps not in self.steps:
             raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(self.steps)})",
                              hint="re-run `specctl adaptive profile` with --steps covering it")
-        if batch_size in self.step_s:
-            return float(self.step_s[batch_size][steps])
-        if len(sizes) == 1:
-            return float(self.step_s[sizes[0]][steps]) * batch_size / sizes[0]
-        lo, hi = sizes[0], sizes[1]
-        for a, b in itertools.pairwise(sizes):
-            lo, hi = a, b
-            if batch_size < b:
-                break
-        tl, th = self.step_s[lo][steps], self.step_s[hi][steps]
-        t = tl + (th - tl) * (batch_size - lo) / (hi - lo)
-        return float(max(t, min(tl, th) * 0.5))
+        t = _interpolate(self.step_s, batch_size, steps)
+        if sampled > 0 and self.sampled_step_s is not None:
+            frac = min(1.0, sampled / batch_size)
+            t += frac * (_interpolate(self.sampled_step_s, batch_size, steps) - t)
+        return t
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,7 +110,8 @@ class CostModel:
             **dict(self.meta),
             "batch_sizes": list(self.batch_sizes),
             "steps": list(self.steps),
-            "step_s": {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.step_s.items())},
+            "step_s": _table_json(self.step_s),
+            **({"sampled_step_s": _table_json(self.sampled_step_s)} if self.sampled_step_s is not None else {}),
         }
 
     @classmethod
@@ -122,33 +119,64 @@ class CostModel:
         hint = "write one with `specctl adaptive profile -c DEPLOY --output cost.json`"
         if not isinstance(obj, dict) or obj.get("kind") != COST_KIND:
             raise UsageError(f"{source}: not a specctl cost model (kind {COST_KIND!r} missing)", hint=hint)
-        table = obj.get("step_s")
-        if not isinstance(table, dict) or not table:
-            raise UsageError(f"{source}: step_s must map batch sizes to {{steps: seconds}}", hint=hint)
-        out: dict[int, dict[int, float]] = {}
-        for bkey, row in table.items():
-            try:
-                b = int(bkey)
-            except ValueError:
-                b = 0
-            if b < 1 or not isinstance(row, dict) or not row:
-                raise UsageError(f"{source}: step_s.{bkey}: expected a positive batch size with a steps table",
-                                 hint=hint)
-            out[b] = {}
-            for kkey, sec in row.items():
-                try:
-                    k = int(kkey)
-                except ValueError:
-                    k = -1
-                ok = isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec) and sec > 0
-                if k < 0 or not ok:
-                    raise UsageError(f"{source}: step_s.{bkey}.{kkey}: expected steps >= 0 -> seconds > 0, "
-                                     f"got {kkey!r}: {sec!r}", hint=hint)
-                out[b][k] = float(sec)
-        cm = cls(out, {k: v for k, v in obj.items() if k not in ("kind", "version", "step_s", "batch_sizes", "steps")})
+        out = _parse_table(obj.get("step_s"), "step_s", source, hint)
+        sampled = None
+        if obj.get("sampled_step_s") is not None:
+            sampled = _parse_table(obj["sampled_step_s"], "sampled_step_s", source, hint)
+            if set(sampled) != set(out) or any(set(sampled[b]) != set(out[b]) for b in out):
+                raise UsageError(f"{source}: sampled_step_s must measure the same (batch size, steps) points as "
+                                 "step_s", hint=hint)
+        skip = ("kind", "version", "step_s", "sampled_step_s", "batch_sizes", "steps")
+        cm = cls(out, {k: v for k, v in obj.items() if k not in skip}, sampled)
         if not cm.steps:
             raise UsageError(f"{source}: no steps value is measured at every batch size", hint=hint)
         return cm
+
+
+def _interpolate(table: Mapping[int, Mapping[int, float]], batch_size: int, steps: int) -> float:
+    """table[batch_size][steps], linear between measured batch sizes (extrapolated from the last two)."""
+    sizes = sorted(table)
+    if batch_size in table:
+        return float(table[batch_size][steps])
+    if len(sizes) == 1:
+        return float(table[sizes[0]][steps]) * batch_size / sizes[0]
+    lo, hi = sizes[0], sizes[1]
+    for a, b in itertools.pairwise(sizes):
+        lo, hi = a, b
+        if batch_size < b:
+            break
+    tl, th = table[lo][steps], table[hi][steps]
+    t = tl + (th - tl) * (batch_size - lo) / (hi - lo)
+    return float(max(t, min(tl, th) * 0.5))
+
+
+def _table_json(table: Mapping[int, Mapping[int, float]]) -> dict[str, dict[str, float]]:
+    return {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(table.items())}
+
+
+def _parse_table(table: Any, key: str, source: str, hint: str) -> dict[int, dict[int, float]]:
+    if not isinstance(table, dict) or not table:
+        raise UsageError(f"{source}: {key} must map batch sizes to {{steps: seconds}}", hint=hint)
+    out: dict[int, dict[int, float]] = {}
+    for bkey, row in table.items():
+        try:
+            b = int(bkey)
+        except ValueError:
+            b = 0
+        if b < 1 or not isinstance(row, dict) or not row:
+            raise UsageError(f"{source}: {key}.{bkey}: expected a positive batch size with a steps table", hint=hint)
+        out[b] = {}
+        for kkey, sec in row.items():
+            try:
+                k = int(kkey)
+            except ValueError:
+                k = -1
+            ok = isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec) and sec > 0
+            if k < 0 or not ok:
+                raise UsageError(f"{source}: {key}.{bkey}.{kkey}: expected steps >= 0 -> seconds > 0, "
+                                 f"got {kkey!r}: {sec!r}", hint=hint)
+            out[b][k] = float(sec)
+    return out
 
 
 def read_cost(path: str | Path) -> CostModel:
@@ -258,7 +286,7 @@ def replay(
             if any(a == d and k > d for a, d in zip(rec.accepted, drafted, strict=True)):
                 lower += 1
             acc = [min(a, k) for a in rec.accepted]
-        dt = cost.step_time(rec.batch_size, k)
+        dt = cost.step_time(rec.batch_size, k, rec.sampled or 0)
         tokens += sum(acc) + n
         seconds += dt
         row[0] += sum(acc) + n
