@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--trace-steps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2))
     ap.add_argument("--port-base", type=int, default=34100)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="the profile's clock (cpu: robust on a shared machine; equals wall on an idle one)")
     args = ap.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     p = args.port_base
@@ -74,8 +76,9 @@ def main() -> None:
             "--random-output-len", str(args.output_len), "--random-input-len", "128", "--no-progress"]
     tmp = Path(tempfile.mkdtemp(prefix="tune_confirm_"))
     cost = tmp / "cost.json"
-    cli("adaptive", "profile", "-c", args.deploy, "--threads", str(args.threads), "--batch-sizes",
-        ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost), env=env)
+    cli("adaptive", "profile", "-c", args.deploy, "--threads", str(args.threads), "--clock", args.clock,
+        "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
+        env=env)
     rows = []
     for kind in args.workloads.split(","):
         trace = tmp / f"{kind}.trace.jsonl"
