@@ -41,6 +41,9 @@ class RequestOutput:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     text: str | None = None  # the engine's full text so far (cut at a stop string); final delta only
     logprobs: list[Any] | None = None  # a TokenLogprob (or None) per new token, when the request asked for them
+    # HTTP status of an error: None is a server-side failure (503); 408 is a PD room whose other half never came,
+    # which a direct client causes by posting to one side only (the router always posts to both)
+    error_status: int | None = None
 
 
 def seq_finished(seq: Any) -> bool:

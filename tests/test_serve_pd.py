@@ -382,15 +382,16 @@ def test_a_payload_that_breaks_the_registration_fails_only_that_request(
 
 def test_a_room_whose_other_half_never_comes_errors_within_the_timeout(plain: dict[str, Any]) -> None:
     # What the router sends, but only to one side: each half fails within transfer.timeout_s (4 s), clearly,
-    # and leaves nothing behind.
+    # and leaves nothing behind. A direct client can do this, so it is the client's error (408), not a 5xx.
     bport = plain["ports"]["bootstrap"]
     for role, room in (("decode", 111), ("prefill", 222)):
         t0 = time.monotonic()
         code, body = complete(plain["url"][role], PROMPTS[0], bootstrap_host="127.0.0.1", bootstrap_port=bport,
                               bootstrap_room=room)
         elapsed = time.monotonic() - t0
-        assert code is not None and code >= 500, body
+        assert code == 408 and body["error"]["code"] == "request_timeout", body
         assert f"room-{room}" in body["error"]["message"] and "4s" in body["error"]["message"], body
+        assert "a prefill and a decode both" in body["error"]["message"], body
         assert elapsed < 4 + 3, f"{role}'s half-room took {elapsed:.1f}s to fail"
     assert info(plain["url"]["prefill"])["in_flight"] == 0
     d = info(plain["url"]["decode"])
@@ -413,7 +414,7 @@ def test_a_second_request_for_a_room_being_served_is_a_409(plain: dict[str, Any]
     finally:
         t.join(15)
     code, body = first["r"]  # its other half never comes: it fails as before, within the transfer timeout
-    assert code is not None and code >= 500 and f"room-{room}" in body["error"]["message"], body
+    assert code == 408 and f"room-{room}" in body["error"]["message"], body
 
 
 def test_mismatched_decode_is_refused_with_the_diff_and_never_healthy(plain: dict[str, Any], models: dict) -> None:

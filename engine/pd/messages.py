@@ -52,6 +52,7 @@ class PdDone(Message, tag="pd.done", frozen=True):
 
     req_id: str
     error: str
+    status: int = 0  # an HTTP status for the error when it is the client's to fix (408: the room never came), else 0
 
 
 class PdAbort(Message, tag="pd.abort", frozen=True):

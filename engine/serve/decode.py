@@ -13,7 +13,8 @@ Contract:
 - Per request (sglang-router's HTTP half, with `bootstrap_host/port/room`): claim the room on the named
   prefill's control socket (`PdClaim`), wait for the payload (the transfer timeout measures liveness: from
   the claim until prefill holds it, from `started` until the payload, and while `queued` from prefill's
-  last progress on any room; prefill itself fails a room whose HTTP half never comes), check it against
+  last progress on any room; prefill itself fails a room whose HTTP half never comes, and that request
+  answers 408: the client's to fix, the router posts to both sides), check it against
   the registration (pd/transfer.py), import it into the engine (target KV + state, prefill's first token and
   generator state; the drafter rebuilds its own cache) and stream the tokens: plain or speculative decoding
   continues from exactly prefill's state. Every failure finishes the request with an error naming it; a
@@ -60,7 +61,11 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 
 class _Fail(Exception):
-    pass
+    """A request fails; `status` is the HTTP status when the client can fix it (else the server's 503)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PrefillLink:
@@ -183,7 +188,7 @@ class PrefillLink:
                 self.progress_at = now
                 fut = b.waiting.get(msg.req_id)
                 if msg.req_id in self.waiting and fut is not None and not fut.done():
-                    fut.set_exception(_Fail(f"{msg.req_id}: prefill failed: {msg.error}"))
+                    fut.set_exception(_Fail(f"{msg.req_id}: prefill failed: {msg.error}", status=msg.status or None))
         finally:
             sock.close(linger=0)
 
@@ -376,7 +381,7 @@ class DecodeBackend(EngineBackend):
         except _Fail as exc:
             self.failed += 1
             finished = True
-            yield RequestOutput([], True, "error", str(exc))
+            yield RequestOutput([], True, "error", str(exc), error_status=exc.status)
         finally:
             if req_id in link.waiting:
                 self._remember(req_id, link.key)
@@ -402,11 +407,15 @@ class DecodeBackend(EngineBackend):
                 since = max(since, link.progress_at)
             remaining = since + timeout - self.loop.time()
             if remaining <= 0:
-                raise _Fail(f"{req_id}: " + {
-                    "sent": f"prefill did not acknowledge the claim within {timeout:g}s",
-                    "queued": f"prefill made no progress for {timeout:g}s while the room was queued",
-                }.get(stage, f"prefill sent no KV within {timeout:g}s of starting the room")
-                    + " (transfer.timeout_s)")
+                if stage == "queued":
+                    # Prefill holds the claim but never got the request itself: the client (or a router) sent
+                    # it to this decode alone. The client's to fix, so a 408, not a 5xx.
+                    raise _Fail(f"{req_id}: prefill never received this request within {timeout:g}s "
+                                "(transfer.timeout_s); a request with bootstrap_room goes to a prefill and a decode "
+                                "both (sglang-router does this)", status=408)
+                raise _Fail(f"{req_id}: " + (
+                    f"prefill did not acknowledge the claim within {timeout:g}s" if stage == "sent"
+                    else f"prefill sent no KV within {timeout:g}s of starting the room") + " (transfer.timeout_s)")
             done, _ = await asyncio.wait({fut}, timeout=min(remaining, 1.0))
             if done:
                 return fut.result()

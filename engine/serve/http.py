@@ -359,8 +359,9 @@ class OpenAIServer:
         if final is None or final.finish_reason == "error":
             message = (final.error if final else None) or "generation ended without a result"
             self._record(t0=t0, first=clock.first, ids=ids, final=None, status="error")
-            self.metrics.http_errors.inc(code="503")
-            return json_error(message, status=503)
+            code = (final.error_status if final else None) or 503
+            self.metrics.http_errors.inc(code=str(code))
+            return json_error(message, status=code)
         self._record(t0=t0, first=clock.first, ids=ids, final=final, status=final.finish_reason or "stop")
         text = final.text if final.text is not None else self.backend.decode(out)
         usage = usage_of(len(ids), len(out), final.accept_lengths)
@@ -431,7 +432,7 @@ class OpenAIServer:
                     if item.finish_reason == "error":
                         if text or item.token_ids:
                             await send(chunk(text, None, token_ids=item.token_ids, logprobs=item.logprobs))
-                        await send(error_body(item.error or "generation failed", status=503))
+                        await send(error_body(item.error or "generation failed", status=item.error_status or 503))
                         break
                     c = chunk(text, item.finish_reason, token_ids=item.token_ids, logprobs=item.logprobs)
                     c["timings"] = item.timings

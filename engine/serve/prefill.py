@@ -14,7 +14,8 @@ Contract:
   session's decode over the transfer backend (zmq or shm; decode verifies it against the registration and
   acknowledges), and the HTTP half answers with the first token.
 - A room whose other half never comes errors within `transfer.timeout_s`: an HTTP half without a claim
-  answers an error, a claim without an HTTP half gets `PdDone` (the room failed); a failed transfer errors both.
+  answers a 408, a claim without an HTTP half gets `PdDone` with status 408 (the room failed; a direct client
+  that posts to one side only caused it, so neither side answers a 5xx); a failed transfer errors both (503).
   Nothing is left behind: pages are freed at export, exported tensors dropped with the room.
 - A request without `bootstrap_room` is refused (400): prefill serves the router, not clients.
 - With a shared secret every control message must carry its session's MAC (bootstrap.seal); one that does
@@ -192,6 +193,7 @@ class PrefillBackend(EngineBackend):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ctx.timeout_s
         error: str | None = None
+        error_status: int | None = None
         try:
             if room.claim is not None:
                 await self._reply(room, PdProgress(req_id=key, stage="started"))
@@ -205,7 +207,9 @@ class PrefillBackend(EngineBackend):
                     await asyncio.wait_for(room.claimed.wait(), max(0.0, left))
                 except asyncio.TimeoutError:
                     raise _Fail(f"no decode claimed {key} within {self.ctx.timeout_s:g}s (transfer.timeout_s): "
-                                "the router's request never reached a paired decode") from None
+                                "the router's request never reached a paired decode; a request with "
+                                "bootstrap_room goes to a prefill and a decode both (sglang-router does this)",
+                                status=408) from None
             if room.aborted:
                 raise _Fail(f"{key}: decode aborted it ({room.aborted})")
             claim = room.claim
@@ -223,7 +227,7 @@ class PrefillBackend(EngineBackend):
                                             compute_s=float(out.timings.get("compute_s", 0.0)))
             yield RequestOutput([first], True, "length", completion_tokens=1, timings=dict(out.timings))
         except _Fail as exc:
-            error = str(exc)
+            error, error_status = str(exc), exc.status
         except asyncio.CancelledError:
             error = "aborted"
             raise
@@ -238,7 +242,7 @@ class PrefillBackend(EngineBackend):
                 if room.claim is not None and not room.aborted:
                     await self._reply(room, PdDone(req_id=key, error=error))
         if error is not None and error != "aborted":
-            yield RequestOutput([], True, "error", error)
+            yield RequestOutput([], True, "error", error, error_status=error_status)
 
     def _on_step(self, engine: Any) -> None:
         """Engine thread, after each step: the step that sampled a room's first token splits the room's time on
@@ -395,9 +399,10 @@ class PrefillBackend(EngineBackend):
                 del self._rooms[room.key]
                 self.failed += 1
                 log.warning("%s: the router's request never reached this prefill", room.key)
-                await self._reply(room, PdDone(req_id=room.key, error=(
+                await self._reply(room, PdDone(req_id=room.key, status=408, error=(
                     f"the router's request for {room.key} never reached prefill within {self.ctx.timeout_s:g}s "
-                    "(transfer.timeout_s)")))
+                    "(transfer.timeout_s); a request with bootstrap_room goes to a prefill and a decode both "
+                    "(sglang-router does this)")))
         finally:
             task = asyncio.current_task()
             if task in self._bg:
@@ -465,4 +470,8 @@ class PrefillBackend(EngineBackend):
 
 
 class _Fail(Exception):
-    pass
+    """A room fails; `status` is the HTTP status when the client can fix it (else the server's 503)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

@@ -242,8 +242,9 @@ class SglangRoutes:
                 final = item
                 break
         if final is None or final.finish_reason == "error":
-            self.server.metrics.http_errors.inc(code="503")
-            return json_error((final.error if final else None) or "generation ended without a result", status=503)
+            code = (final.error_status if final else None) or 503
+            self.server.metrics.http_errors.inc(code=str(code))
+            return json_error((final.error if final else None) or "generation ended without a result", status=code)
         meta = meta_info(rid, len(ids), out, final)
         meta["e2e_latency"] = time.perf_counter() - t0
         text = final.text if final.text is not None else self.backend.decode(out)
