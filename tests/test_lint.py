@@ -83,6 +83,7 @@ STRICT = (
     "engine/serve/sglang_http.py",
     "engine/serve/router.py",
     "engine/pd/messages.py",
+    "engine/pd/bootstrap.py",
     "engine/serve/prefill.py",
     "engine/serve/decode.py",
     "engine/pd/__init__.py",

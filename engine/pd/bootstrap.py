@@ -41,6 +41,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import zmq
@@ -55,43 +56,43 @@ _NONCE_TTL_S = 30.0
 _MAX_NONCES = 1024
 
 
-class Hello(wire.Message, tag="bootstrap.hello"):
+class Hello(wire.Message, tag="bootstrap.hello", frozen=True):
     client_nonce: bytes
 
 
-class Challenge(wire.Message, tag="bootstrap.challenge"):
+class Challenge(wire.Message, tag="bootstrap.challenge", frozen=True):
     nonce: bytes
     auth_required: bool
     server_epoch: str
 
 
-class Register(wire.Message, tag="bootstrap.register"):
+class Register(wire.Message, tag="bootstrap.register", frozen=True):
     info: bytes  # msgpack of RegistrationInfo; the proof is computed over exactly these bytes
     nonce: bytes
     client_nonce: bytes
     proof: bytes = b""
 
 
-class Accepted(wire.Message, tag="bootstrap.accepted"):
+class Accepted(wire.Message, tag="bootstrap.accepted", frozen=True):
     prefill: RegistrationInfo
     session_id: str
     server_epoch: str
     proof: bytes = b""
 
 
-class Rejected(wire.Message, tag="bootstrap.rejected"):
+class Rejected(wire.Message, tag="bootstrap.rejected", frozen=True):
     reason: str
     mismatches: list[Mismatch] = []
     prefill: RegistrationInfo | None = None
 
 
-class Ping(wire.Message, tag="bootstrap.ping"):
+class Ping(wire.Message, tag="bootstrap.ping", frozen=True):
     session_id: str
     nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce)
     proof: bytes = b""
 
 
-class Pong(wire.Message, tag="bootstrap.pong"):
+class Pong(wire.Message, tag="bootstrap.pong", frozen=True):
     paired: bool
     server_epoch: str
 
@@ -107,7 +108,7 @@ class HandshakeRejected(RuntimeFailure):
             text += "\n" + render_mismatches(self.mismatches)
         super().__init__(text, hint="fix the fields above so prefill and decode agree, then restart decode")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "mismatches": [m.to_json() for m in self.mismatches]}
 
 
@@ -169,7 +170,7 @@ def open_sealed(key: bytes | None, frames: list[bytes]) -> list[bytes] | None:
 class BootstrapStats:
     accepted: int = 0
     rejected: int = 0
-    last_rejection: list[dict] = field(default_factory=list)
+    last_rejection: list[dict[str, Any]] = field(default_factory=list)
     last_reason: str = ""
 
 
@@ -186,7 +187,7 @@ class BootstrapServer:
         on_pair: Callable[[Peer], None] | None = None,
         on_unpair: Callable[[Peer], None] | None = None,
         peer_ttl_s: float = 10.0,
-        ctx: zmq.Context | None = None,
+        ctx: zmq.Context[Any] | None = None,
     ) -> None:
         self.local = local
         self._host, self._port = host, port
@@ -403,7 +404,7 @@ def register(
     secret: bytes | str | None = None,
     timeout_s: float = 5.0,
     retries: int = 3,
-    ctx: zmq.Context | None = None,
+    ctx: zmq.Context[Any] | None = None,
 ) -> Pairing:
     """Register decode `local` with prefill's bootstrap `endpoint`.
 
@@ -467,7 +468,7 @@ def _ping(pairing: Pairing) -> Ping:
     return Ping(session_id=pairing.session_id, nonce=nonce, proof=_ping_proof(pairing.key, pairing.session_id, nonce))
 
 
-def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context | None = None) -> bool:
+def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context[Any] | None = None) -> bool:
     """True while prefill is up and still paired with this session. False when prefill restarted
     (new epoch) or dropped the pairing: decode should `register()` again. Raises wire.WireTimeout
     when prefill does not answer."""
