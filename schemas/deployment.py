@@ -6,7 +6,8 @@ returns a frozen `Deployment`; unreadable input raises `UsageError` (exit 2), er
 `InvalidInput` (exit 1) with `.findings`. `Deployment.role(name)` is the fully merged config of one
 role: the top-level `model`/`speculative`/`cache`/`serve`/`transfer` sections with that role's
 overrides deep-merged on top (a role's `speculative.adaptive.buckets` replaces the whole table, so a
-role can drop a bucket), defaults filled, plus `host`, `port`, `bootstrap_port`, `name`.
+role can drop a bucket), defaults filled, plus `host`, `port`, `bootstrap_port`, `name` (and the router's
+`metrics_port`).
 
 A file without `roles` declares one `colocated` role on 127.0.0.1:30000.
 """
@@ -161,6 +162,8 @@ def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any
     out["host"] = role_cfg.get("host", DEFAULT_HOST)
     out["port"] = role_cfg.get("port", DEFAULT_COLOCATED_PORT if role == "colocated" else None)
     out["bootstrap_port"] = role_cfg.get("bootstrap_port")
+    if role == "router":
+        out["metrics_port"] = role_cfg.get("metrics_port")  # sglang-router's Prometheus port (None: a free one)
     return out
 
 

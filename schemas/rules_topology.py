@@ -18,7 +18,8 @@ from specctl.schemas.rules import RoleRef, RuleContext, finding
 
 register(RuleDoc(
     "TOP601", "port collision", "error",
-    "Two listeners of the deployment (role HTTP ports, prefill's bootstrap port) use the same port on "
+    "Two listeners of the deployment (role HTTP ports, prefill's bootstrap port, the router's metrics port) "
+    "use the same port on "
     "overlapping addresses (0.0.0.0 overlaps every IPv4 address; localhost is 127.0.0.1).",
     "OSError: [Errno 98] Address already in use, when the second process starts.",
     "Give every listener its own port.",
@@ -103,6 +104,8 @@ def listeners(ctx: RuleContext) -> list[tuple[str, str, int, str]]:
             out.append((f"{label}.port", host, rcfg["port"], f"{base}.port"))
         if role == "prefill" and isinstance(rcfg.get("bootstrap_port"), int):
             out.append((f"{label}.bootstrap_port", host, rcfg["bootstrap_port"], f"{base}.bootstrap_port"))
+        if role == "router" and isinstance(rcfg.get("metrics_port"), int):
+            out.append((f"{label}.metrics_port", host, rcfg["metrics_port"], f"{base}.metrics_port"))
     return out
 
 

@@ -86,3 +86,16 @@ def test_topology_rules_cover_every_instance(tmp_path: Path, prefill: str, decod
 def test_a_malformed_instance_list_is_a_schema_error(tmp_path: Path, decode: str) -> None:
     found = _findings(_file(tmp_path, decode=decode))
     assert found and all(c.startswith("SCH") for c, _ in found), found
+
+
+def test_the_router_metrics_port_is_a_listener_and_reaches_sglang_router(tmp_path: Path) -> None:
+    """roles.router.metrics_port: validated like every listener (a clash is TOP601 at its path) and passed to
+    sglang-router as --prometheus-port."""
+    path = tmp_path / "m.yaml"
+    path.write_text(BASE.format(prefill=PREFILLS, decode=DECODES).replace(
+        "router: {host: 127.0.0.1, port: 32900}", "router: {host: 127.0.0.1, port: 32900, metrics_port: 32901}"))
+    assert ("TOP601", "$.roles.router.metrics_port") in _findings(path)
+    path.write_text(path.read_text().replace("metrics_port: 32901", "metrics_port: 32990"))
+    assert _findings(path) == []
+    argv = router_argv(load_deployment(path), python=sys.executable)
+    assert argv[argv.index("--prometheus-port") + 1] == "32990"
