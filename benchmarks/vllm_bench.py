@@ -49,7 +49,7 @@ Exit 0 when it measured (whatever the checks say), 2 without the vLLM venv or on
 3 when a server does not start or a request fails.
 
     python benchmarks/vllm_bench.py [--batch-sizes 1,8,32] [--new-tokens 128] [--prompt-len 32]
-                                    [--repeats 3] [--threads 1] [--vllm-venv DIR]
+                                    [--repeats 5] [--threads 1] [--vllm-venv DIR]
     python benchmarks/vllm_bench.py --setup        # prints the vLLM venv install steps
 
 Setting up the vLLM venv (what `--setup` prints; `--vllm-venv` or $VLLM_VENV, default /work/vllm-venv):
@@ -170,24 +170,37 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """SIGTERM to the whole group, SIGKILL after 15 s; safe to call twice."""
-        proc = self.proc
+    def terminate(self) -> None:
+        # To the leader only: it shuts its own children down (vLLM's API server stops its engine core
+        # and worker); a SIGTERM to the whole group at once leaves vLLM hanging until the SIGKILL.
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def kill(self, grace: float) -> None:
+        """After `grace` seconds for the SIGTERM to work, SIGKILL whatever is left of the group (vLLM's
+        engine core and worker may outlive the API server); safe to call twice."""
+        proc, self.proc = self.proc, None
         if proc is None:
             return
-        self.proc = None
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        # Children (vLLM's engine core and worker) may outlive the leader: kill whatever is left.
+        try:
+            proc.wait(timeout=max(0.0, grace))
+        except subprocess.TimeoutExpired:
+            pass
         _signal_group(proc.pid, signal.SIGKILL)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def stop_all(servers: list[Server], grace: float = 10.0) -> None:
+    """SIGTERM to every server at once, then SIGKILL to each process group after `grace` seconds (or as
+    soon as its leader has exited: whatever it left behind goes too)."""
+    for s in servers:
+        s.terminate()
+    deadline = time.monotonic() + grace
+    for s in servers:
+        s.kill(deadline - time.monotonic())
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -463,9 +476,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", default="1,8,32", help="concurrent closed-loop clients, comma-separated")
     ap.add_argument("--new-tokens", type=int, default=128, help="max_tokens of every request (EOS ignored)")
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per batch; medians are reported")
-    ap.add_argument("--waves", type=int, default=2, help="requests per client at each batch size")
-    ap.add_argument("--min-requests", type=int, default=8, help="at least this many requests per measurement")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats per batch; medians are reported")
+    ap.add_argument("--waves", type=int, default=4, help="requests per client at each batch size")
+    ap.add_argument("--min-requests", type=int, default=16, help="at least this many requests per measurement")
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads of each server")
     ap.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND core list (default: nobind)")
     ap.add_argument("--vllm-preload", choices=["auto", "none"], default="auto",
@@ -505,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)  # unwinds through the finally below, which stops the servers
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
     tmp = Path(tempfile.mkdtemp(prefix="specctl-vllm-bench-"))
     try:
         python = vllm_python(args.vllm_venv)
@@ -519,8 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         print("vllm_bench: interrupted; servers stopped", file=sys.stderr)
         return 130
     finally:
-        for s in servers.values():
-            s.stop()
+        stop_all(list(servers.values()))
         if args.keep:
             print(f"  kept {tmp}", file=sys.stderr)
         else:
