@@ -71,6 +71,7 @@ import importlib.util
 import json
 import os
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -295,7 +296,8 @@ def make_servers(args: argparse.Namespace, python: Path, ckpt: Path, tmp: Path) 
         "vllm", f"http://127.0.0.1:{vllm_port}",
         [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--host", "127.0.0.1",
          "--port", str(vllm_port), "--dtype", "float32", "--max-model-len", str(max(context, 256)),
-         "--max-num-seqs", str(max(biggest, 1)), "--no-enable-prefix-caching", "--seed", "0"],
+         "--max-num-seqs", str(max(biggest, 1)), "--no-enable-prefix-caching", "--seed", "0",
+         *shlex.split(args.vllm_args)],
         vllm_env, tmp / "vllm.log",
     )  # fmt: skip
     deploy = tmp / "deploy.yaml"
@@ -448,6 +450,7 @@ def summarise(args: argparse.Namespace, got: list[Measurement]) -> dict[str, Any
         "threads": args.threads,
         "vllm_bind": args.vllm_bind or "nobind",
         "vllm_preload": [Path(p).name for p in vllm_preload(args)],
+        "vllm_args": args.vllm_args,
         "new_tokens": args.new_tokens,
         "prompt_len": args.prompt_len,
         "repeats": args.repeats,
@@ -483,6 +486,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND core list (default: nobind)")
     ap.add_argument("--vllm-preload", choices=["auto", "none"], default="auto",
                     help="auto: LD_PRELOAD libiomp5 (and tcmalloc if installed) for vLLM, as its worker asks")
+    ap.add_argument("--vllm-args", default="", help="extra api_server arguments, e.g. '--enforce-eager'")
     ap.add_argument("--vllm-kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)

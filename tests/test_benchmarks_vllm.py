@@ -91,7 +91,8 @@ def test_summary_pairs_ratios_within_a_repeat_and_counts_identical_outputs() -> 
         M("specctl", 1, 2, 2.0, 200, [same, same]), M("vllm", 1, 2, 2.0, 400, [same, other]),
     ]  # fmt: skip
     args = argparse.Namespace(batches=[1], threads=1, vllm_bind="", new_tokens=4, prompt_len=3, repeats=3,
-                              hidden=8, layers=1, vocab=16, vllm_preload="none", vllm_venv=Path("/nonexistent"))
+                              hidden=8, layers=1, vocab=16, vllm_preload="none", vllm_venv=Path("/nonexistent"),
+                              vllm_args="")
     s = bench.summarise(args, got)
     b1 = s["batches"]["1"]
     assert b1["ratios"] == [4.0, 1.0, 0.5]
