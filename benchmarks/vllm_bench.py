@@ -39,9 +39,20 @@ of torch/OpenMP threads, `--threads` (default 1, as in engine_bench.py: on a loa
 threads spin against other processes): `OMP_NUM_THREADS=N` for both, and for vLLM
 `VLLM_CPU_OMP_THREADS_BIND=nobind` (vLLM's default `auto` pins its OpenMP threads to cores of a NUMA
 node; unpinned, both are scheduled by the same kernel rules; `--vllm-bind 0-1` passes a core list
-instead), `VLLM_CPU_KVCACHE_SPACE=--vllm-kv-gib` GiB, and `OMP_WAIT_POLICY=PASSIVE` for both (specctl's
-CLI sets it by default). Note vLLM runs three processes (API server, engine core, worker) against
-specctl's one, so with 1 torch thread vLLM's HTTP and scheduling work can use the other core.
+instead, `--vllm-bind auto` vLLM's own), `VLLM_CPU_KVCACHE_SPACE=--vllm-kv-gib` GiB, LD_PRELOAD of the
+venv's libiomp5 (and tcmalloc when the system has it: vLLM's CPU worker asks for both at start-up "for
+best performance"; `--vllm-preload none` to skip), and `OMP_WAIT_POLICY=PASSIVE` for both (specctl's
+CLI sets it by default). vLLM runs three processes (API server, engine core, worker), specctl one (its
+HTTP loop and engine thread): with 1 torch thread each side's HTTP and scheduling work can still use
+the other core. `--vllm-args '--enforce-eager'` passes extra server arguments. Both servers are
+stopped at exit, also on Ctrl-C / SIGTERM (SIGTERM to each, SIGKILL to its process group after 10 s).
+
+Measured here (2026-12-01, 2 cores shared with other work, defaults: 128 new tokens, 32-token
+prompts, 5 repeats, 1 thread): specctl/vLLM 1.17x at batch 1 (931 vs 815 tok/s), 0.65x at 8 (2648 vs
+4323), 0.71x at 32 (5428 vs 7645); every output identical token for token (880 requests). vLLM with
+`--enforce-eager` (0.65x at 8) or its `auto` core binding (0.58x at 8) does not change the picture.
+For scale, the in-process engine (engine_bench.py's worker, one generate call of the whole batch)
+made 1212 / 3496 / 6890 tok/s at 1 / 8 / 32 on the same checkpoint.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
