@@ -84,6 +84,7 @@ import os
 import random
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -393,7 +394,19 @@ async def closed_loop(server: Server, prompts: list[list[int]], batch: int, new_
 # ---------------------------------------------------------------- the run
 
 
+def check_port_free(port: int) -> None:
+    """A server already listening there would answer /health and be benchmarked in place of ours."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise BenchError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); choose another --port-base "
+                             f"(vLLM uses it, specctl the next one)", 2) from None
+
+
 async def run(args: argparse.Namespace, servers: dict[str, Server]) -> list[Measurement]:
+    for s in servers.values():
+        check_port_free(int(s.url.rsplit(":", 1)[1]))
     for s in servers.values():
         s.start()
     for s in servers.values():
@@ -552,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         print("vllm_bench: interrupted; servers stopped", file=sys.stderr)
         return 130
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
         stop_all(list(servers.values()))
         if args.keep:
             print(f"  kept {tmp}", file=sys.stderr)
