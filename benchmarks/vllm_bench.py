@@ -48,8 +48,9 @@ the other core. `--vllm-args '--enforce-eager'` passes extra server arguments. B
 stopped at exit, also on Ctrl-C / SIGTERM (SIGTERM to each, SIGKILL to its process group after 10 s).
 
 Measured here (2026-12-01, 2 cores shared with other work, defaults: 128 new tokens, 32-token
-prompts, 5 repeats, 1 thread): specctl/vLLM 1.17x at batch 1 (931 vs 815 tok/s), 0.65x at 8 (2648 vs
-4323), 0.71x at 32 (5428 vs 7645); every output identical token for token (880 requests). vLLM with
+prompts, 5 repeats, 1 thread, commit 97f303b): specctl/vLLM 1.08x at batch 1 (983 vs 927 tok/s), 0.61x
+at 8 (2627 vs 4329), 0.73x at 32 (5385 vs 7414); every output identical token for token (880 requests),
+so the issue-13 target (>= 1.3x at 1, 8 and 32) is not met by this engine here. vLLM with
 `--enforce-eager` (0.65x at 8) or its `auto` core binding (0.58x at 8) does not change the picture.
 For scale, the in-process engine (engine_bench.py's worker, one generate call of the whole batch)
 made 1212 / 3496 / 6890 tok/s at 1 / 8 / 32 on the same checkpoint.
