@@ -15,7 +15,16 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.model import PACKED_MIN_ROWS, PackedLinear, _can_pack, causal_conv, ssd_short, ssd_step
+from specctl.engine.model import (
+    PACKED_LARGE_ELEMENTS,
+    PACKED_MIN_ROWS,
+    PACKED_MIN_ROWS_LARGE,
+    PackedLinear,
+    _can_pack,
+    causal_conv,
+    ssd_short,
+    ssd_step,
+)
 from specctl.engine.model_runner import ForwardItem, ModelRunner
 
 
@@ -48,6 +57,17 @@ def test_short_scan_equals_the_recurrence(q):
     torch.testing.assert_close(states, torch.stack(ref, 1), rtol=1e-5, atol=1e-5)
     if q > 1:  # padding positions repeat the last real state
         torch.testing.assert_close(states[1, -1], states[1, q // 2 - 1])
+
+
+@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+@pytest.mark.parametrize("rows", [PACKED_MIN_ROWS_LARGE - 1, PACKED_MIN_ROWS_LARGE, PACKED_MIN_ROWS_LARGE + 1])
+def test_a_large_weight_packs_from_fewer_rows_and_computes_the_same(rows):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(PACKED_LARGE_ELEMENTS // 256, 256, generator=g)
+    lin = PackedLinear(w, None)
+    assert lin.min_rows == PACKED_MIN_ROWS_LARGE < PACKED_MIN_ROWS == PackedLinear(w[:8], None).min_rows
+    x = torch.randn(rows, 256, generator=g)
+    torch.testing.assert_close(lin(x), F.linear(x, w), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
