@@ -22,7 +22,7 @@ model directory gets the model's config.json and tokenizer files too, so it is a
 (`--evaluate --against-dir DIR`, `spec_bench.py --draft DIR`):
 
     python scripts/train_builtin.py --model tiny-draft --distill-from tiny-hybrid --init-from tiny-draft \
-        --distill-alpha 1.0 --lr 1e-3 --warmup 20 --steps 1500 --max-seconds 1200 --out-dir /tmp/distill-draft
+        --distill-alpha 1.0 --lr 1e-3 --warmup 50 --steps 4000 --max-seconds 1200 --out-dir /tmp/distill-draft
     python scripts/train_builtin.py --model tiny-hybrid --evaluate --against-dir /tmp/distill-draft
 """
 
