@@ -48,7 +48,8 @@ def snippet_loss(name: str) -> float:
 
 
 def test_builtin_models_have_learned_python():
-    # shipped weights: target ~0.73, draft ~1.61 nats/byte on this snippet
+    # shipped weights: target ~0.73, draft ~1.87 nats/byte on this snippet (the distilled draft; the cross-entropy
+    # one it started from had ~1.61: on this one snippet its agreement with the target fell, 0.65 -> 0.60)
     target, draft = snippet_loss("tiny-hybrid"), snippet_loss("tiny-draft")
     assert target < 1.2 and draft < 1.9, (target, draft)
     assert target < draft - 0.3  # the 4-layer target is the better model, as speculation assumes
