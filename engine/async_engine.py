@@ -100,6 +100,9 @@ class AsyncEngine:
         self.failed_steps = 0
         self.last_error: str | None = None
         self.on_step: Callable[[Any], None] | None = None  # called on the engine thread after each step
+        # Deltas of one step, handed to each event loop in ONE thread-safe call (one wake-up of the loop, not
+        # one per request: at batch 8 that is 8x fewer self-pipe writes and GIL hand-overs per step).
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
 
     # lifecycle ------------------------------------------------------------------------------------
     def start(self) -> AsyncEngine:
@@ -175,8 +178,10 @@ class AsyncEngine:
                         self._handle(self._inbox.get_nowait())
                     except queue.Empty:
                         break
+                self._flush()
             if self._live and not self._stop.is_set():
                 self._step()
+                self._flush()
         # Shutting down: fail whatever is still streaming so no client waits forever.
         for stream in list(self._live.values()):
             stream.push(RequestOutput([], True, "error", "server shutting down", stream.sent))
@@ -265,7 +270,24 @@ class AsyncEngine:
                 item.timings = seq_timings(seq)
                 text = getattr(seq, "text", None)
                 item.text = text if isinstance(text, str) else None
-            stream.push(item)
+            self._outbox.setdefault(stream.loop, []).append((stream, item))
+
+    def _flush(self) -> None:
+        """Hand this step's deltas to their event loops, one call per loop (see `_outbox`)."""
+        if not self._outbox:
+            return
+        box, self._outbox = self._outbox, {}
+        for loop, items in box.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+
+def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
+    """On the event loop: put each delta on its request's queue, in the engine's order."""
+    for stream, item in items:
+        stream.queue.put_nowait(item)
 
 
 def seq_timings(seq: Any) -> dict[str, float]:
