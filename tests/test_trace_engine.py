@@ -63,6 +63,7 @@ def test_trace_lines_are_complete_and_consistent(deep_trace):
         assert r.time is not None and r.draft_s is not None and r.verify_s is not None and r.verify_s > 0
         assert r.sampled == 0  # greedy requests
     assert sum(sum(r.accepted) for r in recs) == stats["accepted_tokens"]
+    assert recs[0].run and {r.run for r in recs} == {recs[0].run}  # one engine, one run
     # the old reader's view (adaptive simulate) still loads it
     out = subprocess.run([sys.executable, "-m", "specctl.cli", "adaptive", "simulate", "tiny-colocated",
                           "--trace", str(path), "--format", "json"], capture_output=True, text=True, timeout=120)

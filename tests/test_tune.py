@@ -232,3 +232,25 @@ def test_sampled_share_prices_each_verify():
     bad = {**cm.to_json(), "sampled_step_s": {"1": {"0": 1e-3}}}
     with pytest.raises(UsageError, match="same"):
         CostModel.from_json(bad)
+
+
+def test_each_run_of_a_trace_replays_with_a_fresh_policy():
+    """Two engines' runs in one trace (`run`): each is replayed from the policy's start, so the whole equals
+    the two replayed apart; without run ids the second would inherit the first's EMA and steps."""
+    from dataclasses import replace as dc_replace
+
+    cfg, _ = parse_sglang_config({"1": {"candidate_steps": [0, 1, 3, 7], "warmup_batches": 2, "update_interval": 2}})
+    assert cfg is not None
+    bad = [dc_replace(r, run="a") for r in records([0] * 60)]
+    good = [dc_replace(r, run="b", line=r.line + 60) for r in records([K] * 60)]
+    cm = cost_model()
+    both = replay(cfg, bad + good, cm, initial_steps=3)
+    apart = [replay(cfg, part, cm, initial_steps=3) for part in (bad, good)]
+    assert both.tokens == sum(p.tokens for p in apart)
+    assert both.seconds == pytest.approx(sum(p.seconds for p in apart))
+    assert both.switches == sum(p.switches for p in apart)
+    inherited = replay(cfg, [dc_replace(r, run=None) for r in bad + good], cm, initial_steps=3)
+    assert inherited.tokens != both.tokens  # the fresh start matters here: the useless run left the bucket at 0
+    # the run id survives the trace format
+    line = json.dumps(good[0].to_json())
+    assert parse_record(json.loads(line), "t", 1).run == "b"

@@ -5,7 +5,7 @@ The format (JSON Lines; one object per line, blank lines skipped, unknown keys i
     {"batch_size": 4, "accepted": [2, 3, 0, 1]}                                  # the original format
     {"time": 1733050000.12, "batch_size": 4, "steps": 3, "accepted": [2, 3, 0, 1],
      "drafted": [3, 3, 3, 2], "rids": [0, 5, 6, 9], "draft_s": 0.0012, "verify_s": 0.0031, "sampled": 1,
-     "trace_steps": 7}
+     "run": "3f2a9c1e07b4", "trace_steps": 7}
 
 `batch_size` and `accepted` (accepted draft tokens per request) are required: they are what the
 adaptive policy consumes, so `adaptive simulate` replays either shape. The engine adds `time` (Unix
@@ -14,7 +14,9 @@ request actually proposed: fewer than `steps` when the drafter had nothing or ma
 `rids` (the engine's request ids, so one request's verifies can be followed through the trace),
 `draft_s` and `verify_s` (wall seconds drafting, and verifying + accepting), `sampled` (how many of the
 batch's requests sample, temperature > 0: their drafts and verify take the costlier rejection-sampling
-path, which `adaptive tune` prices with the cost model's sampled table). `trace_steps` is set when
+path, which `adaptive tune` prices with the cost model's sampled table), `run` (one id per engine: every
+engine starts its adaptive policy fresh, so `adaptive tune` replays each run with a policy of its own; a
+file several engines appended to, or several benchmark runs, holds several runs). `trace_steps` is set when
 the engine ran with `--trace-steps K` (drafting K every step whatever the policy says): such a trace
 is counterfactual-complete, because a verify that drafted K and accepted a would have accepted
 min(a, k) with any k <= K (greedy acceptance is a prefix test, so a shorter draft is a prefix of the
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +61,7 @@ class TraceRecord:
     trace_steps: int | None = None
     rids: tuple[int, ...] | None = None
     sampled: int | None = None  # requests of the batch that sample (None: unknown, an older trace)
+    run: str | None = None  # the engine that wrote it (None: an older trace, one run)
 
     @property
     def drafted_per_request(self) -> tuple[int, ...] | None:
@@ -78,6 +82,8 @@ class TraceRecord:
             out["drafted"] = list(self.drafted)
         if self.rids is not None:
             out["rids"] = list(self.rids)
+        if self.run is not None:
+            out["run"] = self.run
         return out
 
 
@@ -149,8 +155,17 @@ def parse_record(obj: Any, name: str, lineno: int) -> TraceRecord:
         line=lineno, batch_size=bs, accepted=acc, steps=steps, drafted=drafted,
         time=_opt_float(obj, "time", name, lineno), draft_s=_opt_float(obj, "draft_s", name, lineno),
         verify_s=_opt_float(obj, "verify_s", name, lineno), trace_steps=trace_steps, rids=rids,
-        sampled=sampled,
+        sampled=sampled, run=_opt_run(obj, name, lineno),
     )
+
+
+def _opt_run(obj: dict[str, Any], name: str, lineno: int) -> str | None:
+    v = obj.get("run")
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > 64:
+        raise _bad_line(name, lineno, f"run must be a short non-empty string, got {_shown(v)}")
+    return v
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
@@ -195,6 +210,7 @@ class TraceWriter:
             raise RuntimeFailure(f"cannot open verify trace {self.path}: {exc.strerror or exc}",
                                  hint="pass a writable file to --trace-out") from None
         self.records = 0
+        self.run = uuid.uuid4().hex[:12]  # this engine's run: its policy started fresh
 
     def record(
         self,
@@ -220,6 +236,7 @@ class TraceWriter:
             "draft_s": round(draft_s, 7),
             "verify_s": round(verify_s, 7),
             "sampled": sampled,
+            "run": self.run,
         }
         if self.trace_steps is not None:
             obj["trace_steps"] = self.trace_steps

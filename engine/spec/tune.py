@@ -263,9 +263,9 @@ def replay(
     initial_steps: int,
     graph_batch_sizes: Sequence[int] = (),
 ) -> Prediction:
-    """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring)."""
-    policy = AdaptivePolicy(cfg, initial_steps=initial_steps, graph_batch_sizes=graph_batch_sizes,
-                            clock=lambda: 0.0)
+    """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring). Each run of
+    the trace (`TraceRecord.run`: one engine) gets a policy of its own, started fresh, as that engine did."""
+    policies: dict[str | None, AdaptivePolicy] = {}
     tokens = 0
     seconds = 0.0
     used: Counter[int] = Counter()
@@ -277,6 +277,10 @@ def replay(
             continue
         row = by_batch.setdefault(rec.batch_size, [0.0, 0.0, 0.0])
         row[2] += sum(rec.accepted) + n  # what the recorded run emitted: the workload's weight
+        policy = policies.get(rec.run)
+        if policy is None:
+            policy = policies[rec.run] = AdaptivePolicy(cfg, initial_steps=initial_steps,
+                                                        graph_batch_sizes=graph_batch_sizes, clock=lambda: 0.0)
         state = policy.bucket_for_batch(rec.batch_size)
         k = state.steps
         if k == 0:
@@ -294,7 +298,8 @@ def replay(
         used[k] += 1
         policy.on_verify_complete(acc, rec.batch_size)
     table = {b: (int(t), sec, int(w)) for b, (t, sec, w) in by_batch.items()}
-    return Prediction(tokens, seconds, sum(used.values()), dict(used), len(policy.switches), lower, table)
+    switches = sum(len(p.switches) for p in policies.values())
+    return Prediction(tokens, seconds, sum(used.values()), dict(used), switches, lower, table)
 
 
 class Unanswerable(ValueError):
