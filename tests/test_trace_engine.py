@@ -23,7 +23,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
 from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV, read_trace
-from specctl.engine.spec.tune import Unanswerable, replay_positions
+from specctl.engine.spec.tune import CostModel, Unanswerable, fixed_config, replay, replay_positions
 from specctl.errors import InvalidInput
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "class Parser:\n    def __init__(self, ", "for i in range(10):\n"]
@@ -91,6 +91,16 @@ def test_counterfactual_replay_equals_a_real_run_at_fixed_steps(deep_trace, k):
     else:
         with pytest.raises(Unanswerable):
             replay_positions(recs, k)
+    # tune's replay walks the same positions (the trace is one single-stream run): as many verifies and
+    # tokens as the real run at k, where the trace determines them (a lower bound elsewhere)
+    cm = CostModel({1: {s: 1e-3 * (1 + 0.2 * s) for s in range(8)}})
+    pred = replay(fixed_config(k), recs, cm, initial_steps=k)
+    real_verifies = sum(len(r) for r in real_accepted)
+    real_tokens = sum(a + 1 for r in real_accepted for a in r)
+    if pred.lower_bound_verifies == 0:
+        assert (pred.verifies, pred.tokens) == (real_verifies, real_tokens)
+    else:
+        assert pred.verifies >= real_verifies and pred.tokens == real_tokens
 
 
 def test_trace_steps_needs_trace_out_and_env_reaches_the_config(monkeypatch):

@@ -263,43 +263,120 @@ def replay(
     initial_steps: int,
     graph_batch_sizes: Sequence[int] = (),
 ) -> Prediction:
-    """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring). Each run of
-    the trace (`TraceRecord.run`: one engine) gets a policy of its own, started fresh, as that engine did."""
-    policies: dict[str | None, AdaptivePolicy] = {}
-    tokens = 0
-    seconds = 0.0
-    used: Counter[int] = Counter()
-    lower = 0
-    by_batch: dict[int, list[float]] = {}
+    """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring).
+
+    Each run of the trace (`TraceRecord.run`: one engine) gets a policy of its own, started fresh, as that
+    engine did. A single-stream run (every record batch size 1, with rids) is replayed position by position
+    (`_replay_stream`): the replayed policy sees as many verifies as a real run at its steps would, not the
+    traced run's fewer, longer ones, which matters to a policy deciding every N verifies. Other runs are
+    replayed verify for verify (min(a, k) per traced verify)."""
+    runs: dict[str | None, list[TraceRecord]] = {}
     for rec in records:
+        if rec.accepted:
+            runs.setdefault(rec.run, []).append(rec)
+    acc = _Tally()
+    for recs in runs.values():
+        policy = AdaptivePolicy(cfg, initial_steps=initial_steps, graph_batch_sizes=graph_batch_sizes,
+                                clock=lambda: 0.0)
+        if all(r.batch_size == 1 and r.rids is not None for r in recs):
+            _replay_stream(policy, recs, cost, acc)
+        else:
+            _replay_verifies(policy, recs, cost, acc)
+        acc.switches += len(policy.switches)
+    table = {b: (int(t), sec, int(w)) for b, (t, sec, w) in acc.by_batch.items()}
+    return Prediction(acc.tokens, acc.seconds, sum(acc.used.values()), dict(acc.used), acc.switches, acc.lower,
+                      table)
+
+
+@dataclass
+class _Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    used: Counter[int] = field(default_factory=Counter)
+    lower: int = 0
+    switches: int = 0
+    by_batch: dict[int, list[float]] = field(default_factory=dict)  # b -> [tokens, seconds, W_b]
+
+    def verify(self, batch: int, steps: int, emitted: int, seconds: float) -> None:
+        row = self.by_batch.setdefault(batch, [0.0, 0.0, 0.0])
+        row[0] += emitted
+        row[1] += seconds
+        self.tokens += emitted
+        self.seconds += seconds
+        self.used[steps] += 1
+
+    def weight(self, batch: int, emitted: int) -> None:
+        """What the recorded run emitted at this batch size: the workload's weight."""
+        self.by_batch.setdefault(batch, [0.0, 0.0, 0.0])[2] += emitted
+
+
+def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: CostModel, acc: _Tally) -> None:
+    """Verify for verify: the traced verify, had it drafted k, accepted min(a, k) per request."""
+    for rec in recs:
         n = len(rec.accepted)
-        if n == 0:
-            continue
-        row = by_batch.setdefault(rec.batch_size, [0.0, 0.0, 0.0])
-        row[2] += sum(rec.accepted) + n  # what the recorded run emitted: the workload's weight
-        policy = policies.get(rec.run)
-        if policy is None:
-            policy = policies[rec.run] = AdaptivePolicy(cfg, initial_steps=initial_steps,
-                                                        graph_batch_sizes=graph_batch_sizes, clock=lambda: 0.0)
-        state = policy.bucket_for_batch(rec.batch_size)
-        k = state.steps
+        acc.weight(rec.batch_size, sum(rec.accepted) + n)
+        k = policy.bucket_for_batch(rec.batch_size).steps
         if k == 0:
-            acc = [0] * n
+            got = [0] * n
         else:
             drafted = _drafted(rec)
             if any(a == d and k > d for a, d in zip(rec.accepted, drafted, strict=True)):
-                lower += 1
-            acc = [min(a, k) for a in rec.accepted]
-        dt = cost.step_time(rec.batch_size, k, rec.sampled or 0)
-        tokens += sum(acc) + n
-        seconds += dt
-        row[0] += sum(acc) + n
-        row[1] += dt
-        used[k] += 1
-        policy.on_verify_complete(acc, rec.batch_size)
-    table = {b: (int(t), sec, int(w)) for b, (t, sec, w) in by_batch.items()}
-    switches = sum(len(p.switches) for p in policies.values())
-    return Prediction(tokens, seconds, sum(used.values()), dict(used), switches, lower, table)
+                acc.lower += 1
+            got = [min(a, k) for a in rec.accepted]
+        acc.verify(rec.batch_size, k, sum(got) + n, cost.step_time(rec.batch_size, k, rec.sampled or 0))
+        policy.on_verify_complete(got, rec.batch_size)
+
+
+def _replay_stream(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: CostModel, acc: _Tally) -> None:
+    """Position by position, one request after another (the run's single stream): a verify at output
+    position p with k drafts accepts min(L(p), k), L from the traced verifies (see `replay_positions`); where
+    the trace only bounds L below k it counts that bound (a lower-bound verify)."""
+    exact, lower, total = _position_facts(recs)
+    sampled = {rid for r in recs if r.sampled for rid in (r.rids or ())}
+    for rec in recs:
+        acc.weight(1, sum(rec.accepted) + len(rec.accepted))
+    for rid, n in total.items():
+        ex, lo = exact[rid], lower[rid]
+        p = 0
+        while p < n:
+            k = policy.steps_for_batch(1)
+            drafted = max(0, min(k, n - 1 - p))  # the engine never drafts past max_tokens
+            if drafted == 0:
+                a = 0
+            elif p in ex:
+                a = min(ex[p], drafted)
+            elif lo.get(p, -1) >= drafted:
+                a = drafted
+            else:
+                a = max(0, min(lo.get(p, 0), drafted))
+                acc.lower += 1
+            acc.verify(1, k, a + 1, cost.step_time(1, k if drafted else 0, 1 if rid in sampled else 0))
+            policy.on_verify_complete([a], 1)
+            p += a + 1
+
+
+def _position_facts(
+    records: Sequence[TraceRecord],
+) -> tuple[dict[int, dict[int, int]], dict[int, dict[int, int]], dict[int, int]]:
+    """Per request: exact L(p), lower bounds on L(p), and how many tokens its verifies emitted (in first-seen
+    request order). A traced verify at p that drafted d and accepted a < d fixes L(p + j) = a - j for j <= a;
+    one that accepted all d only bounds L(p + j) >= d - j."""
+    exact: dict[int, dict[int, int]] = {}
+    lower: dict[int, dict[int, int]] = {}
+    total: dict[int, int] = {}
+    for rec in records:
+        if rec.rids is None:
+            raise UsageError("the trace has no rids: positional replay needs an engine trace (--trace-out)")
+        for rid, a, d in zip(rec.rids, rec.accepted, _drafted(rec), strict=True):
+            p = total.get(rid, 0)
+            ex, lo = exact.setdefault(rid, {}), lower.setdefault(rid, {})
+            for j in range(a + 1):
+                if a < d:
+                    ex[p + j] = a - j
+                else:
+                    lo[p + j] = d - j
+            total[rid] = p + a + 1
+    return exact, lower, total
 
 
 class Unanswerable(ValueError):
@@ -320,21 +397,7 @@ def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool
     count (a position right after a fully accepted traced verify) it raises `Unanswerable`, or with
     `strict=False` ends that request's list there (a prefix of the real run's).
     """
-    exact: dict[int, dict[int, int]] = {}
-    lower: dict[int, dict[int, int]] = {}
-    total: dict[int, int] = {}
-    for rec in records:
-        if rec.rids is None:
-            raise UsageError("the trace has no rids: positional replay needs an engine trace (--trace-out)")
-        for rid, a, d in zip(rec.rids, rec.accepted, _drafted(rec), strict=True):
-            p = total.get(rid, 0)
-            ex, lo = exact.setdefault(rid, {}), lower.setdefault(rid, {})
-            for j in range(a + 1):
-                if a < d:
-                    ex[p + j] = a - j
-                else:
-                    lo[p + j] = d - j
-            total[rid] = p + a + 1
+    exact, lower, total = _position_facts(records)
     out: dict[int, list[int]] = {}
     for rid, n in total.items():
         accepted: list[int] = []
