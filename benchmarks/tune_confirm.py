@@ -87,10 +87,14 @@ def main() -> None:
         tuned = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(trace), "--cost", str(cost),
                                "--format", "json", env=env).stdout)
         copy = deployment_with(args.deploy, tuned["recommended"], tmp / f"{kind}.deploy.yaml", env)
-        out = json.loads(cli("bench", "-c", str(copy), *ports, "--dataset-name", kind, *load, "--ab",
-                             "speculative.algorithm=none", "--ab-rounds", str(args.rounds), "--format", "json",
-                             env=env).stdout)
-        none_row = out["comparison"]["variants"][1]["output_throughput_ratio"]
+        lines = cli("bench", "-c", str(copy), *ports, "--dataset-name", kind, *load, "--ab",
+                    "speculative.algorithm=none", "--ab-rounds", str(args.rounds), "--format", "json",
+                    env=env).stdout.splitlines()
+        # bench --format json writes JSON Lines: one record per variant, then the comparison
+        records = [json.loads(line) for line in lines if line.strip()]
+        comparison = next(r.get("comparison", r) for r in records
+                          if r.get("kind") == "ab-comparison" or "comparison" in r)
+        none_row = comparison["variants"][1]["output_throughput_ratio"]
         measured = 1.0 / none_row["ratio"]
         lo, hi = none_row["ci95"]
         ci = [1.0 / hi if isinstance(hi, (int, float)) else None, 1.0 / lo if isinstance(lo, (int, float)) else None]
