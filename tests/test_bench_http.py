@@ -83,9 +83,11 @@ def test_achieved_rate_within_one_percent(stub: StubServer, rate: float, n: int,
     assert rec["completed"] == n
     assert rec["scheduled_request_rate"] == pytest.approx(rate, rel=1e-6)
     assert rec["achieved_request_rate"] == pytest.approx(rate, rel=0.01)
-    # The server saw them at that rate too (its own receive clock).
+    # The server saw them at that rate too (its own receive clock). Its span hangs on two single arrivals,
+    # the first and the last, so one request delayed by a loaded machine moves it: 3% still tells a pacer
+    # that bunches or drops requests (the 1% check of the pacer itself is the line above).
     recv = sorted(r.recv for r in stub.log)
-    assert (len(recv) - 1) / (recv[-1] - recv[0]) == pytest.approx(rate, rel=0.01)
+    assert (len(recv) - 1) / (recv[-1] - recv[0]) == pytest.approx(rate, rel=0.03)
 
 
 def test_errors_are_counted_by_kind_and_never_crash(stub: StubServer) -> None:
