@@ -472,12 +472,10 @@ def render_tune(result: Any) -> str:
         searched += "; only what SGLang can run (--sglang or engine: sglang)"
     lines.append(f"({searched})")
     if result.sglang is not None:
-        s = result.sglang
-        ratio = s.predicted.tokens_per_s / result.none.tokens_per_s if result.none.tokens_per_s else float("inf")
+        s = result.sglang.to_json(result.none)
         lines += ["", f"for SGLang (which cannot run {', '.join(result.specctl_only)}), the best config it can run, "
-                  f"initial steps {s.initial_steps}, predicted {ratio:.2f}x no speculation "
-                  "(`--sglang` searches only these):", json.dumps(s.to_json(result.none)["sglang_adaptive_config"],
-                                                                 indent=2)]
+                  f"initial steps {s['initial_steps']}, predicted {s['speedup_vs_none']:.2f}x no speculation "
+                  "(`--sglang` searches only these):", json.dumps(s["sglang_adaptive_config"], indent=2)]
     lines.append("")
     lines.append("validation of the recommendation (specctl validate's step coverage):")
     lines.append(result.coverage.render_text())

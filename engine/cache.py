@@ -58,6 +58,7 @@ class _Request:
     page_tensor: torch.Tensor | None = None  # cached torch copy of `pages`
     slot_tensor: torch.Tensor | None = None  # cached flat KV slots of every position the pages hold
     slot_index: torch.Tensor | None = None  # cached tensor([slot])
+    base: int | None = -1  # cached `_contiguous_base` (-1: not computed since the pages last changed)
     rollback: _Rollback | None = None
 
 
@@ -145,6 +146,7 @@ class HybridCache:
         req.pages.extend(self._free_pages.pop() for _ in range(extra))
         req.page_tensor = None
         req.slot_tensor = None
+        req.base = -1
         return True
 
     def free(self, rid: int) -> None:
@@ -179,11 +181,12 @@ class HybridCache:
 
     def _contiguous_base(self, req: _Request) -> int | None:
         """First flat slot of `req` when its pages are consecutive (then positions 0 .. end-1 are one slice of
-        the pool; the allocator hands out low pages first, so a lone request's pages usually are), else None."""
-        pages = req.pages
-        if pages and pages[-1] - pages[0] == len(pages) - 1 and pages == list(range(pages[0], pages[-1] + 1)):
-            return pages[0] * self.page_size
-        return None
+        the pool; the allocator hands out low pages first, so a lone request's pages usually are), else None.
+        Computed once per change of its pages: every full-attention layer of every forward asks."""
+        if req.base == -1:
+            pages = req.pages
+            req.base = pages[0] * self.page_size if pages and pages == list(range(pages[0], pages[-1] + 1)) else None
+        return req.base
 
     def _true(self, n: int) -> torch.Tensor:
         """n True values as a slice of one cached tensor."""

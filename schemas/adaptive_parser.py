@@ -428,19 +428,12 @@ def specctl_only_settings(adaptive: Any) -> list[tuple[tuple[str, ...], str, Any
     block sets away from its default (SGLang's behaviour): what an SGLang engine cannot run."""
     if not isinstance(adaptive, Mapping):
         return []
-    out: list[tuple[tuple[str, ...], str, Any]] = []
-    for knob, default in SPECCTL_KNOB_DEFAULTS.items():
-        if knob in adaptive and adaptive[knob] != default:
-            out.append(((), knob, adaptive[knob]))
     buckets = adaptive.get("buckets")
+    places: list[tuple[tuple[str, ...], Any]] = [((), adaptive)]
     if isinstance(buckets, Mapping):
-        for key, entry in buckets.items():
-            if not isinstance(entry, Mapping):
-                continue
-            for knob, default in SPECCTL_KNOB_DEFAULTS.items():
-                if knob in entry and entry[knob] != default:
-                    out.append((("buckets", str(key)), knob, entry[knob]))
-    return out
+        places += [(("buckets", str(key)), entry) for key, entry in buckets.items()]
+    return [(keys, knob, entry[knob]) for keys, entry in places if isinstance(entry, Mapping)
+            for knob, default in SPECCTL_KNOB_DEFAULTS.items() if knob in entry and entry[knob] != default]
 
 
 def parse_sglang_config(obj: Any, *, base_path: str = "$") -> tuple[AdaptiveConfig | None, list[Finding]]:

@@ -44,8 +44,10 @@ from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
 from specctl.engine.serve.backend import (
+    BOTH_HALVES,
     EngineBackend,
     RoleContext,
+    RoomFailure,
     draft_runner_of,
     sampling_params_of,
     secret_of,
@@ -60,12 +62,6 @@ HEARTBEAT_S = 1.0
 MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 
-class _Fail(Exception):
-    """A request fails; `status` is the HTTP status when the client can fix it (else the server's 503)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class PrefillLink:
@@ -153,7 +149,7 @@ class PrefillLink:
 
     async def send(self, msg: PdClaim | PdAbort) -> None:
         if self.sock is None:
-            raise _Fail(f"decode is not paired with prefill {self.endpoint}")
+            raise RoomFailure(f"decode is not paired with prefill {self.endpoint}")
         frames = seal(self.key, [bytes(f) for f in wire.encode(msg)])
         await asyncio.wait_for(self.sock.send_multipart(frames), 5.0)
 
@@ -188,7 +184,8 @@ class PrefillLink:
                 self.progress_at = now
                 fut = b.waiting.get(msg.req_id)
                 if msg.req_id in self.waiting and fut is not None and not fut.done():
-                    fut.set_exception(_Fail(f"{msg.req_id}: prefill failed: {msg.error}", status=msg.status or None))
+                    fut.set_exception(RoomFailure(f"{msg.req_id}: prefill failed: {msg.error}",
+                                                  status=msg.status or None))
         finally:
             sock.close(linger=0)
 
@@ -341,9 +338,9 @@ class DecodeBackend(EngineBackend):
         claimed = got_payload = finished = slot = False
         try:
             if not link.ready or link.pairing is None:
-                raise _Fail(f"decode is not paired with prefill {link.endpoint} ({self.ctx.state.detail})")
+                raise RoomFailure(f"decode is not paired with prefill {link.endpoint} ({self.ctx.state.detail})")
             if req_id in self.waiting:
-                raise _Fail(f"{req_id} is already being served by this decode")
+                raise RoomFailure(f"{req_id} is already being served by this decode")
             sp = sampling_params_of(params)
             fut = self.loop.create_future()
             self.waiting[req_id] = fut
@@ -378,7 +375,7 @@ class DecodeBackend(EngineBackend):
                 yield item
                 if item.finished:
                     return
-        except _Fail as exc:
+        except RoomFailure as exc:
             self.failed += 1
             finished = True
             yield RequestOutput([], True, "error", str(exc), error_status=exc.status)
@@ -410,10 +407,9 @@ class DecodeBackend(EngineBackend):
                 if stage == "queued":
                     # Prefill holds the claim but never got the request itself: the client (or a router) sent
                     # it to this decode alone. The client's to fix, so a 408, not a 5xx.
-                    raise _Fail(f"{req_id}: prefill never received this request within {timeout:g}s "
-                                "(transfer.timeout_s); a request with bootstrap_room goes to a prefill and a decode "
-                                "both (sglang-router does this)", status=408)
-                raise _Fail(f"{req_id}: " + (
+                    raise RoomFailure(f"{req_id}: prefill never received this request within {timeout:g}s "
+                                      f"(transfer.timeout_s); {BOTH_HALVES}", status=408)
+                raise RoomFailure(f"{req_id}: " + (
                     f"prefill did not acknowledge the claim within {timeout:g}s" if stage == "sent"
                     else f"prefill sent no KV within {timeout:g}s of starting the room") + " (transfer.timeout_s)")
             done, _ = await asyncio.wait({fut}, timeout=min(remaining, 1.0))
@@ -435,7 +431,7 @@ class DecodeBackend(EngineBackend):
                 if rid:
                     field = getattr(exc, "field", None)
                     why = f"{exc} (field: {field})" if field and f"field: {field}" not in str(exc) else str(exc)
-                    self.loop.call_soon_threadsafe(self._resolve, rid, None, _Fail(why))
+                    self.loop.call_soon_threadsafe(self._resolve, rid, None, RoomFailure(why))
                 continue
             except Exception:
                 if self._stop.is_set():
@@ -463,7 +459,7 @@ class DecodeBackend(EngineBackend):
         for req_id in list(link.waiting):
             fut = self.waiting.get(req_id)
             if fut is not None and not fut.done():
-                fut.set_exception(_Fail(f"{req_id}: {reason}"))
+                fut.set_exception(RoomFailure(f"{req_id}: {reason}"))
 
     # info -----------------------------------------------------------------------------------------
     async def server_info(self) -> dict[str, Any]:

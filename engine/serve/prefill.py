@@ -45,8 +45,10 @@ from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
 from specctl.engine.serve.backend import (
+    BOTH_HALVES,
     EngineBackend,
     RoleContext,
+    RoomFailure,
     draft_runner_of,
     sampling_params_of,
     secret_of,
@@ -199,24 +201,23 @@ class PrefillBackend(EngineBackend):
                 await self._reply(room, PdProgress(req_id=key, stage="started"))
             seq, out = await self._prefill(list(prompt_ids), params)
             if out.finish_reason != "prefilled" or seq is None or seq.exported is None:
-                raise _Fail(out.error or f"prefill did not complete ({out.finish_reason})")
+                raise RoomFailure(out.error or f"prefill did not complete ({out.finish_reason})")
             self.compute_s += float(out.timings.get("ttft_s", 0.0))
             left = deadline - loop.time()
             if not room.claimed.is_set():
                 try:
                     await asyncio.wait_for(room.claimed.wait(), max(0.0, left))
                 except asyncio.TimeoutError:
-                    raise _Fail(f"no decode claimed {key} within {self.ctx.timeout_s:g}s (transfer.timeout_s): "
-                                "the router's request never reached a paired decode; a request with "
-                                "bootstrap_room goes to a prefill and a decode both (sglang-router does this)",
-                                status=408) from None
+                    raise RoomFailure(f"no decode claimed {key} within {self.ctx.timeout_s:g}s (transfer.timeout_s): "
+                                      f"the router's request never reached a paired decode; {BOTH_HALVES}",
+                                      status=408) from None
             if room.aborted:
-                raise _Fail(f"{key}: decode aborted it ({room.aborted})")
+                raise RoomFailure(f"{key}: decode aborted it ({room.aborted})")
             claim = room.claim
             assert claim is not None and room.peer is not None
             if list(claim.prompt_ids) != list(prompt_ids):
-                raise _Fail(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
-                            f"{len(prompt_ids)} tokens); the router must send the same request to both")
+                raise RoomFailure(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
+                                  f"{len(prompt_ids)} tokens); the router must send the same request to both")
             first = int(seq.output_ids[0])
             sent = await self._send(room, seq, first, out, self._empty_draft())
             self.completed += 1
@@ -226,7 +227,7 @@ class PrefillBackend(EngineBackend):
             self.ctx.metrics.record_prefill(prompt_tokens=len(prompt_ids),
                                             compute_s=float(out.timings.get("compute_s", 0.0)))
             yield RequestOutput([first], True, "length", completion_tokens=1, timings=dict(out.timings))
-        except _Fail as exc:
+        except RoomFailure as exc:
             error, error_status = str(exc), exc.status
         except asyncio.CancelledError:
             error = "aborted"
@@ -318,7 +319,7 @@ class PrefillBackend(EngineBackend):
         if self.faults.prefill_hold_s > 0:
             await asyncio.sleep(self.faults.prefill_hold_s)
         if room.aborted:
-            raise _Fail(f"{room.key}: decode aborted it ({room.aborted})")
+            raise RoomFailure(f"{room.key}: decode aborted it ({room.aborted})")
         assert room.peer is not None
         endpoint = str(room.peer.info.endpoints["transfer"])
         extra["sent_at"] = time.time()
@@ -401,8 +402,7 @@ class PrefillBackend(EngineBackend):
                 log.warning("%s: the router's request never reached this prefill", room.key)
                 await self._reply(room, PdDone(req_id=room.key, status=408, error=(
                     f"the router's request for {room.key} never reached prefill within {self.ctx.timeout_s:g}s "
-                    "(transfer.timeout_s); a request with bootstrap_room goes to a prefill and a decode both "
-                    "(sglang-router does this)")))
+                    f"(transfer.timeout_s); {BOTH_HALVES}")))
         finally:
             task = asyncio.current_task()
             if task in self._bg:
@@ -469,9 +469,3 @@ class PrefillBackend(EngineBackend):
         await super().refresh_metrics(metrics)
 
 
-class _Fail(Exception):
-    """A room fails; `status` is the HTTP status when the client can fix it (else the server's 503)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status

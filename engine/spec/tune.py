@@ -341,13 +341,8 @@ def _replay_stream(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: Co
         while p < n:
             k = policy.steps_for_batch(1)
             drafted = max(0, min(k, n - 1 - p))  # the engine never drafts past max_tokens
-            if drafted == 0:
-                a = 0
-            elif p in ex:
-                a = min(ex[p], drafted)
-            elif lo.get(p, -1) >= drafted:
-                a = drafted
-            else:
+            a = _accepted_at(ex, lo, p, drafted)
+            if a is None:  # only bounded below: count the bound
                 a = max(0, min(lo.get(p, 0), drafted))
                 acc.lower += 1
             acc.verify(1, k, a + 1, cost.step_time(1, k if drafted else 0, 1 if rid in sampled else 0))
@@ -379,6 +374,18 @@ def _position_facts(
     return exact, lower, total
 
 
+def _accepted_at(exact: Mapping[int, int], lower: Mapping[int, int], p: int, drafted: int) -> int | None:
+    """Drafts a verify at output position p with `drafted` drafts accepts (see `_position_facts`), or None
+    when the trace only bounds it below `drafted`."""
+    if drafted == 0:
+        return 0
+    if p in exact:
+        return min(exact[p], drafted)
+    if lower.get(p, -1) >= drafted:
+        return drafted
+    return None
+
+
 class Unanswerable(ValueError):
     """The trace does not determine what a replayed verify would have accepted."""
 
@@ -406,16 +413,11 @@ def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool
             # tokens emitted by verifies so far: p; the engine drafts at most max_tokens - len(output) - 1
             # = (n + 1) - (p + 1) - 1 = n - 1 - p (n + 1 tokens in all, the first one from prefill)
             drafted = max(0, min(steps, n - 1 - p))
-            if drafted == 0:
-                a = 0
-            elif p in exact[rid]:
-                a = min(exact[rid][p], drafted)
-            elif lower[rid].get(p, -1) >= drafted:
-                a = drafted
-            elif strict:
-                raise Unanswerable(f"request {rid}: the trace does not say whether {drafted} drafts at output "
-                                   f"position {p} would all be accepted")
-            else:
+            a = _accepted_at(exact[rid], lower[rid], p, drafted)
+            if a is None:
+                if strict:
+                    raise Unanswerable(f"request {rid}: the trace does not say whether {drafted} drafts at output "
+                                       f"position {p} would all be accepted")
                 break
             accepted.append(a)
             p += a + 1
