@@ -301,6 +301,21 @@ class HybridCache:
     def group(self, rids: Sequence[int], starts: Sequence[int], lens: Sequence[int]) -> Group:
         return Group(self, rids, starts, lens)
 
+    def lone_views(self, rid: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per full layer, (keys, values) of `rid`'s positions 0 .. end-1 as views of the pool ([end, kv_heads,
+        head_dim] each), for `HybridForCausalLM.forward_lone`; None when they are not one slice (pages not
+        consecutive, or fewer than `end` positions allocated) or the model has swa or mamba layers (their
+        state lives elsewhere): then use `group`. Marks `rid` as holding no rollback record: with full
+        attention only, any length up to the end of the forward is restorable."""
+        if self.swa_index or self.mamba_index:
+            return None
+        req = self._req(rid)
+        base = self._contiguous_base(req)
+        if base is None or end > len(req.pages) * self.page_size:
+            return None
+        req.rollback = None
+        return [(kv[0].narrow(0, base, end), kv[1].narrow(0, base, end)) for kv in self.kv.unbind(0)]
+
 
 def _gather(store: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """store[slots] for slots [b, K] -> [b, K, ...]; index_select is much faster than advanced indexing."""

@@ -26,7 +26,7 @@ single-token decode uses the recurrence. Both are tested to agree.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -343,8 +343,9 @@ class Attention(nn.Module):
         return apply_linear(o.reshape(b, n, self.num_heads * self.head_dim), self.o_proj)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention. q [b, Lq, H, d], k/v [b, Lk, KV, d], mask [b, 1, Lq, Lk] -> [b, Lq, H, d]."""
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention. q [b, Lq, H, d], k/v [b, Lk, KV, d], mask [b, 1, Lq, Lk] or None (every key
+    visible) -> [b, Lq, H, d]."""
     rep = q.shape[2] // k.shape[2]
     if rep > 1 and not _SDPA_GQA:
         k = k.repeat_interleave(rep, dim=2)
@@ -629,6 +630,9 @@ class HybridForCausalLM(nn.Module):
         self.inv_freq = rope_inv_freq(cfg)
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # rope_table rows, built on use
         self._serving_layers: tuple[Callable[..., torch.Tensor], ...] = ()  # bound by fuse_for_inference
+        # per layer (norm1, w_qkv, b_qkv, w_o, norm2, w_gate_up, w_down) for forward_lone: set by
+        # fuse_for_inference when every layer is full attention (float32: rms_norm's one-op form)
+        self._lone_layers: tuple[tuple[Any, ...], ...] = ()
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -658,6 +662,12 @@ class HybridForCausalLM(nn.Module):
             layer.bind_serving()
         self._pack()
         self._serving_layers = tuple(layer.forward for layer in self.model.layers)
+        fp32 = all(p.dtype == torch.float32 for p in self.parameters())
+        if fp32 and all(layer.kind == "full" for layer in self.model.layers):
+            self._lone_layers = tuple(
+                (layer.input_layernorm.weight, *layer.self_attn.qkv, layer.self_attn.o_proj.weight,
+                 layer.post_attention_layernorm.weight, layer.mlp.gate_up, layer.mlp.down_proj.weight)
+                for layer in self.model.layers)
         return self
 
     def _pack(self) -> None:
@@ -686,6 +696,41 @@ class HybridForCausalLM(nn.Module):
                 mod.qkv_packed = None
             elif isinstance(mod, MLP):
                 mod.gate_up_packed = None
+
+    def forward_lone(
+        self, input_ids: torch.Tensor, start: int, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """The serving forward of ONE request of a full-attention-only model (a draft model's step), lean:
+        input_ids [1, n] at positions start .. start+n-1; kv per layer the request's keys and values for
+        positions 0 .. start+n-1 as views ([start+n, kv_heads, head_dim], `HybridCache.lone_views`), written
+        in place. Returns the final hidden state of the last position [1, hidden].
+
+        The same kernels as `forward_hidden` in the same order (rms_norm, one fused q/k/v matmul, the
+        rotate-half rope from the same tables, sdpa, the fused gate/up), so the same values; what it
+        drops is the per-call plumbing of a general padded batch: a tiny model's step is mostly that."""
+        assert self._lone_layers, "forward_lone needs fuse_for_inference on a full-attention-only model"
+        cfg = self.config
+        n = input_ids.shape[1]
+        end = start + n
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        half, nq, nk = d // 2, hq * d, hkv * d
+        cos_t, sin_t = self._rope(end, input_ids.device)
+        cos, sin = cos_t[start:end, None], sin_t[start:end, None]  # [n, 1, d]
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=input_ids.device).tril(start)
+        x = F.embedding(input_ids[0], self.model.embed_tokens.weight)  # [n, hidden]
+        eps = cfg.rms_norm_eps
+        dims = (cfg.hidden_size,)
+        for (w1, wqkv, bqkv, wo, w2, wgu, wd), (keys, vals) in zip(self._lone_layers, kv, strict=True):
+            qkv = F.linear(F.rms_norm(x, dims, w1, eps), wqkv, bqkv)
+            qk = qkv[:, : nq + nk].view(n, hq + hkv, d)
+            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+            keys[start:].copy_(qk[:, hq:])
+            vals[start:].copy_(qkv[:, nq + nk :].view(n, hkv, d))
+            o = sdpa(qk[None, :, :hq], keys[None], vals[None], mask)
+            x = x + F.linear(o.reshape(n, nq), wo)
+            gate, up = F.linear(F.rms_norm(x, dims, w2, eps), wgu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, wd)
+        return F.rms_norm(x[-1:], dims, self.model.norm.weight, eps)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

@@ -150,6 +150,41 @@ class ModelRunner:
             logits = apply_linear(flat, self.model.lm_head)
             return logits if logits.dtype == torch.float32 else logits.float()
 
+    def greedy_chain(self, rid: int, token_ids: Sequence[int], start_pos: int, steps: int) -> list[int] | None:
+        """The greedy continuation of one request, `steps` tokens, in one call: feed `token_ids` from
+        `start_pos`, then each argmax but the last (a draft model's proposals; the last is never fed, so the
+        cache ends at the last fed position). None, with the cached tokens unchanged, when the lean path does not
+        apply (a model with swa or mamba layers, or a request whose pages are not consecutive: see
+        `HybridCache.lone_views`); the caller then runs `forward` per step.
+
+        Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
+        padded group and the host round trip per step (the tokens stay a tensor until the end), and
+        computes logits for the last position only (`HybridForCausalLM.forward_lone`: the same kernels, so
+        the same values as `forward`)."""
+        if steps < 1 or not token_ids or not self.model._lone_layers or self.cache.cached_len(rid) != start_pos:
+            return None
+        end = start_pos + len(token_ids) + steps - 1
+        if not self.cache.ensure_capacity(rid, end):
+            return None
+        kv = self.cache.lone_views(rid, end)
+        if kv is None:
+            return None
+        model = self.model
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        pos = start_pos
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for j in range(steps):
+                n = ids.shape[1]
+                views = [(k[: pos + n], v[: pos + n]) for k, v in kv]
+                tok = apply_linear(model.forward_lone(ids, pos, views), model.lm_head).argmax(dim=-1)  # [1]
+                out.append(tok)
+                pos += n
+                if j + 1 < steps:
+                    ids = tok.view(1, 1)
+        self.cache.requests[rid].length = pos
+        return torch.cat(out).tolist()
+
     # ---- PD facts --------------------------------------------------------------------------------
 
     def layout(self) -> dict:

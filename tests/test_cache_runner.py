@@ -189,3 +189,59 @@ def test_full_attention_only_models_truncate_across_forwards(tmp_path):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeFailure, match="restorable"):
         a.truncate(1, 8)  # beyond what is cached
+
+
+# ---- the lean draft chain (ModelRunner.greedy_chain) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_random_model(tmp_path_factory.mktemp("full") / "draft", layer_kinds=("full", "full"))
+
+
+def generic_chain(r: ModelRunner, rid: int, feed: list[int], start: int, steps: int) -> list[int]:
+    """What a drafter does without the lean path: one `forward` per step, argmax of the last row."""
+    out: list[int] = []
+    pos = start
+    for _ in range(steps):
+        logits = r.forward([ForwardItem(rid, feed, pos)])
+        out.append(int(logits[-1].argmax()))
+        pos += len(feed)
+        feed = [out[-1]]  # the last proposal is never fed: the cache ends before it
+    return out
+
+
+@pytest.mark.parametrize("catch_up", [1, 2, 9])
+def test_greedy_chain_equals_forward_per_step(full_dir, catch_up):
+    """The lean chain proposes what `forward` step by step proposes, leaves the same cache length, and the
+    caches it wrote hold the same keys and values: the next forward's logits agree."""
+    prompt, feed = tokens(13, 6), tokens(catch_up, 7)
+    a, b = make_runner(full_dir), make_runner(full_dir)
+    for r in (a, b):
+        r.allocate(1, 64)
+        r.forward([ForwardItem(1, prompt, 0)])
+    for steps in (1, 3, 5):
+        start = a.cached_len(1)
+        got = a.greedy_chain(1, feed, start, steps)
+        want = generic_chain(b, 1, feed, start, steps)
+        assert got == want
+        assert a.cached_len(1) == b.cached_len(1) == start + len(feed) + steps - 1
+        torch.testing.assert_close(a.forward([ForwardItem(1, [5], a.cached_len(1))]),
+                                   b.forward([ForwardItem(1, [5], b.cached_len(1))]), rtol=1e-5, atol=1e-5)
+        a.truncate(1, start + 1)  # a drafter rolls back to what verify accepted
+        b.truncate(1, start + 1)
+        feed = [feed[0]]
+
+
+def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full_dir):
+    """None, with the cache untouched, where the lean path does not apply; the caller runs `forward`."""
+    hybrid = make_runner(model_dir)
+    hybrid.allocate(1, 8)
+    hybrid.forward([ForwardItem(1, tokens(5, 8), 0)])
+    assert hybrid.greedy_chain(1, [3], 5, 3) is None and hybrid.cached_len(1) == 5
+    r = make_runner(full_dir)
+    r.allocate(1, 4)
+    r.allocate(2, 4)  # takes the page after request 1's: request 1's next page is not adjacent
+    r.forward([ForwardItem(1, tokens(4, 9), 0)])
+    assert r.greedy_chain(1, [3], 4, 3) is None and r.cached_len(1) == 4
+    assert r.greedy_chain(1, [3], 3, 3) is None  # start_pos must be the cached length

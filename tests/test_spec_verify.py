@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specctl.engine.spec.verify import greedy_verify, rejection_verify
+from specctl.engine.spec.verify import greedy_accept, greedy_verify, rejection_verify
 
 from spec_support import ALPHA, chi_square_pvalue  # isort: skip
 
@@ -47,6 +47,26 @@ def test_greedy_verify_matches_reference_loop() -> None:
         assert tokens[i, : int(accepted[i]) + 1].tolist() == ref
         seen.add(int(accepted[i]))
     assert len(seen) >= 4  # the batch really mixes different accept lengths
+
+
+def test_greedy_accept_on_lists_matches_the_reference_loop() -> None:
+    """The host-list form the decoder uses for all-greedy batches gives the same counts and tokens."""
+    g = torch.Generator().manual_seed(1)
+    b, k, v = 64, 5, 7
+    logits = torch.randn(b, k + 1, v, generator=g)
+    argmax = logits.argmax(-1)
+    drafts = torch.randint(0, v, (b, k), generator=g)
+    for i in range(b):
+        n = int(torch.randint(0, k + 1, (1,), generator=g))
+        drafts[i, :n] = argmax[i, :n]
+    num = torch.randint(0, k + 1, (b,), generator=g)
+    accepted, tokens = greedy_accept(drafts.tolist(), num.tolist(), argmax.tolist())
+    ref_acc, ref_tok = greedy_verify(drafts, num, logits)
+    assert accepted == ref_acc.tolist()
+    assert tokens == [ref_tok[i, : a + 1].tolist() for i, a in enumerate(accepted)]
+    for i in range(b):
+        assert tokens[i] == reference_greedy(drafts[i, : int(num[i])].tolist(), logits[i])
+    assert len(set(accepted)) >= 4
 
 
 def test_greedy_verify_zero_drafts_is_plain_argmax() -> None:

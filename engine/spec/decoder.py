@@ -48,7 +48,7 @@ from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.spec.trace import TraceWriter
-from specctl.engine.spec.verify import greedy_verify, rejection_verify
+from specctl.engine.spec.verify import greedy_accept, greedy_verify, rejection_verify
 from specctl.errors import RuntimeFailure
 
 
@@ -245,11 +245,14 @@ class SpeculativeDecoder:
                 0, torch.as_tensor(idx, device=logits.device), logits.to(target_logits.dtype))
         # logit_bias / penalties per verify position (engine/penalties.py); raw logits stay for log-probs
         adjusted = adjust_verify_logits(seqs, target_logits, draft_tokens, num_drafts)
-        accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, adjusted)
-        acc = accepted.tolist()
-        out_rows = out.tolist()
+        if all(s.params.greedy for s in seqs):
+            # greedy: one host copy of the argmax, then the acceptance rule on lists (verify.greedy_accept)
+            acc, new_tokens = greedy_accept(drafts, nd, adjusted.argmax(dim=-1).tolist())
+        else:
+            accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, adjusted)
+            acc = accepted.tolist()
+            new_tokens = [row[: a + 1] for row, a in zip(out.tolist(), acc, strict=True)]
 
-        new_tokens: list[list[int]] = []
         for i, seq in enumerate(seqs):
             a = acc[i]
             if a < nd[i]:
@@ -260,7 +263,6 @@ class SpeculativeDecoder:
             self.drafter.commit(seq, nd[i], a)
             seq.accepted_per_step.append(a)
             self._hist[a] += 1
-            new_tokens.append(out_rows[i][: a + 1])
         attach_verify_logprobs(seqs, target_logits, new_tokens)  # the target's log-probs (engine/logprobs.py)
         t2 = time.perf_counter()
 

@@ -217,6 +217,16 @@ class ModelDrafter:
         kmax = max(budgets[i] for i in rows)
         params = [seqs[i].params for i in rows]
         greedy = all(p.greedy for p in params)
+        if greedy and self.incremental and len(rows) == 1:
+            # One greedy request (batch-1 decode): the whole chain in one runner call (its lean path).
+            seq = seqs[rows[0]]
+            cached = self.runner.cached_len(seq.rid)
+            chain = self.runner.greedy_chain(seq.rid, seq.token_ids(cached, len(seq)), cached, kmax)
+            if chain is not None:
+                self.forwards += kmax
+                buf.draft_tokens[rows[0], :kmax] = torch.tensor(chain, dtype=torch.long)
+                buf.num_drafts[rows[0]] = kmax
+                return
         gens = [seqs[i].generator for i in rows]
         committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
         proposals: list[list[int]] = [[] for _ in rows]
