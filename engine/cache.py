@@ -107,6 +107,9 @@ class HybridCache:
         self._free_pages = list(range(self.num_pages - 1, -1, -1))  # pop() hands out low pages first
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self.requests: dict[int, _Request] = {}
+        # Full-attention-only models (draft models) keep each request on consecutive pages where the pool
+        # allows, so a lone request's keys are one slice of it (HybridForCausalLM.forward_lone).
+        self.keep_contiguous = not (self.swa_index or self.mamba_index)
         self._arange = torch.arange(1024, device=device)
         self._trues = torch.ones(64, dtype=torch.bool, device=device)
 
@@ -131,7 +134,9 @@ class HybridCache:
         if n > len(self._free_pages):
             raise RuntimeFailure(f"KV pool exhausted: request {rid} needs {n} pages, {len(self._free_pages)} free")
         slot = self._free_slots.pop()
-        pages = [self._free_pages.pop() for _ in range(n)]
+        pages = self._take_run(n) if self.keep_contiguous else None
+        if pages is None:
+            pages = [self._free_pages.pop() for _ in range(n)]
         self.conv[:, slot].zero_()
         self.ssm[:, slot].zero_()
         self.requests[rid] = _Request(slot=slot, pages=pages)
@@ -143,11 +148,63 @@ class HybridCache:
             return True
         if extra > len(self._free_pages):
             return False
-        req.pages.extend(self._free_pages.pop() for _ in range(extra))
+        if not (self.keep_contiguous and self._grow_contiguous(req, extra)):
+            req.pages.extend(self._free_pages.pop() for _ in range(extra))
         req.page_tensor = None
         req.slot_tensor = None
         req.base = -1
         return True
+
+    def _grow_contiguous(self, req: _Request, extra: int) -> bool:
+        """Grow a request on consecutive pages by `extra` pages and keep them consecutive: take the pages
+        right after its last if they are free, else move it to the middle of the largest free run (copying
+        its keys and values: a draft model's are a few hundred KB at most). False, with nothing changed,
+        when its pages are already scattered or no free run is long enough; then it grows anywhere."""
+        pages = req.pages
+        if not pages or self._contiguous_base(req) is None:
+            return False
+        free = set(self._free_pages)
+        after = range(pages[-1] + 1, pages[-1] + 1 + extra)
+        if all(p in free for p in after):
+            taken = set(after)
+            self._free_pages = [p for p in self._free_pages if p not in taken]
+            pages.extend(after)
+            return True
+        new = self._take_run(len(pages) + extra, free)
+        if new is None:
+            return False
+        old_slots = self._all_slots(req)
+        lo = new[0] * self.page_size
+        self.kv[:, :, lo : lo + old_slots.numel()] = self.kv[:, :, old_slots]
+        self._free_pages.extend(reversed(pages))
+        req.pages = new
+        return True
+
+    def _take_run(self, n: int, free: set[int] | None = None) -> list[int] | None:
+        """Take n consecutive free pages from the middle of the longest free run (so the requests on either
+        side can still grow in place), or None when no run is that long."""
+        if n == 0:
+            return []
+        start, length = self._largest_free_run(set(self._free_pages) if free is None else free)
+        if length < n:
+            return None
+        first = start + (length - n) // 2
+        taken = set(range(first, first + n))
+        self._free_pages = [p for p in self._free_pages if p not in taken]
+        return list(range(first, first + n))
+
+    def _largest_free_run(self, free: set[int]) -> tuple[int, int]:
+        """(first page, length) of the longest run of consecutive free pages ((0, 0) when none is free)."""
+        best = (0, 0)
+        for p in sorted(free):
+            if p - 1 in free:
+                continue
+            n = 1
+            while p + n in free:
+                n += 1
+            if n > best[1]:
+                best = (p, n)
+        return best
 
     def free(self, rid: int) -> None:
         req = self.requests.pop(rid, None)
@@ -301,12 +358,12 @@ class HybridCache:
     def group(self, rids: Sequence[int], starts: Sequence[int], lens: Sequence[int]) -> Group:
         return Group(self, rids, starts, lens)
 
-    def lone_views(self, rid: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Per full layer, (keys, values) of `rid`'s positions 0 .. end-1 as views of the pool ([end, kv_heads,
-        head_dim] each), for `HybridForCausalLM.forward_lone`; None when they are not one slice (pages not
-        consecutive, or fewer than `end` positions allocated) or the model has swa or mamba layers (their
-        state lives elsewhere): then use `group`. Marks `rid` as holding no rollback record: with full
-        attention only, any length up to the end of the forward is restorable."""
+    def lone_base(self, rid: int, end: int) -> int | None:
+        """The flat slot of `rid`'s position 0 when its positions 0 .. end-1 are one slice of the pool (pages
+        consecutive and allocated), for `HybridForCausalLM.forward_lone`; None when they are not, or the
+        model has swa or mamba layers (their state lives elsewhere): then use `group`. Marks `rid` as
+        holding no rollback record: with full attention only, any length up to the end of a forward is
+        restorable."""
         if self.swa_index or self.mamba_index:
             return None
         req = self._req(rid)
@@ -314,7 +371,11 @@ class HybridCache:
         if base is None or end > len(req.pages) * self.page_size:
             return None
         req.rollback = None
-        return [(kv[0].narrow(0, base, end), kv[1].narrow(0, base, end)) for kv in self.kv.unbind(0)]
+        return base
+
+    def kv_pools(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per full layer, its (keys, values) slot pools [slots, kv_heads, head_dim]."""
+        return [(kv[0], kv[1]) for kv in self.kv.unbind(0)]
 
 
 def _gather(store: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,8 @@ PACKED_MIN_ROWS = 16
 # smaller matrices gain nothing there (4,115-4,420 either way), so they keep 16.
 PACKED_MIN_ROWS_LARGE = 8
 PACKED_LARGE_ELEMENTS = 1 << 18
+# forward_lone: spans of more tokens than this (a new request's prompt) attend alone, not padded with the rest
+LONE_SHORT = 16
 PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only for models up to 1 GiB
 
 
@@ -608,6 +610,100 @@ class DecoderLayer(nn.Module):
         return x + mlp(norm2(x))
 
 
+class _LonePlan:
+    """Index plan of one multi-request `forward_lone`, built once and shared by its layers.
+
+    Short spans (at most LONE_SHORT tokens: draft steps and catch-ups) attend in one padded batch: their
+    queries gathered into [b, nmax], their keys gathered from each request's slice of the pool into
+    [b, kmax], masked past each query's position. Longer spans (a new request's prompt) attend alone on a
+    view of their slice, so one prompt never pads the others. Every row's key and value are written with
+    one index_copy_ per pool before anything reads."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]], bases: Sequence[int], dev: torch.device) -> None:
+        self.long: list[tuple[int, int, int, int]] = []
+        self.n_short = len(spans)
+        if all(n == 1 for _, n in spans):
+            # every request one query (each draft step after the first): rows are the requests, in order
+            self.uniform = self.all_short = True
+            self.nmax = 1
+            self.t = len(spans)
+            self.pos = torch.tensor([s for s, _ in spans], dtype=torch.long, device=dev)
+            base_t = torch.tensor(bases, dtype=torch.long, device=dev)
+            self.dst = base_t + self.pos
+            self.last = None
+            ar = torch.arange(max(s for s, _ in spans) + 1, device=dev)
+            self.src = (base_t[:, None] + ar[None, :]).reshape(-1)
+            self.mask = (ar[None, :] <= self.pos[:, None])[:, None, None, :]  # [b, 1, 1, kmax]
+            return
+        flat_pos: list[int] = []
+        dst: list[int] = []
+        offsets: list[int] = []
+        for (s, n), base in zip(spans, bases, strict=True):
+            offsets.append(len(flat_pos))
+            flat_pos.extend(range(s, s + n))
+            dst.extend(range(base + s, base + s + n))
+        self.t = len(flat_pos)
+        self.pos = torch.tensor(flat_pos, dtype=torch.long, device=dev)
+        self.dst = torch.tensor(dst, dtype=torch.long, device=dev)
+        self.last: torch.Tensor | None = torch.tensor(
+            [o + n - 1 for o, (_, n) in zip(offsets, spans, strict=True)], device=dev)
+        short = [r for r, (_, n) in enumerate(spans) if n <= LONE_SHORT]
+        self.long = [(offsets[r], *spans[r], bases[r]) for r, (_, n) in enumerate(spans) if n > LONE_SHORT]
+        self.short_rows: torch.Tensor | None = None
+        self.n_short = len(short)
+        if short:
+            nmax = max(spans[r][1] for r in short)
+            kmax = max(spans[r][0] + spans[r][1] for r in short)
+            self.uniform = nmax == 1 and not self.long  # every request one query: rows are already in order
+            qidx, qpos, keep = [], [], []
+            for j, r in enumerate(short):
+                s, n = spans[r]
+                for i in range(nmax):
+                    qidx.append(offsets[r] + min(i, n - 1))  # padding repeats the last real query
+                    qpos.append(s + min(i, n - 1))
+                    if i < n:
+                        keep.append(j * nmax + i)
+            self.nmax = nmax
+            self.qidx = torch.tensor(qidx, dtype=torch.long, device=dev)
+            self.keep = torch.tensor(keep, dtype=torch.long, device=dev)
+            self.short_rows = torch.tensor([offsets[r] + i for r in short for i in range(spans[r][1])],
+                                           dtype=torch.long, device=dev)
+            ar = torch.arange(kmax, device=dev)
+            base_t = torch.tensor([bases[r] for r in short], dtype=torch.long, device=dev)
+            self.src = (base_t[:, None] + ar[None, :]).reshape(-1)
+            qp = torch.tensor(qpos, dtype=torch.long, device=dev).view(len(short), nmax)
+            self.mask = (ar[None, None, :] <= qp[:, :, None])[:, None]  # [b, 1, nmax, kmax]
+            # no prompt among them: the kept rows are every row, in order (short spans are consecutive rows)
+            self.all_short = not self.long
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpool: torch.Tensor,
+                  vpool: torch.Tensor) -> torch.Tensor:
+        """q [T, H, d], k/v [T, KV, d] of the flat rows -> attention output [T, H, d]."""
+        kpool.index_copy_(0, self.dst, k)
+        vpool.index_copy_(0, self.dst, v)
+        hq, d = q.shape[1], q.shape[2]
+        out: torch.Tensor | None = None
+        if self.n_short:
+            b, kvh = self.n_short, k.shape[1]
+            keys = kpool.index_select(0, self.src).view(b, -1, kvh, d)
+            vals = vpool.index_select(0, self.src).view(b, -1, kvh, d)
+            qs = q.view(b, 1, hq, d) if self.uniform else q.index_select(0, self.qidx).view(b, self.nmax, hq, d)
+            o = sdpa(qs, keys, vals, self.mask)
+            o = o.reshape(b, hq, d) if self.uniform else o.reshape(-1, hq, d).index_select(0, self.keep)
+            if self.all_short:
+                return o
+            out = q.new_empty(self.t, hq, d)
+            assert self.short_rows is not None
+            out.index_copy_(0, self.short_rows, o)
+        if out is None:
+            out = q.new_empty(self.t, hq, d)
+        for off, s, n, base in self.long:
+            keys, vals = kpool.narrow(0, base, s + n), vpool.narrow(0, base, s + n)
+            mask = torch.ones(n, s + n, dtype=torch.bool, device=q.device).tril(s)
+            out[off : off + n] = sdpa(q[None, off : off + n], keys[None], vals[None], mask)[0]
+        return out
+
+
 class HybridModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -698,39 +794,62 @@ class HybridForCausalLM(nn.Module):
                 mod.gate_up_packed = None
 
     def forward_lone(
-        self, input_ids: torch.Tensor, start: int, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        input_ids: torch.Tensor,
+        spans: Sequence[tuple[int, int]],
+        pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        bases: Sequence[int],
     ) -> torch.Tensor:
-        """The serving forward of ONE request of a full-attention-only model (a draft model's step), lean:
-        input_ids [1, n] at positions start .. start+n-1; kv per layer the request's keys and values for
-        positions 0 .. start+n-1 as views ([start+n, kv_heads, head_dim], `HybridCache.lone_views`), written
-        in place. Returns the final hidden state of the last position [1, hidden].
+        """The serving forward of a full-attention-only model (a draft model's step), lean: request r feeds
+        spans[r] = (start, n) tokens, its rows of the flat `input_ids` [sum n] in request order, and keeps
+        its positions on one slice of the cache: slot bases[r] + p of every layer's (keys, values) pool
+        [slots, kv_heads, head_dim] holds its position p (`HybridCache.lone_base`, `kv_pools`). Writes
+        this forward's keys and values there and returns the final hidden state of each request's last
+        position [len(spans), hidden].
 
-        The same kernels as `forward_hidden` in the same order (rms_norm, one fused q/k/v matmul, the
-        rotate-half rope from the same tables, sdpa, the fused gate/up), so the same values; what it
-        drops is the per-call plumbing of a general padded batch: a tiny model's step is mostly that."""
+        The same kernels as `forward_hidden` (rms_norm, one fused q/k/v matmul, the rotate-half rope from
+        the same tables, sdpa, the fused gate/up), so the same values up to the matmuls' row blocking;
+        what it drops is the plumbing of a general padded batch (item checks, page tables, per-kind slot
+        and mask building): a tiny model's step is mostly that. One request reads its keys as a view;
+        one token per request (every draft step after the first) reads them with one gather per layer."""
         assert self._lone_layers, "forward_lone needs fuse_for_inference on a full-attention-only model"
         cfg = self.config
-        n = input_ids.shape[1]
-        end = start + n
+        dev = input_ids.device
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         half, nq, nk = d // 2, hq * d, hkv * d
-        cos_t, sin_t = self._rope(end, input_ids.device)
-        cos, sin = cos_t[start:end, None], sin_t[start:end, None]  # [n, 1, d]
-        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=input_ids.device).tril(start)
-        x = F.embedding(input_ids[0], self.model.embed_tokens.weight)  # [n, hidden]
-        eps = cfg.rms_norm_eps
-        dims = (cfg.hidden_size,)
-        for (w1, wqkv, bqkv, wo, w2, wgu, wd), (keys, vals) in zip(self._lone_layers, kv, strict=True):
+        ends = [s + n for s, n in spans]
+        cos_t, sin_t = self._rope(max(ends), dev)
+        b = len(spans)
+        if b == 1:
+            start, n = spans[0]
+            cos, sin = cos_t[start : start + n, None], sin_t[start : start + n, None]  # [n, 1, d]
+            mask = None if n == 1 else torch.ones(n, ends[0], dtype=torch.bool, device=dev).tril(start)
+        else:
+            plan = _LonePlan(spans, bases, dev)
+            cos, sin = cos_t[plan.pos, None], sin_t[plan.pos, None]
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
+        t = x.shape[0]
+        eps, dims = cfg.rms_norm_eps, (cfg.hidden_size,)
+        for (w1, wqkv, bqkv, wo, w2, wgu, wd), (kpool, vpool) in zip(self._lone_layers, pools, strict=True):
             qkv = F.linear(F.rms_norm(x, dims, w1, eps), wqkv, bqkv)
-            qk = qkv[:, : nq + nk].view(n, hq + hkv, d)
+            qk = qkv[:, : nq + nk].view(t, hq + hkv, d)
             qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
-            keys[start:].copy_(qk[:, hq:])
-            vals[start:].copy_(qkv[:, nq + nk :].view(n, hkv, d))
-            o = sdpa(qk[None, :, :hq], keys[None], vals[None], mask)
-            x = x + F.linear(o.reshape(n, nq), wo)
+            v = qkv[:, nq + nk :].view(t, hkv, d)
+            if b == 1:
+                keys, vals = kpool.narrow(0, bases[0], ends[0]), vpool.narrow(0, bases[0], ends[0])
+                keys[spans[0][0] :].copy_(qk[:, hq:])
+                vals[spans[0][0] :].copy_(v)
+                o = sdpa(qk[None, :, :hq], keys[None], vals[None], mask).reshape(t, nq)
+            else:
+                o = plan.attention(qk[:, :hq], qk[:, hq:], v, kpool, vpool).reshape(t, nq)
+            x = x + F.linear(o, wo)
             gate, up = F.linear(F.rms_norm(x, dims, w2, eps), wgu).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, wd)
-        return F.rms_norm(x[-1:], dims, self.model.norm.weight, eps)
+        if b == 1:
+            x = x[-1:]
+        elif plan.last is not None:
+            x = x[plan.last]
+        return F.rms_norm(x, dims, self.model.norm.weight, eps)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

@@ -150,40 +150,56 @@ class ModelRunner:
             logits = apply_linear(flat, self.model.lm_head)
             return logits if logits.dtype == torch.float32 else logits.float()
 
-    def greedy_chain(self, rid: int, token_ids: Sequence[int], start_pos: int, steps: int) -> list[int] | None:
-        """The greedy continuation of one request, `steps` tokens, in one call: feed `token_ids` from
-        `start_pos`, then each argmax but the last (a draft model's proposals; the last is never fed, so the
-        cache ends at the last fed position). None, with the cached tokens unchanged, when the lean path does not
-        apply (a model with swa or mamba layers, or a request whose pages are not consecutive: see
-        `HybridCache.lone_views`); the caller then runs `forward` per step.
+    def greedy_chain(
+        self, rids: Sequence[int], token_ids: Sequence[Sequence[int]], steps: Sequence[int]
+    ) -> list[list[int]] | None:
+        """Greedy continuations of requests, in one call: request i feeds `token_ids[i]` from its cached
+        length, then each of its argmax tokens but the last, `steps[i]` tokens in all (a draft model's
+        proposals; the last is never fed, so its cache ends at the last fed position). None, with the
+        cached tokens unchanged, when the lean path does not apply (a model with swa or mamba layers, or
+        a request whose pages are not consecutive: see `HybridCache.lone_views`); the caller then runs
+        `forward` per step.
 
         Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
         padded group and the host round trip per step (the tokens stay a tensor until the end), and
-        computes logits for the last position only (`HybridForCausalLM.forward_lone`: the same kernels, so
-        the same values as `forward`)."""
-        if steps < 1 or not token_ids or not self.model._lone_layers or self.cache.cached_len(rid) != start_pos:
+        computes logits for each request's last position only (`HybridForCausalLM.forward_lone`)."""
+        if not self.model._lone_layers or not rids or min(steps) < 1 or not all(token_ids):
             return None
-        end = start_pos + len(token_ids) + steps - 1
-        if not self.cache.ensure_capacity(rid, end):
-            return None
-        kv = self.cache.lone_views(rid, end)
-        if kv is None:
-            return None
-        model = self.model
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        pos = start_pos
-        out: list[torch.Tensor] = []
+        starts = [self.cache.cached_len(r) for r in rids]
+        bases: list[int] = []
+        for rid, s, feed, k in zip(rids, starts, token_ids, steps, strict=True):
+            end = s + len(feed) + k - 1
+            base = self.cache.lone_base(rid, end) if self.cache.ensure_capacity(rid, end) else None
+            if base is None:
+                return None
+            bases.append(base)
+        model, pools = self.model, self.cache.kv_pools()
+        ids = torch.tensor([t for feed in token_ids for t in feed], dtype=torch.long, device=self.device)
+        spans = [(s, len(feed)) for s, feed in zip(starts, token_ids, strict=True)]
+        active = list(range(len(rids)))
+        record: list[tuple[list[int], torch.Tensor]] = []  # (requests, their argmax) per step
         with torch.no_grad():
-            for j in range(steps):
-                n = ids.shape[1]
-                views = [(k[: pos + n], v[: pos + n]) for k, v in kv]
-                tok = apply_linear(model.forward_lone(ids, pos, views), model.lm_head).argmax(dim=-1)  # [1]
-                out.append(tok)
-                pos += n
-                if j + 1 < steps:
-                    ids = tok.view(1, 1)
-        self.cache.requests[rid].length = pos
-        return torch.cat(out).tolist()
+            for j in range(max(steps)):
+                hidden = model.forward_lone(ids, [spans[i] for i in active], pools, [bases[i] for i in active])
+                tok = apply_linear(hidden, model.lm_head).argmax(dim=-1)  # [len(active)]
+                record.append((active, tok))
+                for i in active:
+                    spans[i] = (spans[i][0] + spans[i][1], 1)
+                going = [r for r, i in enumerate(active) if j + 1 < steps[i]]
+                if not going:
+                    break
+                ids = tok if len(going) == len(active) else tok[torch.tensor(going, device=tok.device)]
+                active = [active[r] for r in going]
+        flat = torch.cat([t for _, t in record]).tolist()
+        out: list[list[int]] = [[] for _ in rids]
+        at = 0
+        for reqs, _ in record:
+            for i in reqs:
+                out[i].append(flat[at])
+                at += 1
+        for rid, (s, _n) in zip(rids, spans, strict=True):
+            self.cache.requests[rid].length = s
+        return out
 
     # ---- PD facts --------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specctl.engine.checkpoint import write_random_model
+from specctl.engine.model import LONE_SHORT
 from specctl.engine.model_runner import ForwardItem, ModelRunner
 from specctl.errors import RuntimeFailure
 
@@ -222,7 +223,7 @@ def test_greedy_chain_equals_forward_per_step(full_dir, catch_up):
         r.forward([ForwardItem(1, prompt, 0)])
     for steps in (1, 3, 5):
         start = a.cached_len(1)
-        got = a.greedy_chain(1, feed, start, steps)
+        got = a.greedy_chain([1], [feed], [steps])[0]
         want = generic_chain(b, 1, feed, start, steps)
         assert got == want
         assert a.cached_len(1) == b.cached_len(1) == start + len(feed) + steps - 1
@@ -238,10 +239,70 @@ def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full
     hybrid = make_runner(model_dir)
     hybrid.allocate(1, 8)
     hybrid.forward([ForwardItem(1, tokens(5, 8), 0)])
-    assert hybrid.greedy_chain(1, [3], 5, 3) is None and hybrid.cached_len(1) == 5
+    assert hybrid.greedy_chain([1], [[3]], [3]) is None and hybrid.cached_len(1) == 5
     r = make_runner(full_dir)
     r.allocate(1, 4)
     r.allocate(2, 4)  # takes the page after request 1's: request 1's next page is not adjacent
     r.forward([ForwardItem(1, tokens(4, 9), 0)])
-    assert r.greedy_chain(1, [3], 4, 3) is None and r.cached_len(1) == 4
-    assert r.greedy_chain(1, [3], 3, 3) is None  # start_pos must be the cached length
+    r.allocate(3, 4)
+    r.free(3)  # page 2 is free again, but page 1 (request 2) sits between: growth must move or scatter
+    r.cache.keep_contiguous = False  # the growth policy below is tested on its own
+    assert r.greedy_chain([1], [[3]], [3]) is None and r.cached_len(1) == 4
+
+
+def test_greedy_chain_batched_equals_each_request_alone(full_dir):
+    """Requests with different cached lengths, catch-ups and budgets chained in one call propose what each
+    proposes through `forward` alone, and leave the same caches."""
+    # request 4 is new: its whole prompt is its catch-up (a long span, attended alone)
+    prompts = {1: tokens(13, 10), 2: tokens(6, 11), 3: tokens(21, 12), 4: []}
+    feeds = {1: tokens(1, 13), 2: tokens(2, 14), 3: tokens(1, 15), 4: tokens(LONE_SHORT + 3, 16)}
+    budgets = {1: 3, 2: 1, 3: 4, 4: 2}
+    a, b = make_runner(full_dir), make_runner(full_dir)
+    for r in (a, b):
+        for rid, p in prompts.items():
+            r.allocate(rid, 40)
+            if p:
+                r.forward([ForwardItem(rid, p, 0)])
+    got = a.greedy_chain(list(prompts), [feeds[r] for r in prompts], [budgets[r] for r in prompts])
+    want = [generic_chain(b, rid, feeds[rid], len(prompts[rid]), budgets[rid]) for rid in prompts]
+    assert got == want
+    for rid in prompts:
+        assert a.cached_len(rid) == b.cached_len(rid) == len(prompts[rid]) + len(feeds[rid]) + budgets[rid] - 1
+        torch.testing.assert_close(a.forward([ForwardItem(rid, [7], a.cached_len(rid))]),
+                                   b.forward([ForwardItem(rid, [7], b.cached_len(rid))]), rtol=1e-5, atol=1e-5)
+
+
+def test_full_attention_caches_grow_on_consecutive_pages(full_dir):
+    """A draft model's request whose next page is taken moves to a free run (its keys and values with it),
+    so it stays one slice of the pool; pages are neither lost nor double-booked."""
+    a, b = make_runner(full_dir), make_runner(full_dir, max_tokens=4096)
+    assert a.cache.keep_contiguous and not make_runner(model_dir_of_hybrid(full_dir)).cache.keep_contiguous
+    prompt = tokens(8, 16)
+    for r in (a, b):
+        r.allocate(1, 8)
+        r.forward([ForwardItem(1, prompt, 0)])
+    a.allocate(2, 4)
+    # hand request 2 the page right after request 1's, as the stack allocator of a busy pool would
+    c, nxt = a.cache, a.cache.requests[1].pages[-1] + 1
+    c._free_pages.remove(nxt)
+    c._free_pages.append(c.requests[2].pages[0])
+    c.requests[2].pages = [nxt]
+    before = set(a.cache.requests[1].pages)
+    assert a.ensure_capacity(1, 13)  # needs a third page: page 2 is taken, so request 1 moves
+    pages = a.cache.requests[1].pages
+    assert pages == list(range(pages[0], pages[0] + 4)) and not before & set(pages)
+    held = [p for req in a.cache.requests.values() for p in req.pages]
+    assert len(held) == len(set(held)) and len(held) + a.num_free_pages == a.num_total_pages
+    assert not set(held) & set(a.cache._free_pages)
+    torch.testing.assert_close(a.forward([ForwardItem(1, [9, 10], 8)]), b.forward([ForwardItem(1, [9, 10], 8)]))
+    assert a.greedy_chain([1], [[4]], [2]) is not None
+    free_before = a.num_free_pages
+    assert a.ensure_capacity(1, 20) and a.num_free_pages == free_before - 1  # room after it now: in place
+    assert a.cache.requests[1].pages == list(range(pages[0], pages[0] + 5))
+    a.allocate(3, 8)  # new requests land on consecutive pages too
+    p3 = a.cache.requests[3].pages
+    assert p3 == list(range(p3[0], p3[0] + 2))
+
+
+def model_dir_of_hybrid(full_dir):
+    return write_random_model(full_dir.parent / "hybrid-too", layer_kinds=("full", "swa"), sliding_window=4)

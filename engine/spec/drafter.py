@@ -217,15 +217,18 @@ class ModelDrafter:
         kmax = max(budgets[i] for i in rows)
         params = [seqs[i].params for i in rows]
         greedy = all(p.greedy for p in params)
-        if greedy and self.incremental and len(rows) == 1:
-            # One greedy request (batch-1 decode): the whole chain in one runner call (its lean path).
-            seq = seqs[rows[0]]
-            cached = self.runner.cached_len(seq.rid)
-            chain = self.runner.greedy_chain(seq.rid, seq.token_ids(cached, len(seq)), cached, kmax)
-            if chain is not None:
+        if greedy and self.incremental:
+            # Greedy drafting on a full-attention draft: every request's whole chain in one runner call
+            # (its lean path; None when a request's draft cache is not one slice of the pool).
+            feeds = [seqs[i].token_ids(self.runner.cached_len(seqs[i].rid), len(seqs[i])) for i in rows]
+            chains = self.runner.greedy_chain([seqs[i].rid for i in rows], feeds, [budgets[i] for i in rows])
+            if chains is not None:
                 self.forwards += kmax
-                buf.draft_tokens[rows[0], :kmax] = torch.tensor(chain, dtype=torch.long)
-                buf.num_drafts[rows[0]] = kmax
+                for i, chain in zip(rows, chains, strict=True):
+                    buf.draft_tokens[i, : len(chain)] = torch.tensor(chain, dtype=torch.long)
+                counts = torch.tensor([len(c) for c in chains], dtype=torch.long)
+                buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
+                                           counts.to(buf.num_drafts.device))
                 return
         gens = [seqs[i].generator for i in rows]
         committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
