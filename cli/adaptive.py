@@ -412,6 +412,9 @@ def tune_command(
     sglang: Annotated[bool, typer.Option(
         "--sglang", help="Search only what SGLang can run: no specctl-only knobs (zero_backoff). Implied by a "
         "deployment with engine: sglang.")] = False,
+    decode_only: Annotated[bool, typer.Option(
+        "--decode-only", help="Predict decode speed alone: leave out the serving time the trace measured "
+        "between verifies (prefill, admission, streaming), which every config pays per token.")] = False,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -419,12 +422,14 @@ def tune_command(
     predicted tokens/s under the cost model, and validate the recommendation.
 
     A verify that drafted K tokens and accepted a would have accepted min(a, k) with any k <= K, so a trace
-    recorded with `--trace-steps K` answers every candidate up to K. Candidate sets (up to three steps) per
+    recorded with `--trace-steps K` answers every candidate up to K. Candidate sets (up to four steps) per
     bucket and the knobs ema_alpha, update_interval and down_hysteresis are searched, and for sets with 0
     specctl's zero_backoff (kept off unless it predicts >= 1% better). The result prints as a deployment
     snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
     SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
-    the current config, the best fixed step and no speculation. Confirm it with `specctl bench --ab`.
+    the current config, the best fixed step and no speculation; the predictions include the serving time
+    per token the trace measured between verifies (prefill, admission, streaming), as a real run pays it,
+    unless --decode-only. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
         from specctl.engine.spec.tune import TuneSetup, read_cost, tune
@@ -437,7 +442,7 @@ def tune_command(
         allowed = tuple(_parse_steps(steps)) if steps else None
         sglang_only = sglang or setup.engine == "sglang"
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
-                                sglang=sglang_only), records, cost_model)
+                                sglang=sglang_only, decode_only=decode_only), records, cost_model)
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
@@ -467,6 +472,11 @@ def render_tune(result: Any) -> str:
         lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
     lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
                  f"{sp['vs_none']:.2f}x no speculation")
+    if result.overhead_s_per_token is not None:
+        lines.append(f"(includes {result.overhead_s_per_token * 1e3:.3f} ms per token of serving time the trace "
+                     "measured between verifies, paid by every config; --decode-only leaves it out)")
+    else:
+        lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
     if result.sglang_only:
         searched += "; only what SGLang can run (--sglang or engine: sglang)"

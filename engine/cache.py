@@ -107,9 +107,10 @@ class HybridCache:
         self._free_pages = list(range(self.num_pages - 1, -1, -1))  # pop() hands out low pages first
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self.requests: dict[int, _Request] = {}
-        # Full-attention-only models (draft models) keep each request on consecutive pages where the pool
-        # allows, so a lone request's keys are one slice of it (HybridForCausalLM.forward_lone).
-        self.keep_contiguous = not (self.swa_index or self.mamba_index)
+        # Set by a draft model's drafter (full attention only): keep each request on consecutive pages where
+        # the pool allows, so its keys are one slice of it (HybridForCausalLM.forward_lone, the lean chain).
+        # A target never reads them that way, so its requests grow on any free page without copying.
+        self.keep_contiguous = False
         self._arange = torch.arange(1024, device=device)
         self._trues = torch.ones(64, dtype=torch.bool, device=device)
 
@@ -134,7 +135,7 @@ class HybridCache:
         if n > len(self._free_pages):
             raise RuntimeFailure(f"KV pool exhausted: request {rid} needs {n} pages, {len(self._free_pages)} free")
         slot = self._free_slots.pop()
-        pages = self._take_run(n) if self.keep_contiguous else None
+        pages = self._take_run(n) if self.keep_contiguous and not self.swa_index and not self.mamba_index else None
         if pages is None:
             pages = [self._free_pages.pop() for _ in range(n)]
         self.conv[:, slot].zero_()
@@ -148,7 +149,8 @@ class HybridCache:
             return True
         if extra > len(self._free_pages):
             return False
-        if not (self.keep_contiguous and self._grow_contiguous(req, extra)):
+        if not (self.keep_contiguous and not self.swa_index and not self.mamba_index
+                and self._grow_contiguous(req, extra)):
             req.pages.extend(self._free_pages.pop() for _ in range(extra))
         req.page_tensor = None
         req.slot_tensor = None

@@ -8,6 +8,7 @@ import torch
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model import LONE_SHORT
 from specctl.engine.model_runner import ForwardItem, ModelRunner
+from specctl.engine.spec.drafter import ModelDrafter
 from specctl.errors import RuntimeFailure
 
 KINDS = ("mamba", "swa", "full", "swa", "mamba")
@@ -246,7 +247,6 @@ def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full
     r.forward([ForwardItem(1, tokens(4, 9), 0)])
     r.allocate(3, 4)
     r.free(3)  # page 2 is free again, but page 1 (request 2) sits between: growth must move or scatter
-    r.cache.keep_contiguous = False  # the growth policy below is tested on its own
     assert r.greedy_chain([1], [[3]], [3]) is None and r.cached_len(1) == 4
 
 
@@ -276,7 +276,12 @@ def test_full_attention_caches_grow_on_consecutive_pages(full_dir):
     """A draft model's request whose next page is taken moves to a free run (its keys and values with it),
     so it stays one slice of the pool; pages are neither lost nor double-booked."""
     a, b = make_runner(full_dir), make_runner(full_dir, max_tokens=4096)
-    assert a.cache.keep_contiguous and not make_runner(model_dir_of_hybrid(full_dir)).cache.keep_contiguous
+    assert not a.cache.keep_contiguous  # a target's cache: off; a drafter turns it on for its draft model
+    ModelDrafter(a)
+    assert a.cache.keep_contiguous
+    hybrid = make_runner(model_dir_of_hybrid(full_dir))
+    ModelDrafter(hybrid)  # a swa/mamba draft re-feeds from its cache's start: no lean chain, no moves
+    assert not hybrid.cache.keep_contiguous
     prompt = tokens(8, 16)
     for r in (a, b):
         r.allocate(1, 8)

@@ -24,6 +24,7 @@ from specctl.engine.spec.tune import (
     fixed_config,
     replay,
     replay_positions,
+    serving_overhead,
     sglang_json,
     trace_depth,
     tune,
@@ -79,10 +80,47 @@ def test_phase_change_picks_an_adaptive_set_that_follows_it():
     assert used.get(min(cands), 0) > 100 and used.get(max(cands), 0) > 100
 
 
+def timed(accepted: list[int], step_s: float, gap_s: float, run: str = "r", t0: float = 1000.0) -> list[TraceRecord]:
+    """Engine-shaped records: each verify takes step_s (draft + verify) and gap_s passes before the next."""
+    out, t = [], t0
+    for i, a in enumerate(accepted):
+        t += gap_s + step_s
+        out.append(TraceRecord(line=i + 1, batch_size=1, accepted=(a,), steps=K, drafted=(K,), trace_steps=K,
+                               time=t, draft_s=step_s / 4, verify_s=3 * step_s / 4, run=run))
+    return out
+
+
+def test_serving_overhead_is_the_time_between_verifies_per_token():
+    recs = timed([2] * 50, step_s=0.008, gap_s=0.003)  # 3 tokens per verify
+    assert serving_overhead(recs) == pytest.approx(0.001)
+    # a second run (another engine) counts on its own; an idle pause is not serving time
+    other = timed([0] * 20, step_s=0.004, gap_s=0.001, run="s", t0=5000.0)
+    idle = timed([2] * 10, step_s=0.008, gap_s=0.003, t0=recs[-1].time + 30.0)
+    got = serving_overhead(recs + other + idle)
+    assert got == pytest.approx((49 * 0.003 + 19 * 0.001 + 9 * 0.003) / (49 * 3 + 19 + 9 * 3))
+    assert serving_overhead(records([2] * 10)) is None  # an older trace: no timings
+
+
+def test_tune_adds_the_serving_overhead_to_every_prediction():
+    recs = timed([K] * 300, step_s=0.002, gap_s=0.004)
+    with_ovh = tune(setup(), recs, cost_model())
+    decode = tune(TuneSetup(setup().cfg, 3, max_batch_size=8, decode_only=True), recs, cost_model())
+    assert decode.overhead_s_per_token is None and with_ovh.overhead_s_per_token == pytest.approx(0.0005)
+    assert with_ovh.recommended == decode.recommended  # a per-token constant changes no choice
+    for a, b in ((with_ovh.predicted, decode.predicted), (with_ovh.none, decode.none)):
+        # the same work plus 0.5 ms per token
+        assert 1 / a.tokens_per_s == pytest.approx(1 / b.tokens_per_s + 0.0005)
+    assert 1.0 < with_ovh.speedups()["vs_none"] < decode.speedups()["vs_none"]
+    assert with_ovh.to_json()["serving_overhead_s_per_token"] == pytest.approx(0.0005)
+
+
 def test_recommendation_validates_and_round_trips_as_sglang_json():
     res = tune(setup({"1": {"candidate_steps": [1, 3]}, "4": {"candidate_steps": [0, 1]}}),
                records([K] * 100) + records([0] * 100, batch=4), cost_model())
     assert not [f for f in res.findings if f.severity == "error"]
+    assert not [f for f in res.findings if f.code == "ADP218"]  # no oscillating hysteresis band
+    for b in res.recommended.buckets:
+        assert b.knobs.down_hysteresis <= b.knobs.up_hysteresis
     assert set(res.recommended.union_steps) <= set(res.coverage.required_states)
     assert res.initial_steps in res.recommended.union_steps
     parsed, findings = parse_sglang_config(json.loads(json.dumps(res.sglang_json())))

@@ -151,6 +151,9 @@ class ModelDrafter:
         cache = getattr(runner, "cache", None)
         self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
                                                       or getattr(cache, "mamba_index", None))
+        if self.incremental:
+            # keep each request's draft cache on consecutive pages: the lean chain (greedy_chain) needs them
+            cache.keep_contiguous = True
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
         self.forwards = 0
         self.capacity_misses = 0

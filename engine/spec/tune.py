@@ -16,7 +16,8 @@ Contract:
   `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
   keys), candidate-step sets of up to four steps and then knobs (`ema_alpha`, `update_interval`,
-  `down_hysteresis`, and for sets with 0 specctl's `zero_backoff`, unless `setup.sglang`) for the best
+  `down_hysteresis` with `up_hysteresis` no lower, and for sets with 0 specctl's `zero_backoff`, unless
+  `setup.sglang`) for the best
   few, maximising predicted tokens/s over the records routed to that bucket; then picks the initial
   steps. `zero_backoff` stays off (1, SGLang's behaviour) unless it predicts at least
   `BACKOFF_MARGIN` better, since SGLang cannot run it. It returns the recommended config as a
@@ -59,7 +60,9 @@ COST_VERSION = 1
 MAX_SET_SIZE = 4
 ALPHAS = (0.2, 0.5, 0.8)
 INTERVALS = (2, 5, 20)
-DOWN_HYSTERESES = (-0.25, 0.0, 0.5)  # 0.5 drops a step earlier, with the EMA up to half a draft above the bar
+# 0.5 drops a step earlier, with the EMA up to half a draft above the bar. up_hysteresis is raised to match
+# when it is lower, so no recommendation has an oscillating band (validate's ADP218 warning).
+DOWN_HYSTERESES = (-0.25, 0.0, 0.5)
 # zero_backoff values tried for candidate sets with 0 (1 = off = SGLang). With a probe step costing c plain
 # steps, a never-right drafter runs at 1 / (1 + (c - 1) / (N + 1)) of no speculation once the stays reach
 # N: 0.98x at N = 16, c = 1.4; 4 is for traces where the drafter recovers often and must be re-found fast.
@@ -211,16 +214,21 @@ class Prediction:
     switches: int
     lower_bound_verifies: int = 0
     by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
+    # seconds per output token a real run spends outside its verifies whatever the config (`serving_overhead`)
+    overhead_s_per_token: float = 0.0
 
     @property
     def predicted_seconds(self) -> float:
-        """Seconds the workload's tokens take at the replayed per-batch-size rates."""
-        return sum(w * sec / tok for tok, sec, w in self.by_batch.values() if tok > 0)
+        """Seconds the workload's tokens take at the replayed per-batch-size rates, plus the serving overhead."""
+        work = sum(w for _, _, w in self.by_batch.values())
+        return (sum(w * sec / tok for tok, sec, w in self.by_batch.values() if tok > 0)
+                + self.overhead_s_per_token * work)
 
     @property
     def tokens_per_s(self) -> float:
         if not self.by_batch:
-            return self.tokens / self.seconds if self.seconds > 0 else 0.0
+            t = self.seconds + self.overhead_s_per_token * self.tokens
+            return self.tokens / t if t > 0 else 0.0
         t = self.predicted_seconds
         return sum(w for _, _, w in self.by_batch.values()) / t if t > 0 else 0.0
 
@@ -233,6 +241,7 @@ class Prediction:
             "batches_per_steps": {str(k): v for k, v in sorted(self.batches_per_steps.items())},
             "switches": self.switches,
             "lower_bound_verifies": self.lower_bound_verifies,
+            "overhead_s_per_token": self.overhead_s_per_token,
         }
 
 
@@ -248,6 +257,35 @@ def trace_depth(records: Sequence[TraceRecord]) -> int:
             hint="record one with `specctl serve --trace-out FILE --trace-steps 7` (or `bench --trace-out`)",
         )
     return min(steps)
+
+
+IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle server, not serving overhead
+
+
+def serving_overhead(records: Sequence[TraceRecord]) -> float | None:
+    """Wall seconds per emitted token the traced runs spent between their verifies, or None when the trace
+    lacks `time`, `draft_s` or `verify_s` (an older trace).
+
+    Between two verifies a real run also prefills new requests (colocated), admits transferred ones (PD),
+    streams tokens and schedules: time every config pays per token and per request, not per step, so the
+    same seconds per token join every prediction. Without them a predicted speed-up is decode-only, above
+    what `bench --ab` measures end to end. Gaps over IDLE_GAP_S (a server waiting for clients) are left out."""
+    gap = 0.0
+    tokens = 0
+    last: dict[str | None, TraceRecord] = {}
+    for rec in records:
+        if rec.time is None or rec.draft_s is None or rec.verify_s is None:
+            return None
+        prev = last.get(rec.run)
+        last[rec.run] = rec
+        if prev is None or prev.time is None:
+            continue
+        g = rec.time - prev.time - rec.draft_s - rec.verify_s
+        if g > IDLE_GAP_S:
+            continue
+        gap += max(0.0, g)
+        tokens += sum(rec.accepted) + len(rec.accepted)
+    return gap / tokens if tokens else None
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -443,6 +481,7 @@ class TuneSetup:
     max_batch_size: int | None = None
     steps: tuple[int, ...] | None = None  # search only these steps (default: every measured step <= the depth)
     sglang: bool = False  # search only what SGLang can run (no specctl-only knobs such as zero_backoff)
+    decode_only: bool = False  # predict decode speed alone (leave the trace's serving overhead out)
 
 
 @dataclass(frozen=True)
@@ -478,6 +517,7 @@ class TuneResult:
     evaluated: int
     sglang: SGLangChoice | None = None  # set when `recommended` uses a specctl-only knob
     sglang_only: bool = False  # the search was restricted to what SGLang can run
+    overhead_s_per_token: float | None = None  # serving overhead in the predictions (None: decode only)
 
     def speedups(self) -> dict[str, float]:
         p = self.predicted
@@ -520,6 +560,7 @@ class TuneResult:
             "speedup": self.speedups(),
             "allowed_steps": list(self.allowed_steps),
             "evaluated_configs": self.evaluated,
+            "serving_overhead_s_per_token": self.overhead_s_per_token,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
         }
 
@@ -611,7 +652,7 @@ def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, grap
         zbs = backoffs if 0 in cands else (1,)
         for alpha, interval, down, zb in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES, zbs):
             knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down,
-                            zero_backoff=zb)
+                            up_hysteresis=max(base_knobs.up_hysteresis, down), zero_backoff=zb)
             cand = Bucket(b.min_batch_size, cands, knobs)
             score = _bucket_score(cand, recs, cost, graphs, -1)
             evaluated += 1
@@ -691,9 +732,19 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
             sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
 
+    # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
+    ovh = None if setup.decode_only else serving_overhead(records)
+    if ovh is not None:
+        def add(p: Prediction) -> Prediction:
+            return replace(p, overhead_s_per_token=ovh)
+
+        best_pred, current, none = add(best_pred), add(current), add(none)
+        fixed = {k: add(v) for k, v in fixed.items()}
+        if sglang_choice is not None:
+            sglang_choice = replace(sglang_choice, predicted=add(sglang_choice.predicted))
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh)
 
 
 def validate_recommendation(
