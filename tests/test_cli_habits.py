@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -115,9 +116,10 @@ def test_version_flag_and_command() -> None:
 def test_typer_shell_completion_for_bash_zsh_fish() -> None:
     helps = cli("--help").stdout
     assert "--install-completion" in helps and "--show-completion" in helps
-    # --show-completion SHELL prints that shell's script (without SHELL it detects the shell it runs under,
-    # which fails where the test runner's parent is no shell, e.g. a detached job)
-    res = cli("--show-completion", "bash")
+    # --show-completion prints the script for the shell it runs under (shellingham reads the process's
+    # ancestors): run it under bash, since a detached test run may have no shell among its ancestors
+    res = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m specctl.cli --show-completion; exit $?"],
+                         capture_output=True, text=True, timeout=120, env=ENV)
     assert res.returncode == 0 and "_SPECCTL_COMPLETE" in res.stdout and "specctl" in res.stdout, res
     # the completion protocol of each shell: "specctl val" -> validate, "specctl presets sh" -> show
     env = {**ENV, "_SPECCTL_COMPLETE": "complete_bash", "COMP_WORDS": "specctl val", "COMP_CWORD": "1"}
