@@ -18,7 +18,7 @@ padded group; longer items (prefill) run one group each, so a long prompt never 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -150,15 +150,20 @@ class ModelRunner:
             logits = apply_linear(flat, self.model.lm_head)
             return logits if logits.dtype == torch.float32 else logits.float()
 
-    def greedy_chain(
-        self, rids: Sequence[int], token_ids: Sequence[Sequence[int]], steps: Sequence[int]
+    def draft_chain(
+        self,
+        rids: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        steps: Sequence[int],
+        choose: Callable[[torch.Tensor, list[int], int], torch.Tensor] | None = None,
     ) -> list[list[int]] | None:
-        """Greedy continuations of requests, in one call: request i feeds `token_ids[i]` from its cached
-        length, then each of its argmax tokens but the last, `steps[i]` tokens in all (a draft model's
-        proposals; the last is never fed, so its cache ends at the last fed position). None, with the
-        cached tokens unchanged, when the lean path does not apply (a model with swa or mamba layers, or
-        a request whose pages are not consecutive: see `HybridCache.lone_views`); the caller then runs
-        `forward` per step.
+        """Continuations of requests, in one call: request i feeds `token_ids[i]` from its cached length,
+        then each token chosen for it but the last, `steps[i]` tokens in all (a draft model's proposals;
+        the last is never fed, so its cache ends at the last fed position). `choose(logits, requests, j)`
+        picks step j's tokens ([len(requests)] long) from the logits [len(requests), vocab] of the listed
+        requests (indices into `rids`); default: the argmax. None, with the cached tokens unchanged, when
+        the lean path does not apply (a model with swa or mamba layers, or a request whose pages are not
+        consecutive: see `HybridCache.lone_base`); the caller then runs `forward` per step.
 
         Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
         padded group and the host round trip per step (the tokens stay a tensor until the end), and
@@ -181,7 +186,8 @@ class ModelRunner:
         with torch.no_grad():
             for j in range(max(steps)):
                 hidden = model.forward_lone(ids, [spans[i] for i in active], pools, [bases[i] for i in active])
-                tok = apply_linear(hidden, model.lm_head).argmax(dim=-1)  # [len(active)]
+                logits = apply_linear(hidden, model.lm_head)
+                tok = logits.argmax(dim=-1) if choose is None else choose(logits.float(), active, j)
                 record.append((active, tok))
                 for i in active:
                     spans[i] = (spans[i][0] + spans[i][1], 1)

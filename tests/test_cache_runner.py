@@ -224,7 +224,7 @@ def test_greedy_chain_equals_forward_per_step(full_dir, catch_up):
         r.forward([ForwardItem(1, prompt, 0)])
     for steps in (1, 3, 5):
         start = a.cached_len(1)
-        got = a.greedy_chain([1], [feed], [steps])[0]
+        got = a.draft_chain([1], [feed], [steps])[0]
         want = generic_chain(b, 1, feed, start, steps)
         assert got == want
         assert a.cached_len(1) == b.cached_len(1) == start + len(feed) + steps - 1
@@ -240,14 +240,14 @@ def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full
     hybrid = make_runner(model_dir)
     hybrid.allocate(1, 8)
     hybrid.forward([ForwardItem(1, tokens(5, 8), 0)])
-    assert hybrid.greedy_chain([1], [[3]], [3]) is None and hybrid.cached_len(1) == 5
+    assert hybrid.draft_chain([1], [[3]], [3]) is None and hybrid.cached_len(1) == 5
     r = make_runner(full_dir)
     r.allocate(1, 4)
     r.allocate(2, 4)  # takes the page after request 1's: request 1's next page is not adjacent
     r.forward([ForwardItem(1, tokens(4, 9), 0)])
     r.allocate(3, 4)
     r.free(3)  # page 2 is free again, but page 1 (request 2) sits between: growth must move or scatter
-    assert r.greedy_chain([1], [[3]], [3]) is None and r.cached_len(1) == 4
+    assert r.draft_chain([1], [[3]], [3]) is None and r.cached_len(1) == 4
 
 
 def test_greedy_chain_batched_equals_each_request_alone(full_dir):
@@ -263,7 +263,7 @@ def test_greedy_chain_batched_equals_each_request_alone(full_dir):
             r.allocate(rid, 40)
             if p:
                 r.forward([ForwardItem(rid, p, 0)])
-    got = a.greedy_chain(list(prompts), [feeds[r] for r in prompts], [budgets[r] for r in prompts])
+    got = a.draft_chain(list(prompts), [feeds[r] for r in prompts], [budgets[r] for r in prompts])
     want = [generic_chain(b, rid, feeds[rid], len(prompts[rid]), budgets[rid]) for rid in prompts]
     assert got == want
     for rid in prompts:
@@ -300,7 +300,7 @@ def test_full_attention_caches_grow_on_consecutive_pages(full_dir):
     assert len(held) == len(set(held)) and len(held) + a.num_free_pages == a.num_total_pages
     assert not set(held) & set(a.cache._free_pages)
     torch.testing.assert_close(a.forward([ForwardItem(1, [9, 10], 8)]), b.forward([ForwardItem(1, [9, 10], 8)]))
-    assert a.greedy_chain([1], [[4]], [2]) is not None
+    assert a.draft_chain([1], [[4]], [2]) is not None
     free_before = a.num_free_pages
     assert a.ensure_capacity(1, 20) and a.num_free_pages == free_before - 1  # room after it now: in place
     assert a.cache.requests[1].pages == list(range(pages[0], pages[0] + 5))
@@ -311,3 +311,36 @@ def test_full_attention_caches_grow_on_consecutive_pages(full_dir):
 
 def model_dir_of_hybrid(full_dir):
     return write_random_model(full_dir.parent / "hybrid-too", layer_kinds=("full", "swa"), sliding_window=4)
+
+
+def test_draft_chain_samples_with_the_callers_choice(full_dir):
+    """A sampling `choose` (seeded generators, as a sampling drafter passes) draws what the same draws over
+    `forward` per step draw, request by request in the same order."""
+    from specctl.engine.sampling import SamplingParams, probs_from_logits, sample_from_probs
+
+    prompts = {1: tokens(9, 20), 2: tokens(14, 21)}
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=s) for s in (1, 2)]
+
+    def sampler(gens):
+        def choose(logits, active, j):
+            return sample_from_probs(probs_from_logits(logits, [params[a] for a in active]), [gens[a] for a in active])
+        return choose
+
+    a, b = make_runner(full_dir), make_runner(full_dir)
+    for r in (a, b):
+        for rid, p in prompts.items():
+            r.allocate(rid, 40)
+            r.forward([ForwardItem(rid, p, 0)])
+    gens_a = [torch.Generator().manual_seed(s) for s in (1, 2)]
+    got = a.draft_chain([1, 2], [[3], [4]], [4, 4], sampler(gens_a))
+    gens_b = [torch.Generator().manual_seed(s) for s in (1, 2)]
+    want: list[list[int]] = [[], []]
+    feed = [[3], [4]]
+    for j in range(4):
+        logits = b.forward([ForwardItem(rid, feed[i], b.cached_len(rid)) for i, rid in enumerate((1, 2))])
+        toks = sampler(gens_b)(logits, [0, 1], j).tolist()
+        for i in range(2):
+            want[i].append(toks[i])
+        feed = [[t] for t in toks]  # the last draws are never fed
+    assert got == want
+    assert [a.cached_len(r) for r in (1, 2)] == [b.cached_len(r) for r in (1, 2)]

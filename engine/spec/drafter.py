@@ -152,7 +152,7 @@ class ModelDrafter:
         self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
                                                       or getattr(cache, "mamba_index", None))
         if self.incremental:
-            # keep each request's draft cache on consecutive pages: the lean chain (greedy_chain) needs them
+            # keep each request's draft cache on consecutive pages: the lean chain (draft_chain) needs them
             cache.keep_contiguous = True
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
         self.forwards = 0
@@ -220,11 +220,20 @@ class ModelDrafter:
         kmax = max(budgets[i] for i in rows)
         params = [seqs[i].params for i in rows]
         greedy = all(p.greedy for p in params)
-        if greedy and self.incremental:
-            # Greedy drafting on a full-attention draft: every request's whole chain in one runner call
-            # (its lean path; None when a request's draft cache is not one slice of the pool).
+        gens = [seqs[i].generator for i in rows]
+        if self.incremental:
+            # A full-attention draft: every request's whole chain in one runner call (its lean path; None
+            # when a request's draft cache is not one slice of the pool). Sampling draws exactly as below.
+            def choose(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
+                q = probs_from_logits(logits, [params[a] for a in active])
+                assert buf.draft_probs is not None
+                for r, a in enumerate(active):
+                    buf.draft_probs[rows[a], j] = q[r]
+                return sample_from_probs(q, [gens[a] for a in active])
+
             feeds = [seqs[i].token_ids(self.runner.cached_len(seqs[i].rid), len(seqs[i])) for i in rows]
-            chains = self.runner.greedy_chain([seqs[i].rid for i in rows], feeds, [budgets[i] for i in rows])
+            chains = self.runner.draft_chain([seqs[i].rid for i in rows], feeds, [budgets[i] for i in rows],
+                                             None if greedy else choose)
             if chains is not None:
                 self.forwards += kmax
                 for i, chain in zip(rows, chains, strict=True):
@@ -233,7 +242,6 @@ class ModelDrafter:
                 buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
                                            counts.to(buf.num_drafts.device))
                 return
-        gens = [seqs[i].generator for i in rows]
         committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
         proposals: list[list[int]] = [[] for _ in rows]
         active = list(range(len(rows)))  # indices into `rows` still drafting
