@@ -619,7 +619,7 @@ class _LonePlan:
     view of their slice, so one prompt never pads the others. Every row's key and value are written with
     one index_copy_ per pool before anything reads."""
 
-    def __init__(self, spans: Sequence[tuple[int, int]], bases: Sequence[int], dev: torch.device) -> None:
+    def __init__(self, spans: Sequence[tuple[int, int]], bases: Sequence[int], dev: torch.device, slots: int) -> None:
         self.long: list[tuple[int, int, int, int]] = []
         self.n_short = len(spans)
         if all(n == 1 for _, n in spans):
@@ -632,7 +632,8 @@ class _LonePlan:
             self.dst = base_t + self.pos
             self.last = None
             ar = torch.arange(max(s for s, _ in spans) + 1, device=dev)
-            self.src = (base_t[:, None] + ar[None, :]).reshape(-1)
+            # keys past a request's end are masked; clamped so a request near the pool's end reads inside it
+            self.src = (base_t[:, None] + ar[None, :]).reshape(-1).clamp_(max=slots - 1)
             self.mask = (ar[None, :] <= self.pos[:, None])[:, None, None, :]  # [b, 1, 1, kmax]
             return
         flat_pos: list[int] = []
@@ -670,7 +671,8 @@ class _LonePlan:
                                            dtype=torch.long, device=dev)
             ar = torch.arange(kmax, device=dev)
             base_t = torch.tensor([bases[r] for r in short], dtype=torch.long, device=dev)
-            self.src = (base_t[:, None] + ar[None, :]).reshape(-1)
+            # keys past a request's end are masked; clamped so a request near the pool's end reads inside it
+            self.src = (base_t[:, None] + ar[None, :]).reshape(-1).clamp_(max=slots - 1)
             qp = torch.tensor(qpos, dtype=torch.long, device=dev).view(len(short), nmax)
             self.mask = (ar[None, None, :] <= qp[:, :, None])[:, None]  # [b, 1, nmax, kmax]
             # no prompt among them: the kept rows are every row, in order (short spans are consecutive rows)
@@ -825,7 +827,7 @@ class HybridForCausalLM(nn.Module):
             cos, sin = cos_t[start : start + n, None], sin_t[start : start + n, None]  # [n, 1, d]
             mask = None if n == 1 else torch.ones(n, ends[0], dtype=torch.bool, device=dev).tril(start)
         else:
-            plan = _LonePlan(spans, bases, dev)
+            plan = _LonePlan(spans, bases, dev, pools[0][0].shape[0])
             cos, sin = cos_t[plan.pos, None], sin_t[plan.pos, None]
         x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
         t = x.shape[0]

@@ -344,3 +344,20 @@ def test_draft_chain_samples_with_the_callers_choice(full_dir):
         feed = [[t] for t in toks]  # the last draws are never fed
     assert got == want
     assert [a.cached_len(r) for r in (1, 2)] == [b.cached_len(r) for r in (1, 2)]
+
+
+def test_draft_chain_with_a_short_request_at_the_end_of_the_pool(full_dir):
+    """Padded key reads of a short request on the pool's last pages stay inside the pool (masked, clamped)."""
+    a, b = make_runner(full_dir), make_runner(full_dir)
+    long_prompt, short_prompt = tokens(30, 22), tokens(5, 23)
+    for r in (a, b):
+        r.allocate(1, 32)  # pages 0-7
+        r.allocate(3, 4 * (r.num_total_pages - 10))  # filler: every page up to the last two
+        r.allocate(2, 8)  # the last two pages
+        r.free(3)
+        assert r.cache.requests[2].pages[-1] == r.num_total_pages - 1
+        r.forward([ForwardItem(1, long_prompt, 0)])
+        r.forward([ForwardItem(2, short_prompt, 0)])
+    got = a.draft_chain([1, 2], [[3], [4]], [2, 2])
+    want = [generic_chain(b, 1, [3], 30, 2), generic_chain(b, 2, [4], 5, 2)]
+    assert got == want
