@@ -414,7 +414,8 @@ def tune_command(
         "deployment with engine: sglang.")] = False,
     decode_only: Annotated[bool, typer.Option(
         "--decode-only", help="Predict decode speed alone: leave out the serving time the trace measured "
-        "between verifies (prefill, admission, streaming), which every config pays per token.")] = False,
+        "beyond the cost model (between verifies: prefill, admission, streaming; and verifies slower than "
+        "profiled on a shared machine), which every config pays per token.")] = False,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -428,8 +429,9 @@ def tune_command(
     snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
     SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
     the current config, the best fixed step and no speculation; the predictions include the serving time
-    per token the trace measured between verifies (prefill, admission, streaming), as a real run pays it,
-    unless --decode-only. Confirm it with `specctl bench --ab`.
+    per token the trace measured beyond the cost model (between verifies: prefill, admission, streaming;
+    and verifies slower than profiled on a shared machine), as a real run pays it, unless --decode-only.
+    Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
         from specctl.engine.spec.tune import TuneSetup, read_cost, tune
@@ -472,9 +474,11 @@ def render_tune(result: Any) -> str:
         lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
     lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
                  f"{sp['vs_none']:.2f}x no speculation")
-    if result.overhead_s_per_token is not None:
-        lines.append(f"(includes {result.overhead_s_per_token * 1e3:.3f} ms per token of serving time the trace "
-                     "measured between verifies, paid by every config; --decode-only leaves it out)")
+    if result.overhead is not None:
+        o = result.overhead
+        lines.append(f"(includes {o.per_token * 1e3:.3f} ms per token of serving time the trace measured beyond the "
+                     f"cost model: {o.between * 1e3:.3f} between verifies, {o.excess * 1e3:+.3f} in them; paid by "
+                     "every config; --decode-only leaves it out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"

@@ -262,20 +262,44 @@ def trace_depth(records: Sequence[TraceRecord]) -> int:
 IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle server, not serving overhead
 
 
-def serving_overhead(records: Sequence[TraceRecord]) -> float | None:
-    """Wall seconds per emitted token the traced runs spent between their verifies, or None when the trace
-    lacks `time`, `draft_s` or `verify_s` (an older trace).
+@dataclass(frozen=True)
+class ServingOverhead:
+    """Seconds per emitted token a traced run spent beyond the cost model's price of its verifies.
 
-    Between two verifies a real run also prefills new requests (colocated), admits transferred ones (PD),
-    streams tokens and schedules: time every config pays per token and per request, not per step, so the
-    same seconds per token join every prediction. Without them a predicted speed-up is decode-only, above
-    what `bench --ab` measures end to end. Gaps over IDLE_GAP_S (a server waiting for clients) are left out."""
-    gap = 0.0
-    tokens = 0
+    `between`: the wall time between consecutive verifies of one run (colocated prefill of new requests,
+    admitting transferred ones, streaming, scheduling). `excess`: what its verifies took beyond their
+    price: a verify on a machine shared with the prefill server, the router and the clients takes longer
+    than the same step profiled alone (negative when the profile ran on a busier machine). Both come from
+    work every config does the same amount of (the prompts, the output tokens), so `tune` adds the same
+    seconds per token to every prediction; were the serving machine instead uniformly slower than the
+    profiling one, profile on it."""
+
+    between: float
+    excess: float
+
+    @property
+    def per_token(self) -> float:
+        return max(0.0, self.between + self.excess)
+
+    def to_json(self) -> dict[str, float]:
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_excess_s": self.excess}
+
+
+def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
+    """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
+    (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
+    predicted speed-up is decode-only, above what `bench --ab` measures end to end."""
+    gap = excess = 0.0
+    gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
     for rec in records:
         if rec.time is None or rec.draft_s is None or rec.verify_s is None:
             return None
+        emitted = sum(rec.accepted) + len(rec.accepted)
+        drafted = rec.drafted_per_request
+        k = max(drafted) if drafted else 0
+        excess += rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
         if prev is None or prev.time is None:
@@ -284,8 +308,10 @@ def serving_overhead(records: Sequence[TraceRecord]) -> float | None:
         if g > IDLE_GAP_S:
             continue
         gap += max(0.0, g)
-        tokens += sum(rec.accepted) + len(rec.accepted)
-    return gap / tokens if tokens else None
+        gap_tokens += emitted
+    if not tokens:
+        return None
+    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -517,7 +543,11 @@ class TuneResult:
     evaluated: int
     sglang: SGLangChoice | None = None  # set when `recommended` uses a specctl-only knob
     sglang_only: bool = False  # the search was restricted to what SGLang can run
-    overhead_s_per_token: float | None = None  # serving overhead in the predictions (None: decode only)
+    overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
+
+    @property
+    def overhead_s_per_token(self) -> float | None:
+        return self.overhead.per_token if self.overhead is not None else None
 
     def speedups(self) -> dict[str, float]:
         p = self.predicted
@@ -561,6 +591,7 @@ class TuneResult:
             "allowed_steps": list(self.allowed_steps),
             "evaluated_configs": self.evaluated,
             "serving_overhead_s_per_token": self.overhead_s_per_token,
+            "serving_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
         }
 
@@ -733,10 +764,10 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
 
     # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
-    ovh = None if setup.decode_only else serving_overhead(records)
+    ovh = None if setup.decode_only else serving_overhead(records, cost)
     if ovh is not None:
         def add(p: Prediction) -> Prediction:
-            return replace(p, overhead_s_per_token=ovh)
+            return replace(p, overhead_s_per_token=ovh.per_token)
 
         best_pred, current, none = add(best_pred), add(current), add(none)
         fixed = {k: add(v) for k, v in fixed.items()}
