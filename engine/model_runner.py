@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -209,7 +210,7 @@ class ModelRunner:
 
     # ---- PD facts --------------------------------------------------------------------------------
 
-    def layout(self) -> dict:
+    def layout(self) -> dict[str, Any]:
         """Facts the PD handshake compares. Item lengths are bytes: `kv_item_lens` one page of K and V
         per full layer; `state_item_lens` one request's state per state type (all its layers)."""
         c, cfg = self.cache, self.config

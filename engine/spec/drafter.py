@@ -151,7 +151,7 @@ class ModelDrafter:
         cache = getattr(runner, "cache", None)
         self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
                                                       or getattr(cache, "mamba_index", None))
-        if self.incremental:
+        if cache is not None and self.incremental:
             # keep each request's draft cache on consecutive pages: the lean chain (draft_chain) needs them
             cache.keep_contiguous = True
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache
