@@ -47,7 +47,7 @@ def test_bad_override_is_a_usage_error(bad: str) -> None:
 
 
 def test_set_on_the_cli_changes_findings_and_drops_the_line() -> None:
-    code, doc = run_json("tiny-pd", "--set", "speculative.num_steps=2")
+    code, doc = run_json("tiny-pd", "--set", "speculative.num_steps=4")  # no bucket selects 4
     assert code == 1
     [f] = [f for f in doc["files"][0]["findings"] if f["severity"] == "error"]
     assert (f["code"], f["path"], f["line"]) == ("ADP101", "$.speculative.num_steps", None)
@@ -70,7 +70,7 @@ def test_load_deployment_merges_roles_and_fills_defaults(tmp_path: Path) -> None
     with pytest.raises(UsageError):
         dep.role("colocated")
     # a role's buckets replace the whole table (so a role can drop a bucket)
-    one_bucket = "roles.decode.speculative.adaptive.buckets={1: {candidate_steps: [1, 3]}}"
+    one_bucket = "roles.decode.speculative.adaptive.buckets={1: {candidate_steps: [0, 3]}}"
     dep = load_deployment("tiny-pd", overrides=[one_bucket])
     assert list(dep.role("decode")["speculative"]["adaptive"]["buckets"]) == ["1"]
     assert list(dep.role("prefill")["speculative"]["adaptive"]["buckets"]) == ["1", "4", "8"]

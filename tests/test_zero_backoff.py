@@ -293,6 +293,7 @@ def test_simulate_replays_a_deployment_with_the_knob(tmp_path: Path) -> None:
     for zb in (1, 16):
         res = runner.invoke(app, ["adaptive", "simulate", "tiny-pd", "--trace", str(trace), "--set",
                                   "speculative.adaptive.buckets.1.candidate_steps=[0,1,3]", "--set",
+                                  "speculative.num_steps=3", "--set",
                                   f"speculative.adaptive.zero_backoff={zb}", "--format", "json"])
         assert res.exit_code == 0, res.output
         out[zb] = [json.loads(line)["steps"] for line in res.stdout.splitlines() if line.strip()]
