@@ -135,7 +135,7 @@ class HybridCache:
         if n > len(self._free_pages):
             raise RuntimeFailure(f"KV pool exhausted: request {rid} needs {n} pages, {len(self._free_pages)} free")
         slot = self._free_slots.pop()
-        pages = self._take_run(n) if self.keep_contiguous and not self.swa_index and not self.mamba_index else None
+        pages = self._take_run(n) if self.keep_contiguous else None
         if pages is None:
             pages = [self._free_pages.pop() for _ in range(n)]
         self.conv[:, slot].zero_()
@@ -149,8 +149,7 @@ class HybridCache:
             return True
         if extra > len(self._free_pages):
             return False
-        if not (self.keep_contiguous and not self.swa_index and not self.mamba_index
-                and self._grow_contiguous(req, extra)):
+        if not (self.keep_contiguous and self._grow_contiguous(req, extra)):
             req.pages.extend(self._free_pages.pop() for _ in range(extra))
         req.page_tensor = None
         req.slot_tensor = None

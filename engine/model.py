@@ -610,6 +610,11 @@ class DecoderLayer(nn.Module):
         return x + mlp(norm2(x))
 
 
+def _causal_mask(n: int, start: int, dev: torch.device) -> torch.Tensor:
+    """[n, start + n] bool: query i (position start + i) sees keys 0 .. start + i."""
+    return torch.ones(n, start + n, dtype=torch.bool, device=dev).tril(start)
+
+
 class _LonePlan:
     """Index plan of one multi-request `forward_lone`, built once and shared by its layers.
 
@@ -655,7 +660,7 @@ class _LonePlan:
         if short:
             nmax = max(spans[r][1] for r in short)
             kmax = max(spans[r][0] + spans[r][1] for r in short)
-            self.uniform = nmax == 1 and not self.long  # every request one query: rows are already in order
+            self.uniform = False  # (all one-token spans took the fast path above)
             qidx, qpos, keep = [], [], []
             for j, r in enumerate(short):
                 s, n = spans[r]
@@ -701,7 +706,7 @@ class _LonePlan:
             out = q.new_empty(self.t, hq, d)
         for off, s, n, base in self.long:
             keys, vals = kpool.narrow(0, base, s + n), vpool.narrow(0, base, s + n)
-            mask = torch.ones(n, s + n, dtype=torch.bool, device=q.device).tril(s)
+            mask = _causal_mask(n, s, q.device)
             out[off : off + n] = sdpa(q[None, off : off + n], keys[None], vals[None], mask)[0]
         return out
 
@@ -825,7 +830,7 @@ class HybridForCausalLM(nn.Module):
         if b == 1:
             start, n = spans[0]
             cos, sin = cos_t[start : start + n, None], sin_t[start : start + n, None]  # [n, 1, d]
-            mask = None if n == 1 else torch.ones(n, ends[0], dtype=torch.bool, device=dev).tril(start)
+            mask = None if n == 1 else _causal_mask(n, start, dev)
         else:
             plan = _LonePlan(spans, bases, dev, pools[0][0].shape[0])
             cos, sin = cos_t[plan.pos, None], sin_t[plan.pos, None]

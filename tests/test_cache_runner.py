@@ -214,7 +214,7 @@ def generic_chain(r: ModelRunner, rid: int, feed: list[int], start: int, steps: 
 
 
 @pytest.mark.parametrize("catch_up", [1, 2, 9])
-def test_greedy_chain_equals_forward_per_step(full_dir, catch_up):
+def test_draft_chain_equals_forward_per_step(full_dir, catch_up):
     """The lean chain proposes what `forward` step by step proposes, leaves the same cache length, and the
     caches it wrote hold the same keys and values: the next forward's logits agree."""
     prompt, feed = tokens(13, 6), tokens(catch_up, 7)
@@ -235,7 +235,7 @@ def test_greedy_chain_equals_forward_per_step(full_dir, catch_up):
         feed = [feed[0]]
 
 
-def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full_dir):
+def test_draft_chain_declines_hybrid_models_and_scattered_pages(model_dir, full_dir):
     """None, with the cache untouched, where the lean path does not apply; the caller runs `forward`."""
     hybrid = make_runner(model_dir)
     hybrid.allocate(1, 8)
@@ -250,7 +250,7 @@ def test_greedy_chain_declines_hybrid_models_and_scattered_pages(model_dir, full
     assert r.draft_chain([1], [[3]], [3]) is None and r.cached_len(1) == 4
 
 
-def test_greedy_chain_batched_equals_each_request_alone(full_dir):
+def test_draft_chain_batched_equals_each_request_alone(full_dir):
     """Requests with different cached lengths, catch-ups and budgets chained in one call propose what each
     proposes through `forward` alone, and leave the same caches."""
     # request 4 is new: its whole prompt is its catch-up (a long span, attended alone)

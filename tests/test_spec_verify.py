@@ -27,17 +27,22 @@ def reference_greedy(drafts: list[int], logits: torch.Tensor) -> list[int]:
     return out
 
 
-def test_greedy_verify_matches_reference_loop() -> None:
-    g = torch.Generator().manual_seed(0)
-    b, k, v = 64, 5, 7
+def greedy_case(seed: int, b: int = 64, k: int = 5, v: int = 7) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target logits [b, k+1, v], drafts [b, k], num_drafts [b]) with long accepted prefixes common: the
+    argmax copied for a random prefix length, then maybe broken."""
+    g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, k + 1, v, generator=g)
     argmax = logits.argmax(-1)
     drafts = torch.randint(0, v, (b, k), generator=g)
-    # Make long accepted prefixes common: copy the argmax for a random prefix length, then maybe break it.
     for i in range(b):
         n = int(torch.randint(0, k + 1, (1,), generator=g))
         drafts[i, :n] = argmax[i, :n]
-    num = torch.randint(0, k + 1, (b,), generator=g)
+    return logits, drafts, torch.randint(0, k + 1, (b,), generator=g)
+
+
+def test_greedy_verify_matches_reference_loop() -> None:
+    logits, drafts, num = greedy_case(0)
+    b = logits.shape[0]
     accepted, tokens = greedy_verify(drafts, num, logits)
     seen = set()
     for i in range(b):
@@ -51,16 +56,9 @@ def test_greedy_verify_matches_reference_loop() -> None:
 
 def test_greedy_accept_on_lists_matches_the_reference_loop() -> None:
     """The host-list form the decoder uses for all-greedy batches gives the same counts and tokens."""
-    g = torch.Generator().manual_seed(1)
-    b, k, v = 64, 5, 7
-    logits = torch.randn(b, k + 1, v, generator=g)
-    argmax = logits.argmax(-1)
-    drafts = torch.randint(0, v, (b, k), generator=g)
-    for i in range(b):
-        n = int(torch.randint(0, k + 1, (1,), generator=g))
-        drafts[i, :n] = argmax[i, :n]
-    num = torch.randint(0, k + 1, (b,), generator=g)
-    accepted, tokens = greedy_accept(drafts.tolist(), num.tolist(), argmax.tolist())
+    logits, drafts, num = greedy_case(1)
+    b = logits.shape[0]
+    accepted, tokens = greedy_accept(drafts.tolist(), num.tolist(), logits.argmax(-1).tolist())
     ref_acc, ref_tok = greedy_verify(drafts, num, logits)
     assert accepted == ref_acc.tolist()
     assert tokens == [ref_tok[i, : a + 1].tolist() for i, a in enumerate(accepted)]

@@ -315,11 +315,10 @@ class SpeculativeDecoder:
         num_drafts: torch.Tensor,
         target_logits: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch with sampled requests (all-greedy batches take `greedy_accept` in `decode`)."""
         b = len(seqs)
         out = state.verify_tokens[:b]
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if not sampled:
-            return greedy_verify(draft_tokens, num_drafts, target_logits, out_tokens=out)
         accepted = torch.zeros(b, dtype=torch.long, device=out.device)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if greedy:

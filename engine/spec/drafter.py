@@ -120,6 +120,16 @@ class NgramDrafter:
                 "lookups": self.lookups, "hits": self.hits}
 
 
+def _fill(buf: DraftBuffers, rows: Seq[int], proposals: Seq[Seq[int]]) -> None:
+    """Write each row's proposals into the runtime state's buffers once (a tensor write per element costs
+    microseconds each)."""
+    for i, p in zip(rows, proposals, strict=True):
+        buf.draft_tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
+    buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
+                               counts.to(buf.num_drafts.device))
+
+
 class ModelDrafter:
     """A draft model proposing k tokens autoregressively from its own cache.
 
@@ -221,26 +231,24 @@ class ModelDrafter:
         params = [seqs[i].params for i in rows]
         greedy = all(p.greedy for p in params)
         gens = [seqs[i].generator for i in rows]
+
+        def choose(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
+            """Step j's sampled proposals of the `active` rows (indices into `rows`), their q recorded."""
+            q = probs_from_logits(logits, [params[a] for a in active])
+            assert buf.draft_probs is not None
+            for r, a in enumerate(active):
+                buf.draft_probs[rows[a], j] = q[r]
+            return sample_from_probs(q, [gens[a] for a in active])
+
         if self.incremental:
             # A full-attention draft: every request's whole chain in one runner call (its lean path; None
-            # when a request's draft cache is not one slice of the pool). Sampling draws exactly as below.
-            def choose(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
-                q = probs_from_logits(logits, [params[a] for a in active])
-                assert buf.draft_probs is not None
-                for r, a in enumerate(active):
-                    buf.draft_probs[rows[a], j] = q[r]
-                return sample_from_probs(q, [gens[a] for a in active])
-
+            # when a request's draft cache is not one slice of the pool), drawing as the loop below does.
             feeds = [seqs[i].token_ids(self.runner.cached_len(seqs[i].rid), len(seqs[i])) for i in rows]
             chains = self.runner.draft_chain([seqs[i].rid for i in rows], feeds, [budgets[i] for i in rows],
                                              None if greedy else choose)
             if chains is not None:
                 self.forwards += kmax
-                for i, chain in zip(rows, chains, strict=True):
-                    buf.draft_tokens[i, : len(chain)] = torch.tensor(chain, dtype=torch.long)
-                counts = torch.tensor([len(c) for c in chains], dtype=torch.long)
-                buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
-                                           counts.to(buf.num_drafts.device))
+                _fill(buf, rows, chains)
                 return
         committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
         proposals: list[list[int]] = [[] for _ in rows]
@@ -266,14 +274,7 @@ class ModelDrafter:
             else:
                 ends = np.cumsum([len(it.token_ids) for it in items]) - 1
                 last = logits[torch.as_tensor(ends, device=logits.device)]
-            if greedy:
-                toks = last.argmax(dim=-1)
-            else:
-                q = probs_from_logits(last, [params[a] for a in active])
-                toks = sample_from_probs(q, [gens[a] for a in active])
-                assert buf.draft_probs is not None
-                for r, a in enumerate(active):
-                    buf.draft_probs[rows[a], j] = q[r]
+            toks = last.argmax(dim=-1) if greedy else choose(last, active, j)
             tok_list = toks.tolist()
             for r, a in enumerate(active):
                 proposals[a].append(tok_list[r])
@@ -281,12 +282,7 @@ class ModelDrafter:
             active = [a for a in active if j + 1 < budgets[rows[a]]]
             if not active:
                 break
-        # Into the runtime state's buffers once (a tensor write per element costs microseconds each).
-        for a, i in enumerate(rows):
-            buf.draft_tokens[i, : len(proposals[a])] = torch.tensor(proposals[a], dtype=torch.long)
-        counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
-        buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
-                                   counts.to(buf.num_drafts.device))
+        _fill(buf, rows, proposals)
 
     def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
         rid = seq.rid
