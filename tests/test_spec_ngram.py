@@ -61,3 +61,37 @@ def test_matches_brute_force(seed: int) -> None:
 def test_invalid_match_bounds() -> None:
     with pytest.raises(ValueError):
         NgramDrafter(min_match=3, max_match=2)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_incremental_index_follows_a_growing_request(seed: int) -> None:
+    """`propose` keeps one index per request and feeds it only the new tokens; every step it must propose
+    what a fresh scan of the whole request proposes, and `release` must forget the request."""
+    import random
+
+    import torch
+
+    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sequence import Sequence
+    from specctl.engine.spec.drafter import DraftBuffers
+
+    rng = random.Random(seed)
+    lo = rng.randrange(1, 3)
+    hi = lo + rng.randrange(0, 3)
+    d = NgramDrafter(min_match=lo, max_match=hi)
+    seqs = [Sequence(rid, [rng.randrange(5) for _ in range(rng.randrange(1, 20))], SamplingParams(max_tokens=200))
+            for rid in range(3)]
+    k = 4
+    buf = DraftBuffers(torch.zeros(3, k, dtype=torch.long), torch.zeros(3, dtype=torch.long), None)
+    for _ in range(30):
+        budgets = [rng.randrange(0, k + 1) for _ in seqs]
+        d.propose(seqs, budgets, buf)
+        for i, (seq, budget) in enumerate(zip(seqs, budgets, strict=True)):
+            want = brute_force(seq.prompt_ids + seq.output_ids, budget, lo, hi) if budget else []
+            assert buf.num_drafts[i].item() == len(want)
+            assert buf.draft_tokens[i, : len(want)].tolist() == want
+        for seq in seqs:  # a verify keeps 1..3 tokens
+            for _ in range(rng.randrange(1, 4)):
+                seq.output_ids.append(rng.randrange(5))
+    d.release(0)
+    assert 0 not in d._index and 1 in d._index
