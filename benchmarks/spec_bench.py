@@ -21,6 +21,11 @@ warmup 10, interval 5, bucket 1 down_hysteresis -0.25) over candidates {0} + --s
 {0} + steps <= 3 (bucket 8); `draft:adaptive-fast` the same buckets with knobs that react within a few
 batches (alpha 0.5, warmup 4, interval 2, no down hysteresis). The checks use `draft:adaptive`.
 
+`--drafter ngram` runs the same plan with prompt lookup (speculative.algorithm ngram, `--ngram MIN,MAX` match
+lengths, default 1,4) in place of the draft model: configs `ngram:S`, `ngram:adaptive`, `ngram:tuned`; the
+never-right drafter and the checks are the same. Record, profile (`--set speculative.algorithm=ngram`) and
+tune it as below to get its `--tuned` file.
+
 Throughput is tokens per second of this process's CPU time by default (`--clock cpu`; with one torch
 thread on a CPU device that equals wall time on an idle machine, and is far less disturbed by other
 jobs on a shared one); the `wall` column gives wall-clock tokens/s for reference.
@@ -39,6 +44,7 @@ adaptive >= 0.95x none. Prints a table, then a last-line JSON summary.
     python benchmarks/spec_bench.py [--steps 1,3,5,7] [--batch-sizes 1,8] [--requests 4] [--max-tokens 96]
                                     [--repeats 1] [--threads 1] [--device cpu] [--clock cpu|wall] [--quick]
                                     [--tuned TUNE.json] [--record-trace T.jsonl --trace-steps 7]
+                                    [--drafter draft|ngram] [--ngram 1,4]
 """
 
 from __future__ import annotations
@@ -147,6 +153,9 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int) -> Engine:
         return Engine(EngineConfig(speculative={"algorithm": "none"}, **base))  # type: ignore[arg-type]
     drafter_kind, _, mode = name.partition(":")
     spec: dict[str, Any] = {"algorithm": "draft", "draft": args.draft}
+    if drafter_kind == "ngram":
+        lo, hi = args.ngram
+        spec = {"algorithm": "ngram", "ngram": {"min_match": lo, "max_match": hi}}
     if mode == "tuned":
         spec.update(num_steps=args.tuned_initial, adaptive=args.tuned_block)
     elif mode.startswith("adaptive"):
@@ -241,7 +250,7 @@ def record_trace(args: argparse.Namespace, steps: list[int]) -> None:
                 continue  # the benchmark runs the never-right drafter at batch 1 only
             # The never-right phase is a drafter gone useless (a changed workload, a stale draft model): a
             # config tuned on a trace that holds one must back off from it, as the benchmark's check demands.
-            eng = make_engine(args, "never:adaptive" if kind == "never" else "draft:adaptive", batch)
+            eng = make_engine(args, "never:adaptive" if kind == "never" else f"{args.drafter}:adaptive", batch)
             eng.generate(["def warm_up(x):\n    return"], SamplingParams(max_tokens=24, ignore_eos=True))
             tokens, wall, _ = run_streams(eng, workload("code" if kind == "never" else kind, batch, args))
             eng.decoder.trace.close()
@@ -256,6 +265,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="builtin:tiny-hybrid")
     ap.add_argument("--draft", default="builtin:tiny-draft")
+    ap.add_argument("--drafter", choices=("draft", "ngram"), default="draft",
+                    help="what proposes: the --draft model (configs `draft:*`) or prompt lookup (`ngram:*`, "
+                         "speculative.algorithm ngram with --ngram MIN,MAX match lengths)")
+    ap.add_argument("--ngram", default="1,4", type=lambda v: tuple(int(x) for x in v.split(",")),
+                    help="ngram min_match,max_match (default 1,4)")
     ap.add_argument("--steps", default="1,3,5,7", help="fixed steps to compare (also adaptive's candidates)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--workloads", default="code,random,mixed,never")
@@ -317,8 +331,9 @@ def main() -> None:
     if args.record_trace:
         record_trace(args, steps)
         return
-    fixed = [f"draft:{s}" for s in steps]
-    tuned = ["draft:tuned"] if args.tuned else []
+    d = args.drafter
+    fixed = [f"{d}:{s}" for s in steps]
+    tuned = [f"{d}:tuned"] if args.tuned else []
     plan: list[tuple[str, int, str]] = []
     for kind in args.workloads.split(","):
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -327,7 +342,7 @@ def main() -> None:
                     plan += [(kind, batch, c) for c in ("none", "never:adaptive", "never:adaptive-fast", "never:1",
                                                         *(["never:tuned"] if args.tuned else []))]
                 continue
-            plan += [(kind, batch, c) for c in ("none", *fixed, "draft:adaptive", "draft:adaptive-fast", *tuned)]
+            plan += [(kind, batch, c) for c in ("none", *fixed, f"{d}:adaptive", f"{d}:adaptive-fast", *tuned)]
 
     results: dict[tuple[str, int, str], list[float]] = {}
     walls: dict[tuple[str, int, str], list[float]] = {}
@@ -363,18 +378,18 @@ def main() -> None:
               f"{'' if acc is None else f'{acc:.2f}':>7s} {'' if tpv is None else f'{tpv:.2f}':>10s} "
               f"{meta.get('switches', 0):8d}  {meta.get('batches_per_steps', {})}")
 
-    summary: dict[str, Any] = {"bench": "spec", "target": target_ref, "draft": draft_ref, "steps": steps,
+    summary: dict[str, Any] = {"bench": "spec", "target": target_ref, "draft": draft_ref, "drafter": d, "steps": steps,
                                "clock": args.clock,
                                "threads": args.threads, "device": args.device, "requests": args.requests,
                                "max_tokens": args.max_tokens, "repeats": args.repeats, "ratios": {}, "checks": {}}
     ratios, checks = summary["ratios"], summary["checks"]
     for kind in ("code", "random", "mixed"):
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
-            if (kind, batch, "draft:adaptive") not in tps:
+            if (kind, batch, f"{d}:adaptive") not in tps:
                 continue
-            ad = tps[(kind, batch, "draft:tuned" if args.tuned else "draft:adaptive")]
+            ad = tps[(kind, batch, f"{d}:tuned" if args.tuned else f"{d}:adaptive")]
             ratios[f"{tag_of(kind, batch)}_default_adaptive_vs_none"] = round(
-                tps[(kind, batch, "draft:adaptive")] / tps[(kind, batch, "none")], 3)
+                tps[(kind, batch, f"{d}:adaptive")] / tps[(kind, batch, "none")], 3)
             fx = {n: tps[(kind, batch, n)] for n in fixed if (kind, batch, n) in tps}
             best, worst = max(fx.values()), min(fx.values())
             tag = f"{kind}_b{batch}"
@@ -382,8 +397,8 @@ def main() -> None:
             ratios[f"{tag}_adaptive_vs_best_fixed"] = round(ad / best, 3)
             ratios[f"{tag}_adaptive_vs_worst_fixed"] = round(ad / worst, 3)
             ratios[f"{tag}_best_fixed"] = max(fx, key=fx.get)  # type: ignore[arg-type]
-            if (kind, batch, "draft:adaptive-fast") in tps:
-                fast = tps[(kind, batch, "draft:adaptive-fast")]
+            if (kind, batch, f"{d}:adaptive-fast") in tps:
+                fast = tps[(kind, batch, f"{d}:adaptive-fast")]
                 ratios[f"{tag}_adaptive_fast_vs_best_fixed"] = round(fast / best, 3)
                 ratios[f"{tag}_adaptive_fast_vs_worst_fixed"] = round(fast / worst, 3)
             # issue 13: tuned adaptive >= 1.0x the best fixed step on every workload
