@@ -37,6 +37,7 @@ from torch import nn
 from specctl.schemas.model_facts import ModelFacts
 
 SSD_CHUNK = 64
+CONV_UNFOLD_MAX_LEN = 8  # causal_conv: longer inputs take F.conv1d
 # torch >= 2.5 shares K/V heads inside SDPA; older versions need them repeated (pyproject allows torch 2.1).
 _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_GQA = _TORCH >= (2, 5)
@@ -358,34 +359,34 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
 
 def ssd_chunk(
-    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h: torch.Tensor, keep: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the SSD parallel form, all in float32.
 
     x [b, q, H, P], dt [b, q, H] (0 at padding), a = dt*A [b, q, H], bm/cm [b, q, N], h [b, H, P, N] the state
-    entering the chunk. Returns y [b, q, H, P] (without the D skip), the state after the chunk, and the
-    states after each of the last `keep` positions ([b, keep, H, P, N]) or None.
+    entering the chunk. Returns y [b, q, H, P] (without the D skip) and the state after the chunk.
     """
     q = x.shape[1]
-    cs = torch.cumsum(a, dim=1)  # [b, q, H] log-decay from the chunk start through t
+    # Heads lead ([b, H, ...]) so the two big contractions are plain batched matmuls on contiguous operands
+    # (einsum's permute-and-copy plans cost 275 vs 211 us per 64-token chunk at b1; same values bit for bit).
+    cs = torch.cumsum(a, dim=1).transpose(1, 2)  # [b, H, q] log-decay from the chunk start through t
     # seg[t, s] = sum_{s < r <= t} a_r: the decay applied to the input of step s when read at step t.
-    seg = cs[:, :, None, :] - cs[:, None, :, :]  # [b, t, s, H]
+    seg = cs[:, :, :, None] - cs[:, :, None, :]  # [b, H, t, s]
     causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
-    decay = torch.exp(seg.masked_fill(~causal[None, :, :, None], float("-inf")))
-    cb = torch.einsum("btn,bsn->bts", cm, bm)  # C_t . B_s
-    w = decay * (cb * 1.0)[..., None] * dt[:, None, :, :]  # [b, t, s, H]
-    y = torch.einsum("btsh,bshp->bthp", w, x)
-    y = y + torch.exp(cs)[..., None] * torch.einsum("btn,bhpn->bthp", cm, h)
+    # exp first, then zero the future: exp(-inf) is twice the price of exp, and exp overflowing to inf above
+    # the diagonal is replaced, never multiplied
+    decay = torch.exp(seg).masked_fill_(~causal, 0.0)
+    cb = torch.bmm(cm, bm.transpose(1, 2))  # [b, t, s]: C_t . B_s
+    w = decay * cb[:, None] * dt.transpose(1, 2)[:, :, None, :]  # [b, H, t, s]
+    xh = x.transpose(1, 2)  # [b, H, s, P]
+    b, heads, p, n = h.shape
+    y_h0 = torch.matmul(cm, h.reshape(b, heads * p, n).transpose(1, 2)).view(b, q, heads, p)  # C_t h0
+    y = torch.matmul(w, xh).transpose(1, 2) + torch.exp(cs).transpose(1, 2)[..., None] * y_h0
     # state after the chunk: decayed old state + every input decayed to the chunk's end
-    to_end = torch.exp(cs[:, -1:, :] - cs) * dt  # [b, q, H]
-    h_new = torch.exp(cs[:, -1, :])[..., None, None] * h + torch.einsum("bsh,bshp,bsn->bhpn", to_end, x, bm)
-    tail = None
-    if keep > 0:
-        wt = decay[:, q - keep :] * dt[:, None, :, :]  # [b, keep, s, H]
-        tail = torch.exp(cs[:, q - keep :])[..., None, None] * h[:, None] + torch.einsum(
-            "btsh,bshp,bsn->bthpn", wt, x, bm
-        )
-    return y, h_new, tail
+    to_end = torch.exp(cs[:, :, -1:] - cs) * dt.transpose(1, 2)  # [b, H, q]
+    h_new = torch.exp(cs[:, :, -1])[..., None, None] * h + torch.matmul(to_end[..., None, :] * xh.transpose(2, 3),
+                                                                         bm[:, None])
+    return y, h_new
 
 
 def ssd_scan(
@@ -398,25 +399,31 @@ def ssd_scan(
     keep: int = 0,
     chunk: int = SSD_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Chunked parallel scan over a whole sequence (float32). Chunks are aligned to the END of the
-    sequence so the last chunk holds the last `keep` positions (keep <= chunk)."""
+    """Chunked parallel scan over a whole sequence (float32; chunks aligned to its end), with the states
+    after each of the last `keep` positions ([b, keep, H, P, N]) or None.
+
+    The chunked form covers all but the last `keep` positions and the recurrence (`ssd_short`) the rest:
+    asking the parallel form for per-position states costs a [b, keep, s, H, P, N] product (a prefill of
+    160 tokens with keep 8: 1.73 vs 0.73 ms), keep multiply-adds cost tens of microseconds."""
     length = x.shape[1]
     keep = min(keep, length)
-    assert keep <= chunk, "asked for more trailing states than one chunk holds"
+    if keep:
+        cut = length - keep
+        head = ssd_scan(x[:, :cut], dt[:, :cut], A, bm[:, :cut], cm[:, :cut], h0, 0, chunk) if cut else None
+        h_cut = head[1] if head is not None else h0
+        y_tail, states = ssd_short(x[:, cut:], dt[:, cut:], A, bm[:, cut:], cm[:, cut:], h_cut)
+        y = torch.cat((head[0], y_tail), dim=1) if head is not None else y_tail
+        return y, states[:, -1], states
     a = dt * A
     first = length % chunk or min(chunk, length)
     bounds = [0, first] + list(range(first + chunk, length + 1, chunk))
     ys = []
     h = h0
-    tail = None
     for i in range(len(bounds) - 1):
         s, e = bounds[i], bounds[i + 1]
-        last = e == length
-        y, h, t = ssd_chunk(x[:, s:e], dt[:, s:e], a[:, s:e], bm[:, s:e], cm[:, s:e], h, keep if last else 0)
+        y, h = ssd_chunk(x[:, s:e], dt[:, s:e], a[:, s:e], bm[:, s:e], cm[:, s:e], h)
         ys.append(y)
-        if last:
-            tail = t
-    return torch.cat(ys, dim=1), h, tail
+    return torch.cat(ys, dim=1), h, None
 
 
 def ssd_short(
@@ -450,12 +457,14 @@ def ssd_short(
 def causal_conv(xcat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv of the serving path: xcat [b, C, d_conv-1+L] -> [b, C, L].
 
-    conv[c, t] = bias[c] + sum_j weight[c, 0, j] xcat[c, t + j]. As an unfold and a multiply-add it is a
-    few tiny ops; oneDNN's grouped convolution costs tens of microseconds per call at these sizes. The
-    cache-free reference keeps `F.conv1d`, so the cache tests compare the two.
+    conv[c, t] = bias[c] + sum_j weight[c, 0, j] xcat[c, t + j]. For the few positions of a decode step or a
+    verify it is one batched matrix-vector product over an unfold (oneDNN's grouped convolution has a fixed
+    cost of ~40 us per call; the product takes 9 us at b1 L1, 47 at b8 L4); for a prompt it is
+    `F.conv1d` (b1 L160: 56 us, where the unfold product takes 820 and einsum 700).
     """
+    if xcat.shape[-1] - weight.shape[-1] + 1 > CONV_UNFOLD_MAX_LEN:
+        return F.conv1d(xcat, weight, bias, groups=weight.shape[0])
     windows = xcat.unfold(2, weight.shape[-1], 1)  # [b, C, L, d_conv] (a view)
-    # a batched matrix-vector product per channel: einsum's plan for it cost 77 vs 39 us at b8 L2 (same values)
     return torch.matmul(windows, weight[:, 0, :, None]).squeeze(-1) + bias[:, None]
 
 
