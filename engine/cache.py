@@ -584,11 +584,13 @@ class Group:
         final_conv = xcat.gather(1, idx[..., None].expand(-1, -1, xcat.shape[-1]))
         c.conv[m, self.slots] = final_conv.transpose(1, 2).to(c.dtype)
         keep = tail.shape[1]
+        # short: tail[i, j] is the state after position j of the padded group (keep == lmax); with the entering
+        # state in front, row i's lengths start .. start + n are one view of one cat for the whole group
+        every = torch.cat((h0[:, None], tail), dim=1) if self.short else tail
         for i, rb in enumerate(self._rollback):
             n = self.lens_list[i]
             if self.short:
-                # tail[i, j] is the state after position j of the padded group (keep == lmax here)
-                states = torch.cat((h0[i : i + 1], tail[i, :n]), dim=0)
+                states = every[i, : n + 1]
             else:
                 states = tail[i, keep - (rb.end - rb.min_len + 1) :]
             rb.ssm.append(states)
