@@ -52,6 +52,11 @@ prompts, 5 repeats, 1 thread, commit 97f303b): specctl/vLLM 1.08x at batch 1 (98
 at 8 (2627 vs 4329), 0.73x at 32 (5385 vs 7414); every output identical token for token (880 requests),
 so the issue-13 target (>= 1.3x at 1, 8 and 32) is not met by this engine here. vLLM with
 `--enforce-eager` (0.65x at 8) or its `auto` core binding (0.58x at 8) does not change the picture.
+Again at commit 9ba902a (same defaults): 1.13x at 1 (858 vs 799), 0.79x at 8 (2972 vs 3659), 0.79x at 32
+(5654 vs 6998), 880 requests identical; engine_bench's in-process engine made 3753 tok/s at 8 and 6844
+at 32 in the same session (1.03x and 0.98x vLLM's served figures): behind its server the engine loses
+a fifth of that at 8 and 32 (a new request's prompt takes a forward of its own, and the batch runs short
+of its clients meanwhile), and even in process it is level with vLLM, not 1.3x ahead.
 For scale, the in-process engine (engine_bench.py's worker, one generate call of the whole batch)
 made 1212 / 3496 / 6890 tok/s at 1 / 8 / 32 on the same checkpoint.
 
