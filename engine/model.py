@@ -546,11 +546,8 @@ class Mamba(nn.Module):
             y, h = ssd_step(xh[:, 0], dt[:, 0], A, bm[:, 0].float(), cm[:, 0].float(), h0.float())
             y = y[:, None]
             tail = h[:, None] if keep else None
-        elif ctx is not None and n <= keep:
-            # A speculative verify (or a short prefill): the cache keeps every per-position state.
-            y, tail = ssd_short(xh, dt, A, bm.float(), cm.float(), h0.float())
-            h = tail[:, -1]
         else:
+            # a prompt, or a speculative verify (n <= keep: all by the recurrence, every per-position state kept)
             y, h, tail = ssd_scan(xh, dt, A, bm.float(), cm.float(), h0.float(), keep=keep)
         if ctx is not None:
             ctx.mamba_commit(self.layer, xcat.transpose(1, 2), tail if tail is not None else h[:, None])
@@ -835,7 +832,7 @@ class HybridForCausalLM(nn.Module):
         cfg = self.config
         dev = input_ids.device
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        half, nq, nk = d // 2, hq * d, hkv * d
+        nq, nk = hq * d, hkv * d
         ends = [s + n for s, n in spans]
         cos_t, sin_t = self._rope(max(ends), dev)
         b = len(spans)
@@ -852,7 +849,7 @@ class HybridForCausalLM(nn.Module):
         for (w1, wqkv, bqkv, wo, w2, wgu, wd), (kpool, vpool) in zip(self._lone_layers, pools, strict=True):
             qkv = F.linear(F.rms_norm(x, dims, w1, eps), wqkv, bqkv)
             qk = qkv[:, : nq + nk].view(t, hq + hkv, d)
-            qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+            qk = rotary(qk, (cos, sin))
             v = qkv[:, nq + nk :].view(t, hkv, d)
             if b == 1:
                 keys, vals = kpool.narrow(0, bases[0], ends[0]), vpool.narrow(0, bases[0], ends[0])

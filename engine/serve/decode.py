@@ -62,8 +62,6 @@ HEARTBEAT_S = 1.0
 MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 
 
-
-
 class PrefillLink:
     """This decode's pairing with one prefill instance: its session, control socket and heartbeat."""
 

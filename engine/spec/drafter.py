@@ -148,11 +148,7 @@ class NgramDrafter:
     def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None:
         proposals = [self._count(self._synced(seq).propose(k)) if k > 0 else []
                      for seq, k in zip(seqs, budgets, strict=True)]
-        width = max(map(len, proposals), default=0)
-        if width:
-            rows = [p + [0] * (width - len(p)) for p in proposals]
-            buf.draft_tokens[: len(rows), :width].copy_(torch.tensor(rows, dtype=torch.long))
-        buf.num_drafts[: len(proposals)].copy_(torch.tensor([len(p) for p in proposals], dtype=torch.long))
+        _fill(buf, range(len(proposals)), proposals)
 
     def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
         """Nothing to roll back: the index holds the request's own tokens only, never drafts."""
@@ -166,13 +162,16 @@ class NgramDrafter:
 
 
 def _fill(buf: DraftBuffers, rows: Seq[int], proposals: Seq[Seq[int]]) -> None:
-    """Write each row's proposals into the runtime state's buffers once (a tensor write per element costs
-    microseconds each)."""
-    for i, p in zip(rows, proposals, strict=True):
-        buf.draft_tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-    counts = torch.tensor([len(p) for p in proposals], dtype=torch.long)
-    buf.num_drafts.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=buf.num_drafts.device),
-                               counts.to(buf.num_drafts.device))
+    """Write batch rows `rows`' proposals and their counts into the runtime state's buffers: one padded copy
+    each (a tensor write per element, or per row, costs microseconds each)."""
+    if not proposals:
+        return
+    dev = buf.num_drafts.device
+    width = buf.draft_tokens.shape[1]
+    padded = torch.tensor([[*p, *[0] * (width - len(p))] for p in proposals], dtype=torch.long)
+    index = torch.tensor(list(rows), dtype=torch.long, device=dev)
+    buf.draft_tokens.index_copy_(0, index, padded.to(buf.draft_tokens.device))
+    buf.num_drafts.index_copy_(0, index, torch.tensor([len(p) for p in proposals], dtype=torch.long).to(dev))
 
 
 class ModelDrafter:
