@@ -323,6 +323,7 @@ class Engine:
             "page_size": self.config.page_size,
             "preemptions": self.scheduler.num_preemptions,
             "busy_s": self._busy_s,
+            "allocator": self.runner.allocator.to_json(),
             **self._counters,
         }
         decoder_stats = getattr(self.decoder, "stats", None)

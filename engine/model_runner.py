@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from specctl.engine.alloc import AllocatorTuning, tune_allocator
 from specctl.engine.cache import HybridCache
 from specctl.engine.checkpoint import load_model, model_config, weights_hash
 from specctl.engine.config import EngineConfig
@@ -54,6 +55,8 @@ class ModelRunner:
         max_draft_tokens: int = 8,
     ) -> None:
         self.model_ref = model_ref
+        # Before the first large tensor: a step's big temporaries must not fault in fresh pages each time.
+        self.allocator: AllocatorTuning = tune_allocator()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         facts, cfg = model_config(model_ref)

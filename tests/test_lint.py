@@ -42,6 +42,7 @@ STRICT = (
     "bench/server_info.py",
     "bench/stub_server.py",
     "bench/target.py",
+    "engine/alloc.py",
     "engine/spec/adaptive.py",
     "engine/serve/metrics.py",
     "cli/__init__.py",
