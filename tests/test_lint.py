@@ -44,6 +44,8 @@ STRICT = (
     "bench/target.py",
     "engine/alloc.py",
     "engine/spec/adaptive.py",
+    "engine/spec/verify.py",
+    "engine/spec/decoder.py",
     "engine/serve/metrics.py",
     "cli/__init__.py",
     "cli/__main__.py",

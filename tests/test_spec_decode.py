@@ -139,7 +139,7 @@ def test_runtime_state_sizes_match_steps(models: dict[str, str]) -> None:
     _, dec = spec_engine(cfg)
     assert sorted(dec.states) == [0, 1, 3, 5, 7]
     for s, st in dec.states.items():
-        assert st.draft_tokens.shape == (8, s) and st.verify_tokens.shape == (8, s + 1)
+        assert st.draft_tokens.shape == (8, s) and st.logits_pad.shape[:2] == (8, s + 1)
     assert dec.lookahead == 8
 
 

@@ -4,7 +4,7 @@
 own generator, accept while u < min(1, p/q), then one inverse-CDF draw from the residual (or the bonus
 row). `rejection_verify` batches everything after the uniforms; with the same generators it must emit
 the same accepted counts and tokens, for deterministic (q = None) and sampling drafters, any mix of
-draft lengths, and requests without a generator.
+draft lengths, and requests without a generator. So must `rejection_accept`, its host-list form.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specctl.engine.sampling import sample_from_probs
-from specctl.engine.spec.verify import rejection_verify
+from specctl.engine.spec.verify import rejection_accept, rejection_verify
 
 
 def reference(draft_tokens, num_drafts, p, q, generators):  # type: ignore[no-untyped-def]
@@ -60,3 +60,26 @@ def test_batched_rejection_sampling_equals_the_per_request_loop(seed):
     acc, tok = rejection_verify(drafts, nd, p, q, gens())
     assert acc.tolist() == want_acc
     assert [tok[i, : want_acc[i] + 1].tolist() for i in range(b)] == want_tok
+    # the host-list form the decoder runs: the same draws, so the same tokens
+    torch.manual_seed(seed)
+    assert rejection_accept(drafts.tolist(), nd.tolist(), p, q, gens()) == (want_acc, want_tok)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_host_list_form_equals_the_tensor_form_at_serving_shapes(seed):
+    """Engine-sized blocks (vocab 260, up to 8 requests, up to 7 drafts, near-argmax drafts so that long
+    prefixes get accepted): `rejection_accept` emits exactly what `rejection_verify` emits."""
+    g = torch.Generator().manual_seed(seed)
+    b, k, v = 1 + seed % 8, 1 + seed % 7, 260
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=g) * 3, -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1) if seed % 2 else None
+    wild = torch.randint(0, v, (b, k), generator=g)
+    drafts = torch.where(torch.rand(b, k, generator=g) < 0.8, p[:, :k].argmax(-1), wild)
+    nd = torch.randint(0, k + 1, (b,), generator=g)
+
+    def gens() -> list[torch.Generator | None]:
+        return [torch.Generator().manual_seed(7 * seed + i) for i in range(b)]
+
+    acc, tok = rejection_verify(drafts, nd, p, q, gens())
+    want = (acc.tolist(), [tok[i, : int(acc[i]) + 1].tolist() for i in range(b)])
+    assert rejection_accept(drafts.tolist(), nd.tolist(), p, q, gens()) == want

@@ -48,7 +48,7 @@ from specctl.engine.sampling import probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.spec.trace import TraceWriter
-from specctl.engine.spec.verify import greedy_accept, greedy_verify, rejection_verify
+from specctl.engine.spec.verify import greedy_accept, rejection_accept
 from specctl.errors import RuntimeFailure
 
 
@@ -60,7 +60,6 @@ class RuntimeState:
     draft_tokens: torch.Tensor  # [max_bs, steps] long
     num_drafts: torch.Tensor  # [max_bs] long
     draft_probs: torch.Tensor | None  # [max_bs, steps, V] float32 (sampling drafters only)
-    verify_tokens: torch.Tensor  # [max_bs, steps + 1] long: the tokens verify emits
     logits_pad: torch.Tensor  # [max_bs, steps + 1, V] float32: verify logits when requests drafted unequally
 
     @classmethod
@@ -72,13 +71,11 @@ class RuntimeState:
             draft_probs=(
                 torch.zeros(max_bs, steps, vocab, dtype=torch.float32, device=device) if with_probs and steps else None
             ),
-            verify_tokens=torch.zeros(max_bs, steps + 1, dtype=torch.long, device=device),
             logits_pad=torch.zeros(max_bs, steps + 1, vocab, dtype=torch.float32, device=device),
         )
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        out = {"draft_tokens": self.draft_tokens, "num_drafts": self.num_drafts,
-               "verify_tokens": self.verify_tokens, "logits_pad": self.logits_pad}
+        out = {"draft_tokens": self.draft_tokens, "num_drafts": self.num_drafts, "logits_pad": self.logits_pad}
         if self.draft_probs is not None:
             out["draft_probs"] = self.draft_probs
         return out
@@ -249,9 +246,7 @@ class SpeculativeDecoder:
             # greedy: one host copy of the argmax, then the acceptance rule on lists (verify.greedy_accept)
             acc, new_tokens = greedy_accept(drafts, nd, adjusted.argmax(dim=-1).tolist())
         else:
-            accepted, out = self._verify(seqs, state, draft_tokens, num_drafts, adjusted)
-            acc = accepted.tolist()
-            new_tokens = [row[: a + 1] for row, a in zip(out.tolist(), acc, strict=True)]
+            acc, new_tokens = self._verify(seqs, state, drafts, nd, adjusted)
 
         for i, seq in enumerate(seqs):
             a = acc[i]
@@ -311,31 +306,37 @@ class SpeculativeDecoder:
         self,
         seqs: Seq[Sequence],
         state: RuntimeState,
-        draft_tokens: torch.Tensor,
-        num_drafts: torch.Tensor,
+        drafts: list[list[int]],
+        nd: list[int],
         target_logits: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch with sampled requests (all-greedy batches take `greedy_accept` in `decode`)."""
+    ) -> tuple[list[int], list[list[int]]]:
+        """A batch with sampled requests (all-greedy batches take `greedy_accept` in `decode`): greedy rows by
+        `greedy_accept`, sampled rows by `rejection_accept`, both on host lists."""
         b = len(seqs)
-        out = state.verify_tokens[:b]
+        acc = [0] * b
+        new_tokens: list[list[int]] = [[] for _ in range(b)]
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        accepted = torch.zeros(b, dtype=torch.long, device=out.device)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if greedy:
-            gi = torch.as_tensor(greedy, device=out.device)
-            ga, gt = greedy_verify(draft_tokens[gi], num_drafts[gi], target_logits[gi])
-            accepted[gi] = ga
-            out[gi] = gt
-        si = torch.as_tensor(sampled, device=out.device)
+            gi = torch.as_tensor(greedy, device=target_logits.device)
+            ga, gt = greedy_accept([drafts[i] for i in greedy], [nd[i] for i in greedy],
+                                   target_logits[gi].argmax(dim=-1).tolist())
+            for j, i in enumerate(greedy):
+                acc[i], new_tokens[i] = ga[j], gt[j]
+        whole = len(sampled) == b
+        logits = target_logits if whole else target_logits[torch.as_tensor(sampled, device=target_logits.device)]
         k1 = target_logits.shape[1]
         # p: the exact distribution plain sampling draws from (temperature, top-k, top-p), per position.
         params = [seqs[i].params for i in sampled for _ in range(k1)]
-        p = probs_from_logits(target_logits[si].reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
-        q = state.draft_probs[:b][si] if (self.drafter.samples and state.draft_probs is not None) else None
-        sa, st = rejection_verify(draft_tokens[si], num_drafts[si], p, q, [seqs[i].generator for i in sampled])
-        accepted[si] = sa
-        out[si] = st
-        return accepted, out
+        p = probs_from_logits(logits.reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
+        q = None
+        if self.drafter.samples and state.draft_probs is not None:
+            q = state.draft_probs[:b] if whole else state.draft_probs[:b][torch.as_tensor(sampled, device=p.device)]
+        sa, st = rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q,
+                                  [seqs[i].generator for i in sampled])
+        for j, i in enumerate(sampled):
+            acc[i], new_tokens[i] = sa[j], st[j]
+        return acc, new_tokens
 
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq.rid)
