@@ -30,8 +30,10 @@ PROMPTS = ["import os\nimport sys\n\n\ndef main(", "class Parser:\n    def __ini
 NEW_TOKENS = 40
 
 
-def config(steps: int, **kw: object) -> EngineConfig:
-    spec = {"algorithm": "draft", "draft": "builtin:tiny-draft", "num_steps": steps}
+def config(steps: int, algorithm: str = "draft", **kw: object) -> EngineConfig:
+    spec: dict[str, object] = {"algorithm": "draft", "draft": "builtin:tiny-draft", "num_steps": steps}
+    if algorithm == "ngram":
+        spec = {"algorithm": "ngram", "num_steps": steps}
     return EngineConfig(model_ref="builtin:tiny-hybrid", device="cpu", max_batch_size=4, max_tokens=4096,
                         speculative=spec, **kw)  # type: ignore[arg-type]
 
@@ -43,13 +45,17 @@ def run_one_at_a_time(cfg: EngineConfig) -> tuple[Engine, list[list[int]], list[
     return eng, [r.spec["accepted_per_step"] for r in results], [r.token_ids for r in results]
 
 
-@pytest.fixture(scope="module")
-def deep_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]], dict]:
+@pytest.fixture(scope="module", params=["draft", "ngram"])
+def deep_trace(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[list[int]], dict]:
+    """A trace drafting 7 every step, by the draft model, or by prompt lookup (which proposes fewer where its
+    match runs out, or nothing: the replay must take those limits from the trace)."""
     path = tmp_path_factory.mktemp("trace") / "verify.jsonl"
-    eng, accepted, tokens = run_one_at_a_time(config(3, trace_out=str(path), trace_steps=7))
+    eng, accepted, tokens = run_one_at_a_time(config(3, request.param, trace_out=str(path), trace_steps=7))
     stats = eng.stats()["speculative"]
     eng.decoder.trace.close()
-    return path, tokens, stats
+    return path, tokens, stats | {"algorithm_under_test": request.param}
 
 
 def test_trace_lines_are_complete_and_consistent(deep_trace):
@@ -71,10 +77,10 @@ def test_trace_lines_are_complete_and_consistent(deep_trace):
     assert len(out.stdout.splitlines()) == len(recs)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_counterfactual_replay_equals_a_real_run_at_fixed_steps(deep_trace, k):
-    path, deep_tokens, _ = deep_trace
-    eng, real_accepted, tokens = run_one_at_a_time(config(k))
+    path, deep_tokens, stats = deep_trace
+    eng, real_accepted, tokens = run_one_at_a_time(config(k, stats["algorithm_under_test"]))
     assert tokens == deep_tokens  # greedy: the same text whatever the steps
     recs = read_trace(path)
     replayed = replay_positions(recs, k, strict=False)

@@ -319,6 +319,15 @@ def _drafted(rec: TraceRecord) -> tuple[int, ...]:
     return d if d is not None else rec.accepted
 
 
+def _limits(rec: TraceRecord) -> tuple[int | None, ...]:
+    """Per request, the most the drafter would have proposed at this verify whatever it was asked for: the
+    traced drafts where it proposed fewer than the verify's steps (an n-gram miss or short match, the
+    max_tokens cap), else None (it drafted all it was asked: a larger k would have drafted more)."""
+    if rec.drafted is None or rec.steps is None:
+        return (None,) * len(rec.accepted)
+    return tuple(d if d < rec.steps else None for d in rec.drafted)
+
+
 def replay(
     cfg: AdaptiveConfig,
     records: Sequence[TraceRecord],
@@ -380,14 +389,19 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
         n = len(rec.accepted)
         acc.weight(rec.batch_size, sum(rec.accepted) + n)
         k = policy.bucket_for_batch(rec.batch_size).steps
+        priced = k
         if k == 0:
             got = [0] * n
         else:
             drafted = _drafted(rec)
-            if any(a == d and k > d for a, d in zip(rec.accepted, drafted, strict=True)):
+            limits = _limits(rec)
+            if any(a == d and k > d and lim is None for a, d, lim in zip(rec.accepted, drafted, limits, strict=True)):
                 acc.lower += 1
             got = [min(a, k) for a in rec.accepted]
-        acc.verify(rec.batch_size, k, sum(got) + n, cost.step_time(rec.batch_size, k, rec.sampled or 0))
+            # a drafter that proposed fewer than it was asked for (an n-gram miss) would at k propose min(k, d):
+            # the verify spans the longest proposal, not k
+            priced = max(min(k, lim) if lim is not None else k for lim in limits)
+        acc.verify(rec.batch_size, k, sum(got) + n, cost.step_time(rec.batch_size, priced, rec.sampled or 0))
         policy.on_verify_complete(got, rec.batch_size)
 
 
@@ -395,47 +409,55 @@ def _replay_stream(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: Co
     """Position by position, one request after another (the run's single stream): a verify at output
     position p with k drafts accepts min(L(p), k), L from the traced verifies (see `replay_positions`); where
     the trace only bounds L below k it counts that bound (a lower-bound verify)."""
-    exact, lower, total = _position_facts(recs)
+    exact, lower, total, limit = _position_facts(recs)
     sampled = {rid for r in recs if r.sampled for rid in (r.rids or ())}
     for rec in recs:
         acc.weight(1, sum(rec.accepted) + len(rec.accepted))
     for rid, n in total.items():
-        ex, lo = exact[rid], lower[rid]
+        ex, lo, lim = exact[rid], lower[rid], limit[rid]
         p = 0
         while p < n:
             k = policy.steps_for_batch(1)
-            drafted = max(0, min(k, n - 1 - p))  # the engine never drafts past max_tokens
+            # the engine never drafts past max_tokens, nor a drafter past what it found (`_limits`)
+            drafted = max(0, min(k, n - 1 - p, lim.get(p, k)))
             a = _accepted_at(ex, lo, p, drafted)
             if a is None:  # only bounded below: count the bound
                 a = max(0, min(lo.get(p, 0), drafted))
                 acc.lower += 1
-            acc.verify(1, k, a + 1, cost.step_time(1, k if drafted else 0, 1 if rid in sampled else 0))
+            acc.verify(1, k, a + 1, cost.step_time(1, drafted, 1 if rid in sampled else 0))
             policy.on_verify_complete([a], 1)
             p += a + 1
 
 
 def _position_facts(
     records: Sequence[TraceRecord],
-) -> tuple[dict[int, dict[int, int]], dict[int, dict[int, int]], dict[int, int]]:
-    """Per request: exact L(p), lower bounds on L(p), and how many tokens its verifies emitted (in first-seen
-    request order). A traced verify at p that drafted d and accepted a < d fixes L(p + j) = a - j for j <= a;
-    one that accepted all d only bounds L(p + j) >= d - j."""
+) -> tuple[dict[int, dict[int, int]], dict[int, dict[int, int]], dict[int, int], dict[int, dict[int, int]]]:
+    """Per request: exact L(p), lower bounds on L(p), how many tokens its verifies emitted (in first-seen
+    request order), and the drafter's limit at the positions where a traced verify drafted fewer than its
+    steps (`_limits`). A traced verify at p that drafted d and accepted a < d fixes L(p + j) = a - j for
+    j <= a; one that accepted all d only bounds L(p + j) >= d - j, unless d was the drafter's limit: then a
+    verify at p drafts at most d, and accepting all of them is exact."""
     exact: dict[int, dict[int, int]] = {}
     lower: dict[int, dict[int, int]] = {}
     total: dict[int, int] = {}
+    limit: dict[int, dict[int, int]] = {}
     for rec in records:
         if rec.rids is None:
             raise UsageError("the trace has no rids: positional replay needs an engine trace (--trace-out)")
-        for rid, a, d in zip(rec.rids, rec.accepted, _drafted(rec), strict=True):
+        for rid, a, d, lim in zip(rec.rids, rec.accepted, _drafted(rec), _limits(rec), strict=True):
             p = total.get(rid, 0)
             ex, lo = exact.setdefault(rid, {}), lower.setdefault(rid, {})
+            if lim is not None:
+                limit.setdefault(rid, {})[p] = lim
             for j in range(a + 1):
                 if a < d:
                     ex[p + j] = a - j
                 else:
                     lo[p + j] = d - j
             total[rid] = p + a + 1
-    return exact, lower, total
+        for rid in rec.rids:
+            limit.setdefault(rid, {})
+    return exact, lower, total, limit
 
 
 def _accepted_at(exact: Mapping[int, int], lower: Mapping[int, int], p: int, drafted: int) -> int | None:
@@ -461,22 +483,25 @@ def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool
     proposals are its greedy continuation of the (correct) text, so a verify starting at output position
     p accepts min(L(p), drafted), L(p) being how many of the drafter's next tokens match the target's
     from p. A traced verify at p that drafted d and accepted a < d fixes L(p + j) = a - j for j <= a; one
-    that accepted all d only bounds L(p + j) >= d - j. Following each request's verifies in trace order
+    that accepted all d only bounds L(p + j) >= d - j. A drafter that proposed d below the traced steps
+    (prompt lookup finding a short or no match) proposes min(k, d) there at any k: its continuation capped
+    at k, which the greedy acceptance test only shortens. Following each request's verifies in trace order
     gives those facts; replaying `steps` then walks the same positions the real run would (drafting
     min(steps, tokens left - 1), as the engine caps it). Returns rid -> accepted drafts per verify, the
     `accepted_per_step` a real run at `steps` records. Where the trace only bounds L below the drafted
     count (a position right after a fully accepted traced verify) it raises `Unanswerable`, or with
     `strict=False` ends that request's list there (a prefix of the real run's).
     """
-    exact, lower, total = _position_facts(records)
+    exact, lower, total, limit = _position_facts(records)
     out: dict[int, list[int]] = {}
     for rid, n in total.items():
         accepted: list[int] = []
         p = 0
         while p < n:
             # tokens emitted by verifies so far: p; the engine drafts at most max_tokens - len(output) - 1
-            # = (n + 1) - (p + 1) - 1 = n - 1 - p (n + 1 tokens in all, the first one from prefill)
-            drafted = max(0, min(steps, n - 1 - p))
+            # = (n + 1) - (p + 1) - 1 = n - 1 - p (n + 1 tokens in all, the first one from prefill), and a
+            # drafter no more than it proposed where the trace saw it propose fewer than asked (an n-gram miss)
+            drafted = max(0, min(steps, n - 1 - p, limit[rid].get(p, steps)))
             a = _accepted_at(exact[rid], lower[rid], p, drafted)
             if a is None:
                 if strict:
