@@ -176,8 +176,8 @@ def rejection_accept(
     from its own generator: `torch.rand(n + 1)` yields exactly `torch.rand(n)` then `torch.rand(())`), so
     a seeded request emits what `rejection_verify` emits, token for token. What differs is the op count:
     the accept probabilities come to the host in one gather, each request draws its uniforms in one call,
-    and the residuals of all requests are formed, normalised and sampled as one [b, V] block. At batch 1
-    the tensor form's ~40 small ops cost ~130 us, several times the arithmetic."""
+    and the residuals of all requests are formed, normalised and sampled as one [b, V] block: at vocab 260
+    on the 2-core CPU, 43 vs 65 us at batch 1 and 67 vs 103 us at batch 8, where the arithmetic is a few."""
     b, k1, v = target_probs.shape
     dev = target_probs.device
     flat_p = target_probs.reshape(b * k1, v)
