@@ -145,3 +145,36 @@ def test_trace_counts_sampled_requests(tmp_path: Path):
     recs = read_trace(path)
     assert recs and all(r.sampled is not None and r.sampled <= 1 for r in recs)  # only one request samples
     assert any(r.batch_size == 2 and r.sampled == 1 for r in recs)
+
+
+def run_together(cfg: EngineConfig) -> tuple[Engine, list[list[int]], list[list[int]]]:
+    eng = Engine(cfg)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    results = eng.generate(PROMPTS, params)  # one batch of three
+    return eng, [r.spec["accepted_per_step"] for r in results], [r.token_ids for r in results]
+
+
+@pytest.mark.parametrize("algorithm", ["draft", "ngram"])
+def test_batched_replay_walks_the_real_batches(tmp_path, algorithm):
+    """A batch-3 trace drafting 7, replayed at fixed k as closed-loop streams, makes the real batch-3 run at k:
+    its batches (every request verified once per step, the batch shrinking as requests finish) and tokens,
+    where the trace determines them."""
+    path = tmp_path / "batched.jsonl"
+    eng, _, deep_tokens = run_together(config(3, algorithm, trace_out=str(path), trace_steps=7))
+    eng.decoder.trace.close()
+    recs = read_trace(path)
+    assert max(r.batch_size for r in recs) == len(PROMPTS)
+    cm = CostModel({b: {s: 1e-3 * b * (1 + 0.2 * s) for s in range(8)} for b in (1, 2, 4)})
+    exact = 0
+    for k in (1, 2, 3, 5):
+        eng, real_accepted, tokens = run_together(config(k, algorithm))
+        assert tokens == deep_tokens  # greedy: the same text whatever the steps
+        st = eng.stats()["speculative"]
+        pred = replay(fixed_config(k), recs, cm, initial_steps=k)
+        if pred.lower_bound_verifies == 0:
+            exact += 1
+            assert (pred.verifies, pred.tokens) == (st["verify_batches"], st["emitted_tokens"]), k
+            assert pred.batches_per_steps == {k: st["verify_batches"]}
+        else:
+            assert pred.tokens == st["emitted_tokens"]
+    assert exact >= 2

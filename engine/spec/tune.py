@@ -8,17 +8,20 @@ Contract:
 - `replay(cfg, records, cost, ...)` runs the trace through the engine's own policy
   (`specctl.engine.spec.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
   a verify that drafted K tokens and accepted a of them would have accepted min(a, k) with any k <= K
-  (greedy acceptance is a prefix test). Each trace record is one verify of the replayed run: it emits
-  min(a, k) + 1 tokens per request and costs `step_time(batch, k)`; the policy is fed the
-  counterfactual accepted counts (zeros at steps 0, as the engine does). Predicted throughput is the
-  workload's tokens over the time they take at the replayed rate per batch size (`Prediction`). A
-  step above what a record drafted is only a lower bound (min(a, k) = a) and is counted in
-  `Prediction.lower_bound_verifies`; `tune` never proposes one.
+  (greedy acceptance is a prefix test). An engine trace (with rids) is replayed per request, position by
+  position, as closed-loop streams (`_replay_streams`): each replayed step verifies every active request
+  once, accepting what the trace says the drafter's proposal from that position would, and costs
+  `step_time(batch, longest proposal)`; the policy is fed those accepted counts (zeros at steps 0, as the
+  engine does). A trace without rids is replayed verify for verify (min(a, k) + 1 tokens per request per
+  traced verify). Predicted throughput is the workload's tokens over the time they take at the replayed
+  rate per batch size (`Prediction`). A step above what a record drafted is only a lower bound
+  (min(a, k) = a) and is counted in `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
-  keys), candidate-step sets of up to four steps and then knobs (`ema_alpha`, `update_interval`,
-  `down_hysteresis` with `up_hysteresis` no lower, and for sets with 0 specctl's `zero_backoff`, unless
-  `setup.sglang`) for the best
-  few, maximising predicted tokens/s over the records routed to that bucket; then picks the initial
+  keys; each scored on the batch sizes it owns, replaying the whole runs that reach it with the buckets
+  chosen before it and the rest as written), candidate-step sets of up to four steps and then knobs
+  (`ema_alpha`, `update_interval`, `down_hysteresis` with `up_hysteresis` no lower, and for sets with 0
+  specctl's `zero_backoff`, unless `setup.sglang`) for the best
+  few, maximising the predicted tokens/s of those batch sizes; then picks the initial
   steps. `zero_backoff` stays off (1, SGLang's behaviour) unless it predicts at least
   `BACKOFF_MARGIN` better, since SGLang cannot run it. It returns the recommended config as a
   deployment snippet and, when SGLang can express it, as SGLang JSON; when it uses a specctl-only knob
@@ -35,7 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -339,10 +342,11 @@ def replay(
     """Predicted tokens and seconds of running `records` under `cfg` (see the module docstring).
 
     Each run of the trace (`TraceRecord.run`: one engine) gets a policy of its own, started fresh, as that
-    engine did. A single-stream run (every record batch size 1, with rids) is replayed position by position
-    (`_replay_stream`): the replayed policy sees as many verifies as a real run at its steps would, not the
-    traced run's fewer, longer ones, which matters to a policy deciding every N verifies. Other runs are
-    replayed verify for verify (min(a, k) per traced verify)."""
+    engine did. A run with rids is replayed position by position as closed-loop streams (`_replay_streams`):
+    the replayed policy sees the verifies a real run at its steps would, not the traced run's fewer, longer
+    ones, which matters to a policy deciding every N verifies and to shallow steps, which a deep trace's
+    long accepted runs would otherwise undercount. Runs without rids (older traces) are replayed verify for
+    verify (min(a, k) per traced verify)."""
     runs: dict[str | None, list[TraceRecord]] = {}
     for rec in records:
         if rec.accepted:
@@ -351,8 +355,8 @@ def replay(
     for recs in runs.values():
         policy = AdaptivePolicy(cfg, initial_steps=initial_steps, graph_batch_sizes=graph_batch_sizes,
                                 clock=lambda: 0.0)
-        if all(r.batch_size == 1 and r.rids is not None for r in recs):
-            _replay_stream(policy, recs, cost, acc)
+        if all(r.rids is not None for r in recs):
+            _replay_streams(policy, recs, cost, acc)
         else:
             _replay_verifies(policy, recs, cost, acc)
         acc.switches += len(policy.switches)
@@ -405,28 +409,62 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
         policy.on_verify_complete(got, rec.batch_size)
 
 
-def _replay_stream(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: CostModel, acc: _Tally) -> None:
-    """Position by position, one request after another (the run's single stream): a verify at output
-    position p with k drafts accepts min(L(p), k), L from the traced verifies (see `replay_positions`); where
-    the trace only bounds L below k it counts that bound (a lower-bound verify)."""
+def _replay_streams(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: CostModel, acc: _Tally) -> None:
+    """Position by position, as closed-loop streams: the run's requests in first-seen order, as many at once as
+    its largest traced batch (C), the next one joining as one finishes (spec_bench's streams, bench's
+    --max-concurrency clients; C = 1 is a single stream). Every step verifies each active request once: at
+    output position p with k drafts it accepts min(L(p), k), L from the traced verifies (`_position_facts`;
+    where the trace only bounds L below k it counts that bound, a lower-bound verify), and the step is priced
+    at the batch's longest proposal. So the replayed policy sees the verifies a real run at its steps would:
+    more of them where acceptance runs long and the steps are short, which a verify-for-verify replay of a
+    deep trace cannot show (it favoured deep steps at batch 8)."""
     exact, lower, total, limit = _position_facts(recs)
-    sampled = {rid for r in recs if r.sampled for rid in (r.rids or ())}
-    for rec in recs:
-        acc.weight(1, sum(rec.accepted) + len(rec.accepted))
-    for rid, n in total.items():
-        ex, lo, lim = exact[rid], lower[rid], limit[rid]
-        p = 0
-        while p < n:
-            k = policy.steps_for_batch(1)
+    share = _sampled_share(recs)
+    width = max(r.batch_size for r in recs)
+    pending = deque(total)
+    active = [pending.popleft() for _ in range(min(width, len(pending)))]
+    pos = dict.fromkeys(total, 0)
+    while active:
+        b = len(active)
+        k = policy.steps_for_batch(b)
+        got: list[int] = []
+        priced = emitted = 0
+        for rid in active:
+            p, n = pos[rid], total[rid]
             # the engine never drafts past max_tokens, nor a drafter past what it found (`_limits`)
-            drafted = max(0, min(k, n - 1 - p, lim.get(p, k)))
-            a = _accepted_at(ex, lo, p, drafted)
+            drafted = max(0, min(k, n - 1 - p, limit[rid].get(p, k)))
+            a = _accepted_at(exact[rid], lower[rid], p, drafted)
             if a is None:  # only bounded below: count the bound
-                a = max(0, min(lo.get(p, 0), drafted))
+                a = max(0, min(lower[rid].get(p, 0), drafted))
                 acc.lower += 1
-            acc.verify(1, k, a + 1, cost.step_time(1, drafted, 1 if rid in sampled else 0))
-            policy.on_verify_complete([a], 1)
-            p += a + 1
+            got.append(a)
+            emitted += a + 1
+            priced = max(priced, drafted)
+            pos[rid] = p + a + 1
+        acc.weight(b, emitted)
+        acc.verify(b, k, emitted, cost.step_time(b, priced, sum(share[r] for r in active)))
+        policy.on_verify_complete(got, b)
+        active = [r for r in active if pos[r] < total[r]]
+        while pending and len(active) < width:
+            active.append(pending.popleft())
+
+
+def _sampled_share(recs: Sequence[TraceRecord]) -> dict[int, float]:
+    """Per request, 1.0 when it samples, 0.0 when greedy: known from a record of its own, or of a batch all
+    greedy or all sampling; otherwise the run's sampled fraction (the cost tables mix in that proportion)."""
+    known: dict[int, float] = {}
+    seen: set[int] = set()
+    n = s = 0
+    for r in recs:
+        rids = r.rids or ()
+        seen.update(rids)
+        n += len(rids)
+        s += r.sampled or 0
+        if r.sampled is not None and r.sampled in (0, len(rids)):
+            for rid in rids:
+                known[rid] = 1.0 if r.sampled else 0.0
+    frac = s / n if n else 0.0
+    return {rid: known.get(rid, frac) for rid in seen}
 
 
 def _position_facts(
@@ -666,18 +704,33 @@ def _route_key(cfg: AdaptiveConfig, batch_size: int, graphs: Sequence[int]) -> i
     return cfg.route(batch_size, graphs).min_batch_size
 
 
-def _bucket_score(bucket: Bucket, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
-                  initial_steps: int) -> float:
-    """Predicted tokens/s of the bucket's own records (its batch sizes) with the bucket alone in a config."""
-    single = AdaptiveConfig((replace(bucket, min_batch_size=1),))
-    return replay(single, records, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).tokens_per_s
+def _bucket_score(cfg: AdaptiveConfig, key: int, records: Sequence[TraceRecord], cost: CostModel,
+                  graphs: Sequence[int]) -> float:
+    """Predicted tokens/s of the batch sizes bucket `key` owns, replaying whole runs under `cfg` (the other
+    buckets as they stand): a positional replay needs every verify of a request, whichever bucket ran it."""
+    pred = replay(cfg, records, cost, initial_steps=-1, graph_batch_sizes=graphs)
+    rows = [row for b, row in pred.by_batch.items() if _route_key(cfg, b, graphs) == key]
+    work = sum(w for _, _, w in rows)
+    seconds = sum(w * sec / tok for tok, sec, w in rows if tok > 0)
+    return work / seconds if seconds > 0 else 0.0
 
 
-def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
-                   allowed: Sequence[int], backoffs: Sequence[int]) -> tuple[Bucket, float, Bucket, float, int]:
-    """(best bucket, its score, best bucket SGLang can run, its score, configs replayed) for one bucket.
+def _with_bucket(cfg: AdaptiveConfig, bucket: Bucket) -> AdaptiveConfig:
+    return replace(cfg, buckets=tuple(bucket if b.min_batch_size == bucket.min_batch_size else b
+                                      for b in cfg.buckets))
+
+
+def _search_bucket(base: AdaptiveConfig, b: Bucket, recs: Sequence[TraceRecord], cost: CostModel,
+                   graphs: Sequence[int], allowed: Sequence[int],
+                   backoffs: Sequence[int]) -> tuple[Bucket, float, Bucket, float, int]:
+    """(best bucket, its score, best bucket SGLang can run, its score, configs replayed) for one bucket of
+    `base` (the runs `recs` replayed with the other buckets as in `base`).
 
     `backoffs` are the zero_backoff values to try for candidate sets with 0 (first: 1, off)."""
+
+    def score_of(cand: Bucket) -> float:
+        return _bucket_score(_with_bucket(base, cand), b.min_batch_size, recs, cost, graphs)
+
     evaluated = 0
     base_knobs = replace(b.knobs, strategy="ema", zero_backoff=1)
     on = [z for z in backoffs if z > 1]
@@ -687,7 +740,7 @@ def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, grap
     for size in range(1, MAX_SET_SIZE + 1):
         for cands in itertools.combinations(allowed, size):
             cand = Bucket(b.min_batch_size, cands, base_knobs)
-            score = _bucket_score(cand, recs, cost, graphs, -1)
+            score = score_of(cand)
             evaluated += 1
             if score > off_score * (1 + 1e-9) or off_score == -math.inf:
                 off_score, best_off = score, cand
@@ -695,7 +748,7 @@ def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, grap
             if on and 0 in cands and len(cands) > 1:
                 # Rank a set with 0 by its back-off score too, or sets that only pay with it never get knobs.
                 cand = Bucket(b.min_batch_size, cands, replace(base_knobs, zero_backoff=on[-1]))
-                score = _bucket_score(cand, recs, cost, graphs, -1)
+                score = score_of(cand)
                 evaluated += 1
                 rank = max(rank, score)
                 if score > on_score * (1 + 1e-9) or on_score == -math.inf:
@@ -710,7 +763,7 @@ def _search_bucket(b: Bucket, recs: Sequence[TraceRecord], cost: CostModel, grap
             knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down,
                             up_hysteresis=max(base_knobs.up_hysteresis, down), zero_backoff=zb)
             cand = Bucket(b.min_batch_size, cands, knobs)
-            score = _bucket_score(cand, recs, cost, graphs, -1)
+            score = score_of(cand)
             evaluated += 1
             if zb == 1 and score > off_score * (1 + 1e-9):
                 off_score, best_off = score, cand
@@ -759,15 +812,18 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
     evaluated = 0
     chosen: list[Bucket] = []
     chosen_sglang: list[Bucket] = []
-    for b in cur.buckets:
-        recs = by_bucket[b.min_batch_size]
-        if len(recs) < MIN_BUCKET_RECORDS:
+    for i, b in enumerate(cur.buckets):
+        if len(by_bucket[b.min_batch_size]) < MIN_BUCKET_RECORDS:
             # (almost) no evidence for this bucket: keep what the user wrote (minus what SGLang cannot run)
             plain = replace(b, knobs=replace(b.knobs, zero_backoff=1))
             chosen.append(plain if setup.sglang else b)
             chosen_sglang.append(plain)
             continue
-        best, _, best_sglang, _, n = _search_bucket(b, recs, cost, graphs, allowed, backoffs)
+        # the whole runs that reach this bucket, replayed with the buckets chosen so far and the rest as written
+        touched = {r.run for r in by_bucket[b.min_batch_size]}
+        recs = [r for r in records if r.run in touched]
+        base = replace(cur, buckets=(*chosen, *cur.buckets[i:]), strategy="ema")
+        best, _, best_sglang, _, n = _search_bucket(base, b, recs, cost, graphs, allowed, backoffs)
         evaluated += n
         chosen.append(best)
         chosen_sglang.append(best_sglang)
