@@ -59,6 +59,11 @@ a fifth of that at 8 and 32 (a new request's prompt takes a forward of its own, 
 of its clients meanwhile), and even in process it is level with vLLM, not 1.3x ahead.
 For scale, the in-process engine (engine_bench.py's worker, one generate call of the whole batch)
 made 1212 / 3496 / 6890 tok/s at 1 / 8 / 32 on the same checkpoint.
+Again at commit 15f25eb (same defaults): 1.15x at 1 (843 vs 699), 0.82x at 8 (2988 vs 3462), 1.11x at 32
+(5612 vs 5036; vLLM's five batch-32 repeats spread 0.93-1.84x, the machine was busy), 880 requests
+identical; in process 1144 / 3861 / 7274 tok/s. At batch 32 the engine's step is ~40% matmul (oneDNN,
+~200 GFLOP/s here) and ~40% attention over gathered fp32 keys and values; 1.3x vLLM's best repeats
+(~7,400 tok/s) would need ~9,600 tok/s served, more than the matmuls alone allow at that rate.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
