@@ -61,9 +61,10 @@ For scale, the in-process engine (engine_bench.py's worker, one generate call of
 made 1212 / 3496 / 6890 tok/s at 1 / 8 / 32 on the same checkpoint.
 Again at commit 15f25eb (same defaults): 1.15x at 1 (843 vs 699), 0.82x at 8 (2988 vs 3462), 1.11x at 32
 (5612 vs 5036; vLLM's five batch-32 repeats spread 0.93-1.84x, the machine was busy), 880 requests
-identical; in process 1144 / 3861 / 7274 tok/s. At batch 32 the engine's step is ~40% matmul (oneDNN,
-~200 GFLOP/s here) and ~40% attention over gathered fp32 keys and values; 1.3x vLLM's best repeats
-(~7,400 tok/s) would need ~9,600 tok/s served, more than the matmuls alone allow at that rate.
+identical; in process 1144 / 3861 / 7274 tok/s. At batch 32 an in-process step spends ~57 us a token in
+matmuls (oneDNN, ~135 GFLOP/s effective) and ~50 us in attention (the fp32 key/value gather and SDPA,
+memory-bound); 1.3x vLLM's best repeats (~7,400 tok/s) would need ~9,600 tok/s served, about what those
+two alone allow (~9,300), before norms, sampling and HTTP.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
