@@ -443,8 +443,12 @@ def tune_command(
         max_bs = rows[-1].batch_max if rows else None
         allowed = tuple(_parse_steps(steps)) if steps else None
         sglang_only = sglang or setup.engine == "sglang"
+
+        def progress(line: str) -> None:
+            sys.stderr.write(f"tune: {line}\n")
+
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
-                                sglang=sglang_only, decode_only=decode_only), records, cost_model)
+                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress)
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:

@@ -213,6 +213,8 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
     assert isinstance(cfg2, AdaptiveConfig) and not [f for f in findings if f.severity == "error"]
     assert out["speedup"]["vs_best_fixed"] >= 1.0
     assert "candidate_steps" in out["recommended"]["deployment_snippet"]
+    # progress goes to stderr, a line as each bucket's search starts and ends; stdout stays the JSON alone
+    assert "tune: bucket 1: searching" in r.stderr and "configs replayed" in r.stderr
     r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(cost))
     assert r.returncode == 0 and "speed-up:" in r.stdout and "valid: no error findings" in r.stdout
     # a bad cost file is a usage error (exit 2), never a traceback

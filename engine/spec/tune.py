@@ -39,7 +39,7 @@ import itertools
 import json
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -793,8 +793,10 @@ def _finish(cfg: AdaptiveConfig, records: Sequence[TraceRecord], cost: CostModel
     return cfg, best_init, best_pred
 
 
-def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> TuneResult:
-    """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring)."""
+def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
+         progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring).
+    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds)."""
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
@@ -823,7 +825,13 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel) -> T
         touched = {r.run for r in by_bucket[b.min_batch_size]}
         recs = [r for r in records if r.run in touched]
         base = replace(cur, buckets=(*chosen, *cur.buckets[i:]), strategy="ema")
-        best, _, best_sglang, _, n = _search_bucket(base, b, recs, cost, graphs, allowed, backoffs)
+        if progress is not None:
+            progress(f"bucket {b.min_batch_size}: searching candidate sets and knobs over {len(recs)} verifies "
+                     f"of {len(touched)} run(s)")
+        best, score, best_sglang, _, n = _search_bucket(base, b, recs, cost, graphs, allowed, backoffs)
+        if progress is not None:
+            progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
+                     f"sizes, decode only ({n} configs replayed)")
         evaluated += n
         chosen.append(best)
         chosen_sglang.append(best_sglang)
