@@ -144,7 +144,11 @@ def uniforms(generators: Sequence[torch.Generator | None], device: torch.device)
 
 def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """Inverse-CDF draw of one token per row, each row with its own generator; LongTensor `[n]`."""
-    u = uniforms(generators, probs.device)
+    return inverse_cdf(probs, uniforms(generators, probs.device))
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row `[n, V]` (non-negative, any positive total) that the uniform `u[row]` picks."""
     cdf = torch.cumsum(probs, dim=-1)
     # Scale u by the row's total mass so float rounding in the cumulative sum can never push the
     # draw past the last token; clamp guards the (measure-zero) u*total == cdf[-1] case.

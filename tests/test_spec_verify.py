@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specctl.engine.spec.verify import greedy_accept, greedy_verify, rejection_verify
+from specctl.engine.spec.verify import greedy_accept, rejection_accept
 
 from spec_support import ALPHA, chi_square_pvalue  # isort: skip
 
@@ -40,40 +40,22 @@ def greedy_case(seed: int, b: int = 64, k: int = 5, v: int = 7) -> tuple[torch.T
     return logits, drafts, torch.randint(0, k + 1, (b,), generator=g)
 
 
-def test_greedy_verify_matches_reference_loop() -> None:
+def test_greedy_accept_matches_reference_loop() -> None:
     logits, drafts, num = greedy_case(0)
     b = logits.shape[0]
-    accepted, tokens = greedy_verify(drafts, num, logits)
-    seen = set()
-    for i in range(b):
-        n = int(num[i])
-        ref = reference_greedy(drafts[i, :n].tolist(), logits[i])
-        assert int(accepted[i]) == len(ref) - 1
-        assert tokens[i, : int(accepted[i]) + 1].tolist() == ref
-        seen.add(int(accepted[i]))
-    assert len(seen) >= 4  # the batch really mixes different accept lengths
-
-
-def test_greedy_accept_on_lists_matches_the_reference_loop() -> None:
-    """The host-list form the decoder uses for all-greedy batches gives the same counts and tokens."""
-    logits, drafts, num = greedy_case(1)
-    b = logits.shape[0]
     accepted, tokens = greedy_accept(drafts.tolist(), num.tolist(), logits.argmax(-1).tolist())
-    ref_acc, ref_tok = greedy_verify(drafts, num, logits)
-    assert accepted == ref_acc.tolist()
-    assert tokens == [ref_tok[i, : a + 1].tolist() for i, a in enumerate(accepted)]
     for i in range(b):
-        assert tokens[i] == reference_greedy(drafts[i, : int(num[i])].tolist(), logits[i])
-    assert len(set(accepted)) >= 4
+        ref = reference_greedy(drafts[i, : int(num[i])].tolist(), logits[i])
+        assert accepted[i] == len(ref) - 1
+        assert tokens[i] == ref
+    assert len(set(accepted)) >= 4  # the batch really mixes different accept lengths
 
 
-def test_greedy_verify_zero_drafts_is_plain_argmax() -> None:
+def test_greedy_accept_zero_drafts_is_plain_argmax() -> None:
     logits = torch.randn(3, 1, 11)
-    out = torch.full((3, 1), -7, dtype=torch.long)
-    accepted, tokens = greedy_verify(torch.empty(3, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long), logits,
-                                     out_tokens=out)
-    assert accepted.tolist() == [0, 0, 0]
-    assert tokens is out and tokens[:, 0].tolist() == logits[:, 0].argmax(-1).tolist()
+    accepted, tokens = greedy_accept([[], [], []], [0, 0, 0], logits.argmax(-1).tolist())
+    assert accepted == [0, 0, 0]
+    assert tokens == [[t] for t in logits[:, 0].argmax(-1).tolist()]
 
 
 def _run_rejection(p: torch.Tensor, q: torch.Tensor | None, trials: int, seed: int):
@@ -88,9 +70,11 @@ def _run_rejection(p: torch.Tensor, q: torch.Tensor | None, trials: int, seed: i
     else:
         drafts = torch.multinomial(q.repeat(trials, 1), 1, replacement=True, generator=g).view(trials, k)
         qb = q.unsqueeze(0).expand(trials, -1, -1)
-    num = torch.full((trials,), k, dtype=torch.long)
-    accepted, tokens = rejection_verify(drafts, num, pb, qb, [g] * trials)
-    return accepted, tokens
+    acc, toks = rejection_accept(drafts.tolist(), [k] * trials, pb, qb, [g] * trials)
+    tokens = torch.full((trials, k + 1), -1, dtype=torch.long)
+    for i, row in enumerate(toks):
+        tokens[i, : len(row)] = torch.tensor(row)
+    return torch.tensor(acc), tokens
 
 
 def _distributions(v: int, k: int, seed: int, sharp: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,15 +140,13 @@ def test_rejection_sampling_is_reproducible_per_request() -> None:
     v, k = 8, 4
     p, q = _distributions(v, k, seed=9, sharp=1.0)
     drafts = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(1)).view(1, k)
-    num = torch.tensor([k])
 
     def run(batch_pad: int) -> list[int]:
         # The same request alone and as row 0 of a bigger batch with other generators: identical output.
         gens = [torch.Generator().manual_seed(42)] + [torch.Generator().manual_seed(i) for i in range(batch_pad)]
         pb = p.unsqueeze(0).expand(1 + batch_pad, -1, -1)
         qb = q.unsqueeze(0).expand(1 + batch_pad, -1, -1)
-        d = drafts.expand(1 + batch_pad, -1)
-        a, t = rejection_verify(d, num.expand(1 + batch_pad), pb, qb, gens)
-        return t[0, : int(a[0]) + 1].tolist()
+        _, t = rejection_accept(drafts.expand(1 + batch_pad, -1).tolist(), [k] * (1 + batch_pad), pb, qb, gens)
+        return t[0]
 
     assert run(0) == run(5)
