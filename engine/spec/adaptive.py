@@ -184,6 +184,7 @@ class AdaptivePolicy:
         self.graph_batch_sizes = tuple(sorted(set(graph_batch_sizes)))
         self.clock = clock
         self.buckets: dict[int, BucketState] = {b.min_batch_size: BucketState(b, initial_steps) for b in cfg.buckets}
+        self._routed: dict[int, BucketState] = {}  # batch size -> its bucket (routing is fixed per config)
         self.switches: list[Switch] = []
 
     @property
@@ -192,7 +193,11 @@ class AdaptivePolicy:
         return self.cfg.union_steps
 
     def bucket_for_batch(self, batch_size: int) -> BucketState:
-        return self.buckets[self.cfg.route(batch_size, self.graph_batch_sizes).min_batch_size]
+        state = self._routed.get(batch_size)
+        if state is None:
+            key = self.cfg.route(batch_size, self.graph_batch_sizes).min_batch_size
+            state = self._routed[batch_size] = self.buckets[key]
+        return state
 
     def steps_for_batch(self, batch_size: int) -> int:
         """The steps to run a batch of this size with (its routed bucket's current steps)."""

@@ -35,14 +35,15 @@ Torch-free (it imports only the policy and the schemas), so it runs wherever `va
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from specctl.engine.spec.adaptive import AdaptivePolicy
 from specctl.engine.spec.trace import TraceRecord
@@ -91,9 +92,9 @@ class CostModel:
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.step_s))
 
-    @property
+    @functools.cached_property
     def steps(self) -> tuple[int, ...]:
-        """Steps measured at every batch size."""
+        """Steps measured at every batch size (step_time checks every priced step against it)."""
         sets = [set(v) for v in self.step_s.values()]
         return tuple(sorted(set.intersection(*sets))) if sets else ()
 
@@ -224,8 +225,17 @@ class Prediction:
     def predicted_seconds(self) -> float:
         """Seconds the workload's tokens take at the replayed per-batch-size rates, plus the serving overhead."""
         work = sum(w for _, _, w in self.by_batch.values())
-        return (sum(w * sec / tok for tok, sec, w in self.by_batch.values() if tok > 0)
-                + self.overhead_s_per_token * work)
+        return self._decode_seconds(self.by_batch.values()) + self.overhead_s_per_token * work
+
+    @staticmethod
+    def _decode_seconds(rows: Iterable[tuple[int, float, int]]) -> float:
+        return sum(w * sec / tok for tok, sec, w in rows if tok > 0)
+
+    def decode_rate(self, keep: Callable[[int], bool]) -> float:
+        """Tokens/s of the batch sizes `keep` accepts, decode only (no serving overhead)."""
+        rows = [row for b, row in self.by_batch.items() if keep(b)]
+        seconds = self._decode_seconds(rows)
+        return sum(w for _, _, w in rows) / seconds if seconds > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -331,9 +341,43 @@ def _limits(rec: TraceRecord) -> tuple[int | None, ...]:
     return tuple(d if d < rec.steps else None for d in rec.drafted)
 
 
+class _Facts(NamedTuple):
+    """One run's per-request facts for the positional replay (`_position_facts`, `_sampled_share`)."""
+
+    exact: dict[int, dict[int, int]]
+    lower: dict[int, dict[int, int]]
+    total: dict[int, int]
+    limit: dict[int, dict[int, int]]
+    share: dict[int, float]
+    width: int  # the run's largest traced batch: how many streams it is replayed as
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A trace split into its runs (one engine each, in first-seen order), each with its positional facts
+    when every record has rids: what every replay of the trace shares, computed once (`tune` replays the
+    same records thousands of times)."""
+
+    runs: tuple[tuple[tuple[TraceRecord, ...], _Facts | None], ...]
+
+    @classmethod
+    def of(cls, records: Sequence[TraceRecord]) -> Runs:
+        grouped: dict[str | None, list[TraceRecord]] = {}
+        for rec in records:
+            if rec.accepted:
+                grouped.setdefault(rec.run, []).append(rec)
+        out = []
+        for recs in grouped.values():
+            facts = None
+            if all(r.rids is not None for r in recs):
+                facts = _Facts(*_position_facts(recs), _sampled_share(recs), max(r.batch_size for r in recs))
+            out.append((tuple(recs), facts))
+        return cls(tuple(out))
+
+
 def replay(
     cfg: AdaptiveConfig,
-    records: Sequence[TraceRecord],
+    records: Sequence[TraceRecord] | Runs,
     cost: CostModel,
     *,
     initial_steps: int,
@@ -346,17 +390,14 @@ def replay(
     the replayed policy sees the verifies a real run at its steps would, not the traced run's fewer, longer
     ones, which matters to a policy deciding every N verifies and to shallow steps, which a deep trace's
     long accepted runs would otherwise undercount. Runs without rids (older traces) are replayed verify for
-    verify (min(a, k) per traced verify)."""
-    runs: dict[str | None, list[TraceRecord]] = {}
-    for rec in records:
-        if rec.accepted:
-            runs.setdefault(rec.run, []).append(rec)
+    verify (min(a, k) per traced verify). Pass `Runs.of(records)` to replay one trace many times."""
+    runs = records if isinstance(records, Runs) else Runs.of(records)
     acc = _Tally()
-    for recs in runs.values():
+    for recs, facts in runs.runs:
         policy = AdaptivePolicy(cfg, initial_steps=initial_steps, graph_batch_sizes=graph_batch_sizes,
                                 clock=lambda: 0.0)
-        if all(r.rids is not None for r in recs):
-            _replay_streams(policy, recs, cost, acc)
+        if facts is not None:
+            _replay_streams(policy, facts, cost, acc)
         else:
             _replay_verifies(policy, recs, cost, acc)
         acc.switches += len(policy.switches)
@@ -409,7 +450,7 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
         policy.on_verify_complete(got, rec.batch_size)
 
 
-def _replay_streams(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: CostModel, acc: _Tally) -> None:
+def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc: _Tally) -> None:
     """Position by position, as closed-loop streams: the run's requests in first-seen order, as many at once as
     its largest traced batch (C), the next one joining as one finishes (spec_bench's streams, bench's
     --max-concurrency clients; C = 1 is a single stream). Every step verifies each active request once: at
@@ -418,9 +459,7 @@ def _replay_streams(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: C
     at the batch's longest proposal. So the replayed policy sees the verifies a real run at its steps would:
     more of them where acceptance runs long and the steps are short, which a verify-for-verify replay of a
     deep trace cannot show (it favoured deep steps at batch 8)."""
-    exact, lower, total, limit = _position_facts(recs)
-    share = _sampled_share(recs)
-    width = max(r.batch_size for r in recs)
+    exact, lower, total, limit, share, width = facts
     pending = deque(total)
     active = [pending.popleft() for _ in range(min(width, len(pending)))]
     pos = dict.fromkeys(total, 0)
@@ -484,17 +523,15 @@ def _position_facts(
             raise UsageError("the trace has no rids: positional replay needs an engine trace (--trace-out)")
         for rid, a, d, lim in zip(rec.rids, rec.accepted, _drafted(rec), _limits(rec), strict=True):
             p = total.get(rid, 0)
-            ex, lo = exact.setdefault(rid, {}), lower.setdefault(rid, {})
+            ex, lo, li = exact.setdefault(rid, {}), lower.setdefault(rid, {}), limit.setdefault(rid, {})
             if lim is not None:
-                limit.setdefault(rid, {})[p] = lim
+                li[p] = lim
             for j in range(a + 1):
                 if a < d:
                     ex[p + j] = a - j
                 else:
                     lo[p + j] = d - j
             total[rid] = p + a + 1
-        for rid in rec.rids:
-            limit.setdefault(rid, {})
     return exact, lower, total, limit
 
 
@@ -704,15 +741,12 @@ def _route_key(cfg: AdaptiveConfig, batch_size: int, graphs: Sequence[int]) -> i
     return cfg.route(batch_size, graphs).min_batch_size
 
 
-def _bucket_score(cfg: AdaptiveConfig, key: int, records: Sequence[TraceRecord], cost: CostModel,
-                  graphs: Sequence[int]) -> float:
-    """Predicted tokens/s of the batch sizes bucket `key` owns, replaying whole runs under `cfg` (the other
-    buckets as they stand): a positional replay needs every verify of a request, whichever bucket ran it."""
-    pred = replay(cfg, records, cost, initial_steps=-1, graph_batch_sizes=graphs)
-    rows = [row for b, row in pred.by_batch.items() if _route_key(cfg, b, graphs) == key]
-    work = sum(w for _, _, w in rows)
-    seconds = sum(w * sec / tok for tok, sec, w in rows if tok > 0)
-    return work / seconds if seconds > 0 else 0.0
+def _bucket_score(cfg: AdaptiveConfig, key: int, runs: Runs, cost: CostModel, graphs: Sequence[int]) -> float:
+    """Predicted tokens/s of the batch sizes bucket `key` owns (decode only), replaying whole runs under `cfg`
+    (the other buckets as they stand): a positional replay needs every verify of a request, whichever bucket
+    ran it."""
+    pred = replay(cfg, runs, cost, initial_steps=-1, graph_batch_sizes=graphs)
+    return pred.decode_rate(lambda b: _route_key(cfg, b, graphs) == key)
 
 
 def _with_bucket(cfg: AdaptiveConfig, bucket: Bucket) -> AdaptiveConfig:
@@ -720,16 +754,16 @@ def _with_bucket(cfg: AdaptiveConfig, bucket: Bucket) -> AdaptiveConfig:
                                       for b in cfg.buckets))
 
 
-def _search_bucket(base: AdaptiveConfig, b: Bucket, recs: Sequence[TraceRecord], cost: CostModel,
+def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
                    graphs: Sequence[int], allowed: Sequence[int],
                    backoffs: Sequence[int]) -> tuple[Bucket, float, Bucket, float, int]:
     """(best bucket, its score, best bucket SGLang can run, its score, configs replayed) for one bucket of
-    `base` (the runs `recs` replayed with the other buckets as in `base`).
+    `base` (`runs` replayed with the other buckets as in `base`).
 
     `backoffs` are the zero_backoff values to try for candidate sets with 0 (first: 1, off)."""
 
     def score_of(cand: Bucket) -> float:
-        return _bucket_score(_with_bucket(base, cand), b.min_batch_size, recs, cost, graphs)
+        return _bucket_score(_with_bucket(base, cand), b.min_batch_size, runs, cost, graphs)
 
     evaluated = 0
     base_knobs = replace(b.knobs, strategy="ema", zero_backoff=1)
@@ -774,13 +808,13 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, recs: Sequence[TraceRecord],
     return best_off, off_score, best_off, off_score, evaluated
 
 
-def _finish(cfg: AdaptiveConfig, records: Sequence[TraceRecord], cost: CostModel, graphs: Sequence[int],
+def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
             fixed: Mapping[int, Prediction], best_k: int) -> tuple[AdaptiveConfig, int, Prediction]:
     """Pick the initial steps of a whole config (any step of the union, validate's rule); fall back to the
     best fixed step should the config lose to it."""
     best_init, best_pred = cfg.default_initial_steps, None
     for init in cfg.union_steps:
-        pred = replay(cfg, records, cost, initial_steps=init, graph_batch_sizes=graphs)
+        pred = replay(cfg, runs, cost, initial_steps=init, graph_batch_sizes=graphs)
         if best_pred is None or pred.tokens_per_s > best_pred.tokens_per_s * (1 + 1e-9):
             best_init, best_pred = init, pred
     assert best_pred is not None
@@ -789,7 +823,7 @@ def _finish(cfg: AdaptiveConfig, records: Sequence[TraceRecord], cost: CostModel
         # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
         cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,), knobs=replace(b.knobs, zero_backoff=1))
                                    for b in cfg.buckets))
-        best_init, best_pred = best_k, replay(cfg, records, cost, initial_steps=best_k, graph_batch_sizes=graphs)
+        best_init, best_pred = best_k, replay(cfg, runs, cost, initial_steps=best_k, graph_batch_sizes=graphs)
     return cfg, best_init, best_pred
 
 
@@ -824,11 +858,12 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
         # the whole runs that reach this bucket, replayed with the buckets chosen so far and the rest as written
         touched = {r.run for r in by_bucket[b.min_batch_size]}
         recs = [r for r in records if r.run in touched]
+        runs = Runs.of(recs)
         base = replace(cur, buckets=(*chosen, *cur.buckets[i:]), strategy="ema")
         if progress is not None:
             progress(f"bucket {b.min_batch_size}: searching candidate sets and knobs over {len(recs)} verifies "
                      f"of {len(touched)} run(s)")
-        best, score, best_sglang, _, n = _search_bucket(base, b, recs, cost, graphs, allowed, backoffs)
+        best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, backoffs)
         if progress is not None:
             progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
                      f"sizes, decode only ({n} configs replayed)")
@@ -836,21 +871,22 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
         chosen.append(best)
         chosen_sglang.append(best_sglang)
 
-    current = replay(cur, records, cost, initial_steps=setup.initial_steps, graph_batch_sizes=graphs)
-    fixed = {k: replay(fixed_config(k), records, cost, initial_steps=k) for k in allowed}
+    whole = Runs.of(records)
+    current = replay(cur, whole, cost, initial_steps=setup.initial_steps, graph_batch_sizes=graphs)
+    fixed = {k: replay(fixed_config(k), whole, cost, initial_steps=k) for k in allowed}
     best_k = max(fixed, key=lambda k: (fixed[k].tokens_per_s, -k))
-    rec_cfg, best_init, best_pred = _finish(AdaptiveConfig(tuple(chosen), strategy="ema"), records, cost, graphs,
+    rec_cfg, best_init, best_pred = _finish(AdaptiveConfig(tuple(chosen), strategy="ema"), whole, cost, graphs,
                                             fixed, best_k)
     sglang_choice = None
     if rec_cfg.specctl_only:
-        s_cfg, s_init, s_pred = _finish(AdaptiveConfig(tuple(chosen_sglang), strategy="ema"), records, cost, graphs,
+        s_cfg, s_init, s_pred = _finish(AdaptiveConfig(tuple(chosen_sglang), strategy="ema"), whole, cost, graphs,
                                         fixed, best_k)
         if s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s:
             # Across buckets (and with the initial steps) the knob did not pay after all: SGLang's config wins.
             rec_cfg, best_init, best_pred = s_cfg, s_init, s_pred
         else:
             sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
-    none = fixed[0] if 0 in fixed else replay(fixed_config(0), records, cost, initial_steps=0)
+    none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
     # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
     ovh = None if setup.decode_only else serving_overhead(records, cost)
