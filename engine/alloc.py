@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
@@ -49,17 +50,15 @@ class AllocatorTuning:
 _done: AllocatorTuning | None = None
 
 
-def tune_allocator(environ: dict[str, str] | None = None, *, force: bool = False) -> AllocatorTuning:
-    """Raise glibc's mmap and trim thresholds for this process (once; `force` re-runs it, for tests)."""
+def tune_allocator() -> AllocatorTuning:
+    """Raise glibc's mmap and trim thresholds for this process (the first call does it; later ones report)."""
     global _done
-    if _done is not None and not force:
-        return _done
-    env = os.environ if environ is None else environ
-    _done = _tune(env)
+    if _done is None:
+        _done = _tune(os.environ)
     return _done
 
 
-def _tune(env: dict[str, str] | os._Environ[str]) -> AllocatorTuning:
+def _tune(env: Mapping[str, str]) -> AllocatorTuning:
     if env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return AllocatorTuning(False, f"{OPT_OUT_ENV}={env[OPT_OUT_ENV]}")
     set_by_user = [name for name in GLIBC_ENV if name in env]

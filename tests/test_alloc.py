@@ -68,5 +68,9 @@ def test_engine_reports_the_tuning() -> None:
 
     stats = Engine(EngineConfig(model_ref="builtin:tiny-draft", max_tokens=256, max_batch_size=1)).stats()
     assert set(stats["allocator"]) == {"applied", "reason", "mmap_threshold", "trim_threshold"}
+    untouched = not any(k in os.environ for k in ("SPECCTL_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_",
+                                                  "MALLOC_TRIM_THRESHOLD_"))
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" and untouched:
+        assert stats["allocator"]["applied"] is True
     if stats["allocator"]["applied"]:
         assert stats["allocator"]["mmap_threshold"] == 32 << 20
