@@ -173,6 +173,31 @@ def test_streaming_concurrent_requests_match_offline(server: Server, offline: di
         assert len(usage_only) == 1 and usage_only[0]["usage"]["completion_tokens"] == 12
 
 
+def test_non_streaming_requests_get_their_tokens_in_two_deltas(server: Server, offline: dict[str, list[int]]) -> None:
+    """A caller that answers once (stream=False) gets the first token and then the rest at the finish, the
+    same tokens and logprobs as a per-step stream; a stream gets one delta per step."""
+
+    async def deltas(prompt: str, stream: bool) -> list[Any]:
+        ids = server.backend.encode(prompt)
+        params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+        return [item async for item in server.backend.generate(ids, params, stream=stream)]
+
+    async def both() -> list[tuple[list[Any], list[Any]]]:
+        coalesced = [deltas(p, False) for p in PROMPTS]
+        streamed = [deltas(p, True) for p in PROMPTS]
+        got = await asyncio.gather(*coalesced, *streamed)  # all six in the same batches
+        return list(zip(got[: len(PROMPTS)], got[len(PROMPTS):], strict=True))
+
+    for prompt, (coalesced, streamed) in zip(PROMPTS, server.run(both()), strict=True):
+        assert [len(d.token_ids) for d in coalesced] == [1, 11], prompt
+        assert [len(d.token_ids) for d in streamed] == [1] * 12, prompt
+        assert coalesced[-1].finished and streamed[-1].finished
+        assert [t for d in coalesced for t in d.token_ids] == offline[prompt]
+        assert [t for d in streamed for t in d.token_ids] == offline[prompt]
+        lps = [lp for d in coalesced for lp in d.logprobs]
+        assert len(lps) == 12 and lps == [lp for d in streamed for lp in d.logprobs]
+
+
 def test_chat_completion_uses_the_documented_template(server: Server, model_dir: Path) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     prompt = chat_prompt(messages)

@@ -170,10 +170,11 @@ class EngineBackend(TokenizingBackend):
             return False, {"status": "down", "detail": "engine thread stopped"}
         return ready, detail
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
+                       ) -> AsyncIterator[RequestOutput]:
         assert self.aengine is not None
         sp = sampling_params_of(params)
-        async for item in self.aengine.generate(prompt_ids, sp):
+        async for item in self.aengine.generate(prompt_ids, sp, coalesce=not stream):
             yield item
 
     async def engine_stats(self) -> dict[str, Any]:

@@ -327,7 +327,8 @@ class DecodeBackend(EngineBackend):
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self.waiting) + (self.aengine.num_live if self.aengine else 0)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
+                       ) -> AsyncIterator[RequestOutput]:
         req_id = room_key(int(params["bootstrap_room"]))
         link = self.links[int(params["bootstrap_port"])]
         t0 = time.perf_counter()
@@ -361,7 +362,7 @@ class DecodeBackend(EngineBackend):
             admit = _Admit(self, list(prompt_ids), sp, payload)
             assert self.aengine is not None
             first_at: float | None = None
-            async for item in self.aengine.generate(prompt_ids, sp, admit=admit):
+            async for item in self.aengine.generate(prompt_ids, sp, admit=admit, coalesce=not stream):
                 if first_at is None:
                     first_at = time.perf_counter()
                     timings["decode_queue_s"] = first_at - received

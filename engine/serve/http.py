@@ -89,7 +89,9 @@ class Backend(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...
-    def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]: ...
+    def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
+                 ) -> AsyncIterator[RequestOutput]:
+        """Deltas of one request; `stream=False` when only its first tokens and its end are needed."""
     async def server_info(self) -> dict[str, Any]: ...
     async def refresh_metrics(self, metrics: ServingMetrics) -> None: ...
 
@@ -348,7 +350,7 @@ class OpenAIServer:
         out: list[int] = []
         lps: list[Any] = []
         final: RequestOutput | None = None
-        async for item in self.backend.generate(ids, req.params):
+        async for item in self.backend.generate(ids, req.params, stream=False):
             if item.token_ids:
                 clock.tokens(len(item.token_ids))
                 out.extend(item.token_ids)

@@ -183,8 +183,10 @@ class PrefillBackend(EngineBackend):
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self._rooms)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[RequestOutput]:
-        """The HTTP half of one room: prefill it in the Engine, wait for its claim, send, answer token 1."""
+    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
+                       ) -> AsyncIterator[RequestOutput]:
+        """The HTTP half of one room: prefill it in the Engine, wait for its claim, send, answer token 1
+        (one token either way, so `stream` changes nothing here)."""
         key = room_key(int(params["bootstrap_room"]))
         room = self._rooms.setdefault(key, _Room(key))
         if room.prompt_ids is not None:

@@ -236,7 +236,7 @@ class SglangRoutes:
         t0 = time.perf_counter()
         out: list[int] = []
         final = None
-        async for item in self.backend.generate(ids, params):
+        async for item in self.backend.generate(ids, params, stream=False):
             out.extend(item.token_ids)
             if item.finished:
                 final = item
