@@ -65,6 +65,15 @@ identical; in process 1144 / 3861 / 7274 tok/s. At batch 32 an in-process step s
 matmuls (oneDNN, ~135 GFLOP/s effective) and ~50 us in attention (the fp32 key/value gather and SDPA,
 memory-bound); 1.3x vLLM's best repeats (~7,400 tok/s) would need ~9,600 tok/s served, about what those
 two alone allow (~9,300), before norms, sampling and HTTP.
+Again at commit 9c3a2bc, where a non-streaming request gets its tokens from the engine thread in two
+deltas, not one per step (same defaults): 1.26x at 1 (938 vs 719), 0.83x at 8 (2989 vs 3464), 1.03x at
+32 (5650 vs 5634), 880 requests identical. That change alone, two specctl servers side by side with
+requests interleaved (6 rounds each): 1.20x at 1, 1.11x at 8, 1.10x at 32; served steps at batch 8 now
+take what in-process steps take (2.1-2.2 ms, the engine busy 98% of the wall time). What is left is the
+engine step itself on this machine: vLLM runs its engine core and its worker as two processes (top shows
+~87% and ~100% of a core during its runs), specctl one engine thread; and a second busy process on the
+other core slows specctl's in-process batch-8 step by ~12% (2.10 vs 2.34 ms), so neither side's figure
+here is its figure on a quiet machine.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
