@@ -260,18 +260,28 @@ def pool_free(server: Server) -> tuple[int, int]:
     return server.backend.aengine.call_sync(lambda eng: (runner.num_free_pages, runner.num_total_pages))
 
 
-def test_client_disconnect_aborts_and_frees_pages(server: Server) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "unary"])
+def test_client_disconnect_aborts_and_frees_pages(server: Server, stream: bool) -> None:
+    """Streaming or not (a unary request hears from the engine only at its first token and its end), a
+    client that goes away frees its request's pages."""
     free0, total = pool_free(server)
     assert free0 == total
+    generated0 = server.backend.aengine.call_sync(lambda eng: eng.stats()["generated_tokens"])
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v1/completions", json.dumps({"prompt": "def long(x):", "max_tokens": 1500,
-                                                        "temperature": 0, "ignore_eos": True, "stream": True}),
+                                                        "temperature": 0, "ignore_eos": True, "stream": stream}),
                  {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    resp.read1(64)  # the stream is flowing: the request holds pages now
+    if stream:
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.read1(64)  # the stream is flowing: the request holds pages now
+    else:
+        deadline = time.monotonic() + 20
+        while server.backend.aengine.num_live == 0:  # admitted: it holds pages now
+            assert time.monotonic() < deadline, "the unary request was never admitted"
+            time.sleep(0.01)
     assert pool_free(server)[0] < total
     conn.sock.close()  # the client goes away mid-stream
     conn.close()
@@ -280,6 +290,8 @@ def test_client_disconnect_aborts_and_frees_pages(server: Server) -> None:
         assert time.monotonic() < deadline, "pages of the abandoned request were not freed"
         time.sleep(0.05)
     assert server.backend.aengine.num_live == 0
+    generated = server.backend.aengine.call_sync(lambda eng: eng.stats()["generated_tokens"]) - generated0
+    assert generated < 1500, "the request ran to its end instead of being aborted"
 
 
 def test_metrics_and_server_info(server: Server) -> None:
