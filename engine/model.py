@@ -276,9 +276,10 @@ def rope_cos_sin(positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tenso
 def rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """Apply rotary embeddings (Llama's rotate-half convention). x [b, L, h, d]; rope from `rope_cos_sin`."""
     cos, sin = rope
-    h = x.shape[-1] // 2
     xf = x.float()
-    swapped = torch.cat((xf[..., h:], xf[..., :h]), dim=-1)  # the sign lives in the sin table
+    # the halves swapped by one roll (the same values as cat(x2, x1), in one op instead of three: 8.5 vs
+    # 5.3 us a call at a decode step's [1, 4, 64]); the sign lives in the sin table
+    swapped = torch.roll(xf, x.shape[-1] // 2, dims=-1)
     return (xf * cos + swapped * sin).to(x.dtype)
 
 

@@ -4,6 +4,7 @@
 - `ssd_short` (every per-position state of a verify, inputs formed at once) == the recurrence `ssd_step`
   run position by position, states and outputs, including padding (dt = 0) positions;
 - `PackedLinear` (oneDNN's prepacked kernel above PACKED_MIN_ROWS rows) == `F.linear` at every row count;
+- `rotary` (one roll and the sign-folded sin table) == Llama's rotate-half with plain cos and sin, exactly;
 - a verify forward of k + 1 positions on the hybrid model == k + 1 single-token decodes, for every k the
   builtin deployments verify (the cache path that speculation uses, against the plain decode path).
 """
@@ -22,6 +23,9 @@ from specctl.engine.model import (
     PackedLinear,
     _can_pack,
     causal_conv,
+    rope_cos_sin,
+    rope_table,
+    rotary,
     ssd_short,
     ssd_step,
 )
@@ -35,6 +39,22 @@ def test_causal_conv_equals_grouped_conv1d(length):
     xcat = torch.randn(3, c, k - 1 + length, generator=g)
     w, b = torch.randn(c, 1, k, generator=g), torch.randn(c, generator=g)
     torch.testing.assert_close(causal_conv(xcat, w, b), F.conv1d(xcat, w, b, groups=c), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 4, 64), (2, 5, 3, 32), (8, 4, 1, 16)])
+def test_rotary_equals_rotate_half(shape):
+    g = torch.Generator().manual_seed(shape[1])
+    b, n, _, d = shape
+    x = torch.randn(*shape, generator=g)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    positions = torch.randint(0, 300, (b, n), generator=g)
+    cos, sin = rope_cos_sin(positions, rope_table(inv_freq, 300))
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+    half = d // 2
+    rotate_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    reference = x * emb.cos() + rotate_half * emb.sin()
+    assert torch.equal(rotary(x, (cos, sin)), reference)
 
 
 @pytest.mark.parametrize("q", [1, 2, 4, 8])
