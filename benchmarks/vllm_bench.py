@@ -73,7 +73,8 @@ take what in-process steps take (2.1-2.2 ms, the engine busy 98% of the wall tim
 engine step itself on this machine: vLLM runs its engine core and its worker as two processes (top shows
 ~87% and ~100% of a core during its runs), specctl one engine thread; and a second busy process on the
 other core slows specctl's in-process batch-8 step by ~12% (2.10 vs 2.34 ms), so neither side's figure
-here is its figure on a quiet machine.
+here is its figure on a quiet machine. Again at commit be35a44 (same defaults): 1.35x at 1 (1008 vs 720),
+0.96x at 8 (3338 vs 3580), 0.86x at 32 (6081 vs 6932), 880 requests identical.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
