@@ -415,6 +415,7 @@ class Group:
         self._masks: dict[str, torch.Tensor] = {}
         self._dst: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._pt: torch.Tensor | None = None
+        self._entering: dict[int, torch.Tensor] = {}  # mamba layer -> the ssm states `mamba_state` gathered
         self._rollback = [
             _Rollback(start=s, end=s + n, min_len=s if self.short else s + n - min(n, cache.rollback_tokens) + 1)
             for s, n in zip(self.starts_list, self.lens_list, strict=True)
@@ -571,13 +572,14 @@ class Group:
 
     def mamba_state(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.cache.mamba_index[layer]
-        return self.cache.conv[m, self.slots], self.cache.ssm[m, self.slots]
+        h0 = self._entering[layer] = self.cache.ssm[m, self.slots]  # a copy: commit overwrites the cache's
+        return self.cache.conv[m, self.slots], h0
 
     def mamba_commit(self, layer: int, xcat: torch.Tensor, tail: torch.Tensor) -> None:
         c = self.cache
         m = c.mamba_index[layer]
         dconv = c.cfg.mamba_d_conv
-        h0 = c.ssm[m, self.slots]
+        h0 = self._entering.pop(layer)  # the forward read it from here (the scans never write it in place)
         # Padding has dt = 0, so every state after an item's last real token equals its final state.
         c.ssm[m, self.slots] = tail[:, -1].to(torch.float32)
         idx = self.lens[:, None] + torch.arange(dconv - 1, device=c.device)[None, :]  # conv inputs at the end
