@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specctl.engine import smallgemm
 from specctl.schemas.model_facts import ModelFacts
 
 SSD_CHUNK = 64
@@ -56,6 +57,12 @@ PACKED_LARGE_ELEMENTS = 1 << 18
 # forward_lone: spans of more tokens than this (a new request's prompt) attend alone, not padded with the rest
 LONE_SHORT = 16
 PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only for models up to 1 GiB
+# The small-row kernel (engine/smallgemm.py) up to this many rows, with one torch thread: the builtin hybrid's
+# 17 weights, hot, take 110 / 148 / 255 / 497 us at 4 / 8 / 16 / 32 rows there against oneDNN's 252 / 308 /
+# 401 / 636 (a random Llama, hidden 256: 236 / 285 / 552 / 1205 against 347 / 471 / 686 / 1194). With more
+# threads, torch's kernels spread larger products over the cores: the single-threaded kernel keeps <= 8.
+SMALL_MAX_ROWS = 32
+SMALL_MAX_ROWS_THREADED = 8
 
 
 @dataclass(frozen=True)
@@ -184,29 +191,55 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class PackedLinear:
-    """y = x W^T + b through whichever CPU kernel is faster for this many rows (see PACKED_MIN_ROWS).
+    """y = x W^T + b through whichever CPU kernel is fastest for this many rows: up to SMALL_MAX_ROWS the
+    small-row kernel (`engine/smallgemm.py`, when it builds here), else below `min_rows` (see
+    PACKED_MIN_ROWS) torch's default kernel, from there oneDNN's packed one.
 
-    The weight stays the module's parameter (loading, saving and the 1-row path use it); the packed copy
-    is oneDNN's blocked layout of the same values, so both kernels compute the same function."""
+    The weight stays the module's parameter (loading and saving use it); the packed copy is oneDNN's
+    blocked layout of the same values and `wt` the small-row kernel's (transposed, in panels), so every kernel
+    computes the same function (up to rounding)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias = weight, bias
-        self.in_features = weight.shape[1]
+        self.out_features, self.in_features = weight.shape
         self.min_rows = PACKED_MIN_ROWS_LARGE if weight.numel() >= PACKED_LARGE_ELEMENTS else PACKED_MIN_ROWS
+        self.small = smallgemm.kernel() if weight.dtype == torch.float32 else None
         self._pack()
 
     def _pack(self) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        w = self.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        self.wt = None
+        if self.small is not None and (self.bias is None or self.bias.is_contiguous()):
+            self.wt = self.small.pack(w)
         self.version = self.weight._version  # in-place updates of the weight bump it: repack then
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cpu or x.numel() // self.in_features < self.min_rows:
+        if not x.is_cpu or not self.weight.is_cpu:
             return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self.version or not self.weight.is_cpu:
-            if not self.weight.is_cpu:
-                return F.linear(x, self.weight, self.bias)
+        if self.weight._version != self.version:
             self._pack()
+        rows = x.numel() // self.in_features
+        if self.wt is not None and self.small is not None and rows <= (
+                SMALL_MAX_ROWS if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
+            return self.small.linear(x, self.wt, self.out_features, self.bias)
+        if rows < self.min_rows:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def _linear(
+    packed: PackedLinear | None, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x W^T + b: the packed kernels when the weight has them, else F.linear."""
+    if packed is not None:
+        return packed
+    assert weight is not None
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    return linear
 
 
 def apply_linear(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
@@ -778,8 +811,12 @@ class HybridForCausalLM(nn.Module):
         fp32 = all(p.dtype == torch.float32 for p in self.parameters())
         if fp32 and all(layer.kind == "full" for layer in self.model.layers):
             self._lone_layers = tuple(
-                (layer.input_layernorm.weight, *layer.self_attn.qkv, layer.self_attn.o_proj.weight,
-                 layer.post_attention_layernorm.weight, layer.mlp.gate_up, layer.mlp.down_proj.weight)
+                (layer.input_layernorm.weight,
+                 _linear(layer.self_attn.qkv_packed, *layer.self_attn.qkv),
+                 _linear(getattr(layer.self_attn.o_proj, "packed", None), layer.self_attn.o_proj.weight, None),
+                 layer.post_attention_layernorm.weight,
+                 _linear(layer.mlp.gate_up_packed, layer.mlp.gate_up, None),
+                 _linear(getattr(layer.mlp.down_proj, "packed", None), layer.mlp.down_proj.weight, None))
                 for layer in self.model.layers)
         return self
 
@@ -824,8 +861,9 @@ class HybridForCausalLM(nn.Module):
         this forward's keys and values there and returns the final hidden state of each request's last
         position [len(spans), hidden].
 
-        The same kernels as `forward_hidden` (rms_norm, one fused q/k/v matmul, the rotate-half rope from
-        the same tables, sdpa, the fused gate/up), so the same values up to the matmuls' row blocking;
+        The same kernels as `forward_hidden` (rms_norm, one fused q/k/v matmul through the same
+        `PackedLinear`, the rotate-half rope from the same tables, sdpa, the fused gate/up), so the same
+        values up to the matmuls' row blocking;
         what it drops is the plumbing of a general padded batch (item checks, page tables, per-kind slot
         and mask building): a tiny model's step is mostly that. One request reads its keys as a view;
         one token per request (every draft step after the first) reads them with one gather per layer."""
@@ -847,8 +885,8 @@ class HybridForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
         t = x.shape[0]
         eps, dims = cfg.rms_norm_eps, (cfg.hidden_size,)
-        for (w1, wqkv, bqkv, wo, w2, wgu, wd), (kpool, vpool) in zip(self._lone_layers, pools, strict=True):
-            qkv = F.linear(F.rms_norm(x, dims, w1, eps), wqkv, bqkv)
+        for (w1, qkv_proj, o_proj, w2, gate_up, down), (kpool, vpool) in zip(self._lone_layers, pools, strict=True):
+            qkv = qkv_proj(F.rms_norm(x, dims, w1, eps))
             qk = qkv[:, : nq + nk].view(t, hq + hkv, d)
             qk = rotary(qk, (cos, sin))
             v = qkv[:, nq + nk :].view(t, hkv, d)
@@ -859,9 +897,9 @@ class HybridForCausalLM(nn.Module):
                 o = sdpa(qk[None, :, :hq], keys[None], vals[None], mask).reshape(t, nq)
             else:
                 o = plan.attention(qk[:, :hq], qk[:, hq:], v, kpool, vpool).reshape(t, nq)
-            x = x + F.linear(o, wo)
-            gate, up = F.linear(F.rms_norm(x, dims, w2, eps), wgu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, wd)
+            x = x + o_proj(o)
+            gate, up = gate_up(F.rms_norm(x, dims, w2, eps)).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * up)
         if b == 1:
             x = x[-1:]
         elif plan.last is not None:

@@ -1,0 +1,167 @@
+"""A float32 matmul for the few rows of a CPU decode step or speculative verify, as a small C kernel.
+
+Why: a verify of k + 1 positions should cost close to one decode step (issue 13), and on the CPUs we
+measure on it did not. torch's CPU kernels for x W^T at 2-8 rows grow almost linearly with the rows (MKL
+on the builtin hybrid's 17 weights, hot: 107 / 177 / 270 / 396 us at 1 / 2 / 4 / 8 rows on the 2-core
+EPYC), and oneDNN's packed kernel is flat but costs ~10 us a call more. Reading each weight once and
+multiplying it into every row while it is in registers (smallgemm.c) costs 98 / 99 / 120 / 205 us there:
+the weights' bytes, not the rows, set the time until about 8 rows.
+
+The kernel also computes every row of y the same way whatever the number of rows (the products added in k
+order), so these matmuls give a request's row the same bits in a decode step and in a verify (attention
+and the scan still round differently there: the forwards agree to ~1e-5, not bit for bit).
+
+How: `kernel()` compiles smallgemm.c once per machine with the system C compiler (`$CC`, else `cc`) at
+-O3 -march=native into the user cache (`$SPECCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/specctl`, else
+~/.cache/specctl), named by a hash of the source, the compiler and this CPU's feature flags (a cache shared
+between machines never loads a build for another CPU), and loads it with ctypes. ctypes releases the GIL
+for the call. With no compiler, a failed build, `SPECCTL_SMALL_GEMM=0`, or a platform other than Linux or
+macOS, `kernel()` is None and callers keep torch's kernels (the same function up to rounding).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("smallgemm.c")
+_BUILD_TIMEOUT_S = 60.0
+_INT = ctypes.c_int
+_LONG = ctypes.c_long
+_PTR = ctypes.c_void_p
+
+
+class SmallGemm:
+    """The loaded kernel: `linear(x, pack(W), N, b)` = x W^T + b for float32 CPU tensors."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self._fn = lib.specctl_sgemm
+        self._fn.argtypes = [_INT, _INT, _INT, _PTR, _LONG, _PTR, _PTR, _PTR]
+        self._fn.restype = None
+        isa, panel = lib.specctl_sgemm_isa, lib.specctl_sgemm_panel
+        isa.argtypes = panel.argtypes = []
+        isa.restype = panel.restype = _INT
+        self.isa = int(isa())  # 512: AVX-512 intrinsics; 0: compiler-vectorised loops
+        self.panel = int(panel())
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """W [N, K] (float32) as the kernel reads it: W^T cut into panels of `panel` columns,
+        [ceil(N / panel), K, panel], the last panel zero-padded (a copy; W is untouched)."""
+        n, k = weight.shape
+        p = self.panel
+        wt = torch.zeros(k, -(-n // p) * p, dtype=torch.float32)
+        wt[:, :n] = weight.detach().t()
+        return wt.view(k, -1, p).transpose(0, 1).contiguous()
+
+    def linear(self, x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., K] times the weight `pack` made of W [n, K], plus bias [n] or None: [..., n].
+
+        float32 on the CPU; x is made contiguous if it is not, and bias must be contiguous. Per call
+        this checks what a caller's input can change: x's features, dtype and device."""
+        k = wp.shape[1]
+        if x.shape[-1] != k or x.dtype != torch.float32 or not x.is_cpu:
+            raise ValueError(f"smallgemm: x must be float32 on the CPU with {k} features, got {x.dtype} "
+                             f"{tuple(x.shape)} on {x.device}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        shape = list(x.shape)
+        shape[-1] = n
+        y = torch.empty(shape, dtype=torch.float32)
+        rows = x.numel() // k if k else 0
+        if rows and n:
+            self._fn(rows, n, k, x.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
+                     y.data_ptr())
+        return y
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("SPECCTL_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "specctl"
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (what -march=native compiles for)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # the second for compilers without -march=native
+
+
+def _build(cc: str, out: Path, flag_sets: tuple[list[str], ...] = _FLAG_SETS) -> bool:
+    """Compile SOURCE to `out` with the first flag set that works (atomically: a temporary file renamed
+    into place); False, leaving nothing behind, when none does."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        so = Path(tmp) / out.name
+        for flags in flag_sets:
+            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(so), str(SOURCE)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.debug("smallgemm: %s failed: %s", cmd, exc)
+                continue
+            if done.returncode == 0:
+                os.replace(so, out)
+                return True
+            log.debug("smallgemm: %s failed: %s", cmd, done.stderr.strip()[-400:])
+    return False
+
+
+def _load() -> SmallGemm | None:
+    if os.environ.get("SPECCTL_SMALL_GEMM", "1") == "0" or sys.platform not in ("linux", "darwin"):
+        return None
+    cc = _compiler()
+    if cc is None or not SOURCE.is_file():
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    key = hashlib.sha256("\0".join((SOURCE.read_text(), cc, version, _cpu_flags())).encode()).hexdigest()[:16]
+    suffix = ".dylib" if sys.platform == "darwin" else ".so"
+    path = _cache_dir() / "kernels" / f"smallgemm-{key}{suffix}"
+    try:
+        if not path.is_file() and not _build(cc, path):
+            log.info("smallgemm: could not build %s with %s; using torch's matmul kernels", SOURCE.name, cc)
+            return None
+        return SmallGemm(ctypes.CDLL(str(path)), path)
+    except OSError as exc:
+        log.info("smallgemm: %s unusable (%s); using torch's matmul kernels", path, exc)
+        return None
+
+
+_KERNEL: list[SmallGemm | None] = []
+
+
+def kernel() -> SmallGemm | None:
+    """The kernel, built and loaded on the first call (None when unavailable; see the module docstring)."""
+    if not _KERNEL:
+        _KERNEL.append(_load())
+    return _KERNEL[0]

@@ -1,0 +1,135 @@
+"""The small-row matmul kernel (engine/smallgemm.py, engine/smallgemm.c), built here with the real compiler.
+
+- it builds on a machine with a C compiler, and both of its code paths (AVX-512 intrinsics where the CPU
+  has them, the compiler-vectorised loops otherwise) compute x W^T + b as float64 does, to float32
+  rounding, for row, column and feature counts around its blocks (8 rows, 64-column panels, 16-lane tails);
+- a row computes to the same bits alone and inside any batch (what makes a verify's logits a decode's);
+- `PackedLinear` follows an in-place update of its weight on the small-row path;
+- the build is cached per source, compiler and CPU, and without a compiler (or with SPECCTL_SMALL_GEMM=0)
+  `kernel()` is None, so the model keeps torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specctl.engine import smallgemm
+from specctl.engine.model import SMALL_MAX_ROWS, PackedLinear, _can_pack
+
+HAVE_CC = shutil.which("cc") is not None
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine: the kernel cannot build")
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
+    k = smallgemm.kernel()
+    assert k is not None, "cc is here, so the kernel must build and load"
+    return k
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
+    """The same source built without AVX-512: the compiler-vectorised path other CPUs run."""
+    cc = shutil.which("cc")
+    assert cc is not None
+    out = tmp_path_factory.mktemp("sg") / "smallgemm-portable.so"
+    assert smallgemm._build(cc, out, flag_sets=(["-O3", "-march=native", "-mno-avx512f"], ["-O3"]))
+    k = smallgemm.SmallGemm(ctypes.CDLL(str(out)), out)
+    assert k.isa == 0
+    return k
+
+
+SHAPES = [(1, 1, 1), (1, 17, 5), (3, 64, 192), (8, 65, 128), (9, 260, 192), (16, 1024, 192), (33, 100, 48)]
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("rows,n,k", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_equals_float64_reference(request, path, rows, n, k, bias):
+    sg: smallgemm.SmallGemm = request.getfixturevalue(path)
+    g = torch.Generator().manual_seed(rows * 1000 + n + k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(rows, k, generator=g)
+    got = sg.linear(x, sg.pack(w), n, b)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * k**0.5)
+
+
+@needs_cc
+def test_kernel_takes_leading_dims_and_non_contiguous_rows(native):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(70, 40, generator=g)
+    x = torch.randn(2, 3, 80, generator=g)[..., ::2]  # [2, 3, 40], not contiguous
+    got = native.linear(x, native.pack(w), 70, None)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="40 features"):
+        native.linear(torch.randn(2, 41), native.pack(w), 70, None)
+    with pytest.raises(ValueError, match="float32"):
+        native.linear(x.double(), native.pack(w), 70, None)
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "portable"])
+def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
+    sg: smallgemm.SmallGemm = request.getfixturevalue(path)
+    g = torch.Generator().manual_seed(11)
+    w, b = torch.randn(200, 96, generator=g), torch.randn(200, generator=g)
+    wp = sg.pack(w)
+    x = torch.randn(SMALL_MAX_ROWS, 96, generator=g)
+    alone = torch.cat([sg.linear(x[i : i + 1], wp, 200, b) for i in range(x.shape[0])])
+    for rows in (2, 4, 5, 8, 9, SMALL_MAX_ROWS):
+        assert torch.equal(sg.linear(x[:rows], wp, 200, b), alone[:rows]), rows
+
+
+@needs_cc
+@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+def test_packed_linear_uses_the_kernel_and_follows_in_place_weight_updates(native):
+    g = torch.Generator().manual_seed(5)
+    w = torch.nn.Parameter(torch.randn(96, 64, generator=g))
+    lin = PackedLinear(w, None)
+    assert lin.wt is not None and lin.small is native
+    x = torch.randn(4, 64, generator=g)
+    torch.testing.assert_close(lin(x), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        w.mul_(-2.0)  # a training step rewriting the weight in place
+    torch.testing.assert_close(lin(x), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
+def test_the_build_is_cached_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCTL_CACHE_DIR", str(tmp_path))
+    first = smallgemm._load()
+    assert first is not None and first.path.parent == tmp_path / "kernels"
+    built = first.path.stat().st_mtime_ns
+    again = smallgemm._load()
+    assert again is not None and again.path == first.path and again.path.stat().st_mtime_ns == built
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [first.path.name]  # no temporary left
+
+
+def test_without_a_compiler_or_when_disabled_there_is_no_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCTL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert smallgemm._load() is None
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("SPECCTL_SMALL_GEMM", "0")
+    assert smallgemm._load() is None
+    assert not (tmp_path / "kernels").exists()
+
+
+def test_a_compiler_that_fails_leaves_no_kernel_and_no_file(tmp_path, monkeypatch):
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("SPECCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(broken))
+    assert smallgemm._load() is None
+    assert list(Path(tmp_path / "cache").rglob("*.so")) == []
