@@ -53,29 +53,23 @@ static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp
         int last = rem - 16 * (nv - 1);
         __mmask16 tail = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
         /* constant row and vector counts let the compiler keep the accumulators in registers */
+#define BLOCKS(NV)                                                                   \
+    switch (mr) {                                                                    \
+        case 8: block(8, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 7: block(7, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 6: block(6, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 5: block(5, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 4: block(4, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 3: block(3, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        case 2: block(2, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
+        default: block(1, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;      \
+    }
         if (nv == NB) {
-            switch (mr) {
-                case 8: block(8, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 7: block(7, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 6: block(6, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 5: block(5, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 4: block(4, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 3: block(3, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                case 2: block(2, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-                default: block(1, K, N, x, ldx, wp, bias, y, ldy, n0, NB, tail); break;
-            }
+            BLOCKS(NB)
         } else {
-            switch (mr) {
-                case 8: block(8, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 7: block(7, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 6: block(6, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 5: block(5, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 4: block(4, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 3: block(3, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                case 2: block(2, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-                default: block(1, K, N, x, ldx, wp, bias, y, ldy, n0, nv, tail); break;
-            }
+            BLOCKS(nv)
         }
+#undef BLOCKS
     }
 }
 #define ISA 512
