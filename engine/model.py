@@ -214,6 +214,14 @@ class PackedLinear:
             self.wt = self.small.pack(w)
         self.version = self.weight._version  # in-place updates of the weight bump it: repack then
 
+    def small_weight(self) -> torch.Tensor | None:
+        """The small-row kernel's copy of the weight, current (repacked after an in-place update), or None."""
+        if self.wt is None or not self.weight.is_cpu:
+            return None
+        if self.weight._version != self.version:
+            self._pack()
+        return self.wt
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu or not self.weight.is_cpu:
             return F.linear(x, self.weight, self.bias)
@@ -905,6 +913,47 @@ class HybridForCausalLM(nn.Module):
         elif plan.last is not None:
             x = x[plan.last]
         return F.rms_norm(x, dims, self.model.norm.weight, eps)
+
+    def lone_chain(
+        self,
+        pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        base: int,
+        start: int,
+        feed: Sequence[int],
+        steps: int,
+    ) -> list[int] | None:
+        """One request's greedy draft chain in one call of the small-row kernel's fused loop
+        (`smallgemm.SmallGemm.lone_chain`): feed `feed` from position `start` (slot base + p of `pools`, as
+        `forward_lone`), then `steps` argmax tokens, each but the last fed. None, with nothing written, where
+        it does not apply (no kernel here, a weight without the kernel's copy, pools not contiguous float32
+        on the CPU); then `forward_lone` per step. Same function as that loop, to float32 rounding."""
+        sg = smallgemm.kernel()
+        lm = getattr(self.lm_head, "packed", None)
+        if sg is None or not self._lone_layers or not isinstance(lm, PackedLinear) or not feed or steps < 1:
+            return None
+        lm_w = lm.small_weight()
+        if lm_w is None:
+            return None
+        cfg = self.config
+        layers: list[smallgemm.LoneLayer] = []
+        for (w1, qkv, o, w2, gu, down), (keys, values) in zip(self._lone_layers, pools, strict=True):
+            lins = (qkv, o, gu, down)
+            if not all(isinstance(f, PackedLinear) for f in lins):
+                return None
+            packed = [f.small_weight() for f in lins]
+            if any(w is None for w in packed) or not all(
+                    t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in (keys, values)):
+                return None
+            wq, wo, wgu, wd = packed
+            assert wq is not None and wo is not None and wgu is not None and wd is not None
+            layers.append(smallgemm.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
+        cos_t, sin_t = self._rope(start + len(feed) + steps, torch.device("cpu"))
+        model = smallgemm.LoneModel(
+            hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
+            embed=self.model.embed_tokens.weight.detach(), final_norm=self.model.norm.weight.detach(),
+            lm_head=lm_w, cos=cos_t, sin=sin_t)
+        return sg.lone_chain(model, layers, base, start, feed, steps)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

@@ -108,3 +108,115 @@ void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *w
         rows(mr, K, N, x + (long)m0 * ldx, ldx, wp, bias, y + (long)m0 * N, N);
     }
 }
+
+/* ---- a draft model's greedy chain at batch 1, in one call (engine/smallgemm.py `LoneChain`) ----------
+ *
+ * A full-attention Llama-family model (the builtin drafter) decoding one request token by token: per
+ * token, per layer, RMSNorm -> fused q/k/v (+ bias) -> rotate-half rope (cos and sign-folded sin tables)
+ * -> write k, v at the request's slot -> grouped-query attention over its positions 0..p -> o_proj and
+ * residual -> RMSNorm -> fused gate/up -> silu(gate) * up -> down and residual; then the final RMSNorm and
+ * the lm_head, and the argmax (the lowest id among equal maxima, as torch's argmax). The same function as
+ * HybridForCausalLM.forward_lone at one token (to float32 rounding): what it saves is the ~35 dispatched
+ * ops per draft token, most of a tiny model's step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const float *norm1, *wqkv, *bqkv, *wo, *norm2, *wgu, *wd; /* w*: packed panels (specctl_sgemm) */
+    float *kpool, *vpool;                                       /* [slots, hkv, d] */
+} lone_layer;
+
+static void rmsnorm(int n, const float *x, const float *w, float eps, float *out) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope(int heads, int d, float *x, const float *cos_p, const float *sin_p) {
+    const int half = d / 2;
+    float tmp[1024];
+    for (int h = 0; h < heads; h++) {
+        float *v = x + h * d;
+        for (int i = 0; i < d; i++) tmp[i] = v[i] * cos_p[i] + v[(i + half) % d] * sin_p[i];
+        memcpy(v, tmp, (size_t)d * sizeof(float));
+    }
+}
+
+/* Feed `n_feed` tokens at positions start.. (slot base + position), then choose `steps` tokens by argmax,
+ * feeding each but the last. Writes them to out. Returns 0, or -1 if the scratch allocation fails or a
+ * head is wider than 1024. */
+int specctl_lone_chain(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
+                       int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
+                       const float *cos_t, const float *sin_t, long base, int start, const long *feed,
+                       int n_feed, int steps, long *out) {
+    if (d > 1024 || hq % hkv) return -1;
+    const int nq = hq * d, nk = hkv * d, nqkv = nq + 2 * nk;
+    const int maxlen = start + n_feed + steps;
+    float *buf = malloc(sizeof(float) * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab + maxlen));
+    if (!buf) return -1;
+    float *x = buf, *h = x + hidden, *t = h + hidden, *xn = t + hidden, *qkv = xn + hidden, *o = qkv + nqkv;
+    float *gu = o + nq, *act = gu + 2 * inter, *logits = act + inter, *scores = logits + vocab;
+    const float scale = 1.0f / sqrtf((float)d);
+    const int rep = hq / hkv;
+    long tok = feed[0];
+    int chosen = 0;
+    for (int i = 0; chosen < steps; i++) {
+        const int p = start + i;
+        tok = i < n_feed ? feed[i] : out[chosen - 1];
+        memcpy(x, embed + tok * (long)hidden, sizeof(float) * (size_t)hidden);
+        for (int l = 0; l < n_layers; l++) {
+            const lone_layer *L = layers + l;
+            rmsnorm(hidden, x, L->norm1, eps, h);
+            specctl_sgemm(1, nqkv, hidden, h, hidden, L->wqkv, L->bqkv, qkv);
+            rope(hq + hkv, d, qkv, cos_t + (long)p * d, sin_t + (long)p * d); /* q and k sit side by side */
+            float *kslot = L->kpool + (base + p) * nk, *vslot = L->vpool + (base + p) * nk;
+            memcpy(kslot, qkv + nq, sizeof(float) * (size_t)nk);
+            memcpy(vslot, qkv + nq + nk, sizeof(float) * (size_t)nk);
+            for (int hh = 0; hh < hq; hh++) {
+                const int g = hh / rep;
+                const float *q = qkv + hh * d;
+                float mx = -INFINITY;
+                for (int s = 0; s <= p; s++) {
+                    const float *k = L->kpool + (base + s) * nk + g * d;
+                    float dot = 0.0f;
+                    for (int e = 0; e < d; e++) dot += q[e] * k[e];
+                    scores[s] = dot * scale;
+                    if (scores[s] > mx) mx = scores[s];
+                }
+                float sum = 0.0f;
+                for (int s = 0; s <= p; s++) {
+                    scores[s] = expf(scores[s] - mx);
+                    sum += scores[s];
+                }
+                float *oh = o + hh * d;
+                for (int e = 0; e < d; e++) oh[e] = 0.0f;
+                for (int s = 0; s <= p; s++) {
+                    const float w = scores[s] / sum;
+                    const float *v = L->vpool + (base + s) * nk + g * d;
+                    for (int e = 0; e < d; e++) oh[e] += w * v[e];
+                }
+            }
+            specctl_sgemm(1, hidden, nq, o, nq, L->wo, NULL, t);
+            for (int e = 0; e < hidden; e++) x[e] += t[e];
+            rmsnorm(hidden, x, L->norm2, eps, h);
+            specctl_sgemm(1, 2 * inter, hidden, h, hidden, L->wgu, NULL, gu);
+            for (int e = 0; e < inter; e++) {
+                const float g = gu[e];
+                act[e] = g / (1.0f + expf(-g)) * gu[inter + e];
+            }
+            specctl_sgemm(1, hidden, inter, act, inter, L->wd, NULL, t);
+            for (int e = 0; e < hidden; e++) x[e] += t[e];
+        }
+        if (i + 1 < n_feed) continue; /* logits only after the last fed token and after each chosen one */
+        rmsnorm(hidden, x, final_norm, eps, xn);
+        specctl_sgemm(1, vocab, hidden, xn, hidden, lm_head, NULL, logits);
+        int best = 0;
+        for (int v = 1; v < vocab; v++)
+            if (logits[v] > logits[best]) best = v;
+        out[chosen++] = best;
+    }
+    free(buf);
+    return 0;
+}

@@ -30,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,6 +57,11 @@ class SmallGemm:
         isa.argtypes = panel.argtypes = []
         isa.restype = panel.restype = _INT
         self.isa = int(isa())  # 512: AVX-512 intrinsics; 0: compiler-vectorised loops
+        self._chain = lib.specctl_lone_chain
+        self._chain.argtypes = [_INT, ctypes.POINTER(_LoneLayer), _INT, _INT, _INT, _INT, _INT, _INT,
+                                ctypes.c_float, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _INT,
+                                ctypes.POINTER(ctypes.c_long), _INT, _INT, ctypes.POINTER(ctypes.c_long)]
+        self._chain.restype = _INT
         self.panel = int(panel())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -85,6 +92,67 @@ class SmallGemm:
             self._fn(rows, n, k, x.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
                      y.data_ptr())
         return y
+
+    def lone_chain(self, model: LoneModel, layers: Sequence[LoneLayer], base: int, start: int, feed: Sequence[int],
+                   steps: int) -> list[int]:
+        """A greedy draft chain of one request in one call: feed `feed` at positions start.. (slot base + p
+        of every layer's pools), then `steps` argmax tokens, each but the last fed (the lean chain of
+        `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). The caller checks shapes,
+        that the pools hold slots base .. base + start + len(feed) + steps - 2 and the rope tables those
+        positions; the chain writes the keys and values of every position it feeds."""
+        arr = (_LoneLayer * len(layers))()
+        for i, layer in enumerate(layers):
+            arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
+                layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
+                layer.keys, layer.values)))
+        fed = (ctypes.c_long * len(feed))(*feed)
+        out = (ctypes.c_long * steps)()
+        rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
+                         model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
+                         model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
+                         model.sin.data_ptr(), base, start, fed, len(feed), steps, out)
+        if rc != 0:
+            raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
+        return list(out)
+
+
+class _LoneLayer(ctypes.Structure):
+    _fields_ = [(name, _PTR) for name in ("norm1", "wqkv", "bqkv", "wo", "norm2", "wgu", "wd", "kpool", "vpool")]
+
+
+@dataclass(frozen=True)
+class LoneLayer:
+    """One full-attention layer for `SmallGemm.lone_chain`: norms [hidden]; the matmuls as `pack` made them
+    (qkv [(hq + 2 hkv) d, hidden] with its bias or None, o [hidden, hq d], gate_up [2 inter, hidden],
+    down [hidden, inter]); the request's key and value pools [slots, hkv, d], contiguous."""
+
+    norm1: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    norm2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LoneModel:
+    """What `lone_chain` needs of the model besides its layers (all float32, CPU, contiguous)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    embed: torch.Tensor  # [vocab, hidden]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # packed [vocab, hidden]
+    cos: torch.Tensor  # [positions, head_dim]
+    sin: torch.Tensor  # [positions, head_dim], sign-folded (model.rope_table)
 
 
 def _cache_dir() -> Path:
@@ -121,7 +189,7 @@ def _build(cc: str, out: Path, flag_sets: tuple[list[str], ...] = _FLAG_SETS) ->
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
         for flags in flag_sets:
-            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(so), str(SOURCE)]
+            cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(so), str(SOURCE), "-lm"]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
             except (OSError, subprocess.SubprocessError) as exc:
