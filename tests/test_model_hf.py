@@ -59,6 +59,9 @@ def write_hf_model(model_dir: Path, arch: str):
         else:
             cfg.rope_scaling = scaling
         cls = transformers.LlamaForCausalLM
+    elif arch == "qwen2-full":  # q/k/v biases, tied embeddings, full attention only (a draft-model shape)
+        cfg = transformers.Qwen2Config(**common, rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False)
+        cls = transformers.Qwen2ForCausalLM
     else:
         cfg = transformers.Qwen2Config(**common, rope_theta=10000.0, tie_word_embeddings=True,
                                        use_sliding_window=True, sliding_window=5, max_window_layers=1)

@@ -26,6 +26,8 @@ from specctl.engine import smallgemm
 from specctl.engine.model import SMALL_MAX_ROWS, PackedLinear, _can_pack
 from specctl.engine.model_runner import ForwardItem, ModelRunner
 
+from test_model_hf import VOCAB, write_hf_model  # isort: skip
+
 HAVE_CC = shutil.which("cc") is not None
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine: the kernel cannot build")
 
@@ -139,43 +141,15 @@ def test_a_compiler_that_fails_leaves_no_kernel_and_no_file(tmp_path, monkeypatc
     assert list(Path(tmp_path / "cache").rglob("*.so")) == []
 
 
-def _hf_model(model_dir: Path, arch: str) -> Any:
-    """A random transformers model saved as a local checkpoint: Llama with Llama 3 rope scaling and an
-    untied head, or Qwen2 (q/k/v biases, tied embeddings) with full attention only; both grouped-query."""
-    transformers = pytest.importorskip("transformers")
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15, bos_token_id=1,
-                  eos_token_id=2)
-    if arch == "llama3-rope":
-        scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 16}
-        cfg = transformers.LlamaConfig(**common, rope_theta=500.0, tie_word_embeddings=False)
-        if hasattr(cfg, "rope_parameters"):
-            cfg.rope_parameters = dict(scaling, rope_theta=500.0)
-        else:
-            cfg.rope_scaling = scaling
-        cls = transformers.LlamaForCausalLM
-    else:
-        cfg = transformers.Qwen2Config(**common, rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False)
-        cls = transformers.Qwen2ForCausalLM
-    torch.manual_seed(0)
-    model = cls(cfg).eval()
-    model.save_pretrained(str(model_dir), safe_serialization=True)
-    from tokenizers import Tokenizer, models
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 96)}}
-    Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>")).save(str(model_dir / "tokenizer.json"))
-    return model
-
-
 @needs_cc
-@pytest.mark.parametrize("arch", ["llama3-rope", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama3-rope", "qwen2-full"])
 @pytest.mark.parametrize("catch_up", [1, 3])
 def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arch, catch_up):
     """Batch-1 greedy drafting runs the whole chain in smallgemm.c's fused loop; its tokens are what
     transformers' own greedy decoding of the same checkpoint emits, and the keys and values it cached give
     the next forward transformers' logits."""
-    ref = _hf_model(tmp_path / arch, arch)
+    pytest.importorskip("transformers")
+    ref = write_hf_model(tmp_path / arch, arch)
     calls: list[int] = []
     fused = smallgemm.SmallGemm.lone_chain
 
@@ -185,7 +159,7 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
 
     monkeypatch.setattr(smallgemm.SmallGemm, "lone_chain", counted)
     runner = ModelRunner(str(tmp_path / arch), page_size=4, max_tokens=256, max_requests=2)
-    ids = torch.randint(3, 96, (12,), generator=torch.Generator().manual_seed(catch_up)).tolist()
+    ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(catch_up)).tolist()
     cached, feed, steps = ids[:-catch_up], ids[-catch_up:], 6
     runner.allocate(1, len(ids) + steps)
     runner.forward([ForwardItem(1, cached, 0)])
