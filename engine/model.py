@@ -917,19 +917,24 @@ class HybridForCausalLM(nn.Module):
     def lone_chain(
         self,
         pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        base: int,
-        start: int,
-        feed: Sequence[int],
-        steps: int,
-    ) -> list[int] | None:
-        """One request's greedy draft chain in one call of the small-row kernel's fused loop
-        (`smallgemm.SmallGemm.lone_chain`): feed `feed` from position `start` (slot base + p of `pools`, as
-        `forward_lone`), then `steps` argmax tokens, each but the last fed. None, with nothing written, where
-        it does not apply (no kernel here, a weight without the kernel's copy, pools not contiguous float32
-        on the CPU); then `forward_lone` per step. Same function as that loop, to float32 rounding."""
+        bases: Sequence[int],
+        starts: Sequence[int],
+        feeds: Sequence[Sequence[int]],
+        steps: Sequence[int],
+    ) -> list[list[int]] | None:
+        """Greedy draft chains, request by request, each in one call of the small-row kernel's fused loop
+        (`smallgemm.SmallGemm.lone_chain`): request i feeds `feeds[i]` from position `starts[i]` (slot
+        bases[i] + p of `pools`, as `forward_lone`), then `steps[i]` argmax tokens, each but the last fed.
+        None, with nothing written, where it does not apply (no kernel here, a weight without the kernel's
+        copy, pools not contiguous float32 on the CPU); then `forward_lone` per step. The same function as
+        that loop, to float32 rounding. The fused loop feeds token by token, so a feed longer than
+        LONE_SHORT tokens (a new request's prompt) is cached by one batched `forward_lone` first, all of it
+        but its last token. A tiny draft model's weights stay in cache across the requests,
+        so running them one after another costs about what a batched step of torch ops costs per request
+        in dispatch alone."""
         sg = smallgemm.kernel()
         lm = getattr(self.lm_head, "packed", None)
-        if sg is None or not self._lone_layers or not isinstance(lm, PackedLinear) or not feed or steps < 1:
+        if sg is None or not self._lone_layers or not isinstance(lm, PackedLinear) or not all(feeds) or min(steps) < 1:
             return None
         lm_w = lm.small_weight()
         if lm_w is None:
@@ -947,13 +952,22 @@ class HybridForCausalLM(nn.Module):
             wq, wo, wgu, wd = packed
             assert wq is not None and wo is not None and wgu is not None and wd is not None
             layers.append(smallgemm.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
-        cos_t, sin_t = self._rope(start + len(feed) + steps, torch.device("cpu"))
+        ends = [s + len(f) + k for s, f, k in zip(starts, feeds, steps, strict=True)]
+        cos_t, sin_t = self._rope(max(ends), torch.device("cpu"))
         model = smallgemm.LoneModel(
             hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
             embed=self.model.embed_tokens.weight.detach(), final_norm=self.model.norm.weight.detach(),
             lm_head=lm_w, cos=cos_t, sin=sin_t)
-        return sg.lone_chain(model, layers, base, start, feed, steps)
+        long = [i for i, f in enumerate(feeds) if len(f) > LONE_SHORT]
+        if long:
+            prefix = torch.tensor([t for i in long for t in feeds[i][:-1]], dtype=torch.long)
+            with torch.no_grad():
+                self.forward_lone(prefix, [(starts[i], len(feeds[i]) - 1) for i in long], pools,
+                                  [bases[i] for i in long])
+            starts = [s + len(f) - 1 if len(f) > LONE_SHORT else s for s, f in zip(starts, feeds, strict=True)]
+            feeds = [f[-1:] if len(f) > LONE_SHORT else f for f in feeds]
+        return sg.lone_chains(model, layers, bases, starts, feeds, steps)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

@@ -171,9 +171,9 @@ class ModelRunner:
 
         Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
         padded group and the host round trip per step (the tokens stay a tensor until the end), and
-        computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). One greedy
-        request on the CPU (batch-1 drafting) runs its whole chain in one call of the small-row kernel's fused
-        loop (`HybridForCausalLM.lone_chain`: a 5-token chain of builtin:tiny-draft 81 vs 580 us here)."""
+        computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). Greedy
+        drafting on the CPU runs each request's whole chain in one call of the small-row kernel's fused loop
+        (`HybridForCausalLM.lone_chain`: a 5-token chain of builtin:tiny-draft 81 vs 580 us here)."""
         if not self.model._lone_layers or not rids or min(steps) < 1 or not all(token_ids):
             return None
         starts = [self.cache.cached_len(r) for r in rids]
@@ -185,12 +185,13 @@ class ModelRunner:
                 return None
             bases.append(base)
         model, pools = self.model, self.cache.kv_pools()
-        if choose is None and len(rids) == 1 and self.device.type == "cpu":
-            # One greedy request (batch-1 drafting): the whole chain in one call of the fused loop.
-            chain = model.lone_chain(pools, bases[0], starts[0], token_ids[0], steps[0])
-            if chain is not None:
-                self.cache.requests[rids[0]].length = starts[0] + len(token_ids[0]) + steps[0] - 1
-                return [chain]
+        if choose is None and self.device.type == "cpu":
+            # Greedy drafting: each request's whole chain in one call of the fused loop.
+            chains = model.lone_chain(pools, bases, starts, token_ids, steps)
+            if chains is not None:
+                for rid, s, feed, k in zip(rids, starts, token_ids, steps, strict=True):
+                    self.cache.requests[rid].length = s + len(feed) + k - 1
+                return chains
         ids = torch.tensor([t for feed in token_ids for t in feed], dtype=torch.long, device=self.device)
         spans = [(s, len(feed)) for s, feed in zip(starts, token_ids, strict=True)]
         active = list(range(len(rids)))

@@ -93,27 +93,30 @@ class SmallGemm:
                      y.data_ptr())
         return y
 
-    def lone_chain(self, model: LoneModel, layers: Sequence[LoneLayer], base: int, start: int, feed: Sequence[int],
-                   steps: int) -> list[int]:
-        """A greedy draft chain of one request in one call: feed `feed` at positions start.. (slot base + p
-        of every layer's pools), then `steps` argmax tokens, each but the last fed (the lean chain of
-        `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). The caller checks shapes,
-        that the pools hold slots base .. base + start + len(feed) + steps - 2 and the rope tables those
-        positions; the chain writes the keys and values of every position it feeds."""
+    def lone_chains(self, model: LoneModel, layers: Sequence[LoneLayer], bases: Sequence[int],
+                    starts: Sequence[int], feeds: Sequence[Sequence[int]], steps: Sequence[int]) -> list[list[int]]:
+        """Greedy draft chains, one call each: request i feeds `feeds[i]` at positions starts[i].. (slot
+        bases[i] + p of every layer's pools), then `steps[i]` argmax tokens, each but the last fed (the lean
+        chain of `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). The caller checks
+        shapes, that the pools hold each request's slots up to its last fed position and the rope tables
+        those positions; each chain writes the keys and values of every position it feeds."""
         arr = (_LoneLayer * len(layers))()
         for i, layer in enumerate(layers):
             arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
                 layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
                 layer.keys, layer.values)))
-        fed = (ctypes.c_long * len(feed))(*feed)
-        out = (ctypes.c_long * steps)()
-        rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
-                         model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
-                         model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
-                         model.sin.data_ptr(), base, start, fed, len(feed), steps, out)
-        if rc != 0:
-            raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
-        return list(out)
+        out: list[list[int]] = []
+        for base, start, feed, k in zip(bases, starts, feeds, steps, strict=True):
+            fed = (ctypes.c_long * len(feed))(*feed)
+            toks = (ctypes.c_long * k)()
+            rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
+                             model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
+                             model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
+                             model.sin.data_ptr(), base, start, fed, len(feed), k, toks)
+            if rc != 0:
+                raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
+            out.append(list(toks))
+        return out
 
 
 class _LoneLayer(ctypes.Structure):
@@ -122,9 +125,9 @@ class _LoneLayer(ctypes.Structure):
 
 @dataclass(frozen=True)
 class LoneLayer:
-    """One full-attention layer for `SmallGemm.lone_chain`: norms [hidden]; the matmuls as `pack` made them
+    """One full-attention layer for `SmallGemm.lone_chains`: norms [hidden]; the matmuls as `pack` made them
     (qkv [(hq + 2 hkv) d, hidden] with its bias or None, o [hidden, hq d], gate_up [2 inter, hidden],
-    down [hidden, inter]); the request's key and value pools [slots, hkv, d], contiguous."""
+    down [hidden, inter]); the key and value pools [slots, hkv, d], contiguous."""
 
     norm1: torch.Tensor
     qkv: torch.Tensor
@@ -139,7 +142,7 @@ class LoneLayer:
 
 @dataclass(frozen=True)
 class LoneModel:
-    """What `lone_chain` needs of the model besides its layers (all float32, CPU, contiguous)."""
+    """What `lone_chains` needs of the model besides its layers (all float32, CPU, contiguous)."""
 
     hidden: int
     heads: int

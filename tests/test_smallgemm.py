@@ -143,7 +143,7 @@ def test_a_compiler_that_fails_leaves_no_kernel_and_no_file(tmp_path, monkeypatc
 
 @needs_cc
 @pytest.mark.parametrize("arch", ["llama3-rope", "qwen2-full"])
-@pytest.mark.parametrize("catch_up", [1, 3])
+@pytest.mark.parametrize("catch_up", [1, 3, 20])  # 20 > LONE_SHORT: a batched forward_lone caches all but the last
 def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arch, catch_up):
     """Batch-1 greedy drafting runs the whole chain in smallgemm.c's fused loop; its tokens are what
     transformers' own greedy decoding of the same checkpoint emits, and the keys and values it cached give
@@ -151,15 +151,15 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
     pytest.importorskip("transformers")
     ref = write_hf_model(tmp_path / arch, arch)
     calls: list[int] = []
-    fused = smallgemm.SmallGemm.lone_chain
+    fused = smallgemm.SmallGemm.lone_chains
 
-    def counted(self: smallgemm.SmallGemm, *a: Any, **k: Any) -> list[int]:
+    def counted(self: smallgemm.SmallGemm, *a: Any, **k: Any) -> list[list[int]]:
         calls.append(1)
         return fused(self, *a, **k)
 
-    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chain", counted)
+    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", counted)
     runner = ModelRunner(str(tmp_path / arch), page_size=4, max_tokens=256, max_requests=2)
-    ids = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(catch_up)).tolist()
+    ids = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(catch_up)).tolist()
     cached, feed, steps = ids[:-catch_up], ids[-catch_up:], 6
     runner.allocate(1, len(ids) + steps)
     runner.forward([ForwardItem(1, cached, 0)])
