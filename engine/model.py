@@ -921,10 +921,12 @@ class HybridForCausalLM(nn.Module):
         starts: Sequence[int],
         feeds: Sequence[Sequence[int]],
         steps: Sequence[int],
+        logits_out: torch.Tensor | None = None,
     ) -> list[list[int]] | None:
         """Greedy draft chains, request by request, each in one call of the small-row kernel's fused loop
-        (`smallgemm.SmallGemm.lone_chain`): request i feeds `feeds[i]` from position `starts[i]` (slot
-        bases[i] + p of `pools`, as `forward_lone`), then `steps[i]` argmax tokens, each but the last fed.
+        (`smallgemm.SmallGemm.lone_chains`): request i feeds `feeds[i]` from position `starts[i]` (slot
+        bases[i] + p of `pools`, as `forward_lone`), then `steps[i]` argmax tokens, each but the last fed;
+        `logits_out` [requests, max steps, vocab], when given, gets every chosen position's logits.
         None, with nothing written, where it does not apply (no kernel here, a weight without the kernel's
         copy, pools not contiguous float32 on the CPU); then `forward_lone` per step. The same function as
         that loop, to float32 rounding. The fused loop feeds token by token, so a feed longer than
@@ -967,7 +969,7 @@ class HybridForCausalLM(nn.Module):
                                   [bases[i] for i in long])
             starts = [s + len(f) - 1 if len(f) > LONE_SHORT else s for s, f in zip(starts, feeds, strict=True)]
             feeds = [f[-1:] if len(f) > LONE_SHORT else f for f in feeds]
-        return sg.lone_chains(model, layers, bases, starts, feeds, steps)
+        return sg.lone_chains(model, layers, bases, starts, feeds, steps, logits_out)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None

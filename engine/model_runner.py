@@ -171,9 +171,10 @@ class ModelRunner:
 
         Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
         padded group and the host round trip per step (the tokens stay a tensor until the end), and
-        computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). Greedy
-        drafting on the CPU runs each request's whole chain in one call of the small-row kernel's fused loop
-        (`HybridForCausalLM.lone_chain`: a 5-token chain of builtin:tiny-draft 81 vs 580 us here)."""
+        computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). On the
+        CPU each request's chain runs in the small-row kernel's fused loop (`HybridForCausalLM.lone_chain`):
+        a greedy chain in one call (5 tokens of builtin:tiny-draft: 81 vs 580 us here), a sampled one a call
+        per token, `choose` drawing from the logits in between."""
         if not self.model._lone_layers or not rids or min(steps) < 1 or not all(token_ids):
             return None
         starts = [self.cache.cached_len(r) for r in rids]
@@ -185,9 +186,10 @@ class ModelRunner:
                 return None
             bases.append(base)
         model, pools = self.model, self.cache.kv_pools()
-        if choose is None and self.device.type == "cpu":
-            # Greedy drafting: each request's whole chain in one call of the fused loop.
-            chains = model.lone_chain(pools, bases, starts, token_ids, steps)
+        if self.device.type == "cpu":
+            # Each request's chain in the fused loop: whole when greedy, a token per call when sampling.
+            chains = (model.lone_chain(pools, bases, starts, token_ids, steps) if choose is None
+                      else self._sampled_lone_chain(bases, starts, token_ids, steps, choose))
             if chains is not None:
                 for rid, s, feed, k in zip(rids, starts, token_ids, steps, strict=True):
                     self.cache.requests[rid].length = s + len(feed) + k - 1
@@ -218,6 +220,40 @@ class ModelRunner:
                 at += 1
         for rid, (s, _n) in zip(rids, spans, strict=True):
             self.cache.requests[rid].length = s
+        return out
+
+    def _sampled_lone_chain(
+        self,
+        bases: Sequence[int],
+        starts: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        steps: Sequence[int],
+        choose: Callable[[torch.Tensor, list[int], int], torch.Tensor],
+    ) -> list[list[int]] | None:
+        """`draft_chain` for a caller that draws the tokens: per step, one fused-loop call per request
+        (its forward and logits), then `choose` on those logits; None where the fused loop does not apply
+        (nothing written then)."""
+        model, pools = self.model, self.cache.kv_pools()
+        out: list[list[int]] = [[] for _ in token_ids]
+        feeds = [list(f) for f in token_ids]
+        pos = list(starts)
+        active = list(range(len(token_ids)))
+        logits = torch.empty(len(active), 1, model.config.vocab_size, dtype=torch.float32)
+        for j in range(max(steps)):
+            rows = logits[: len(active)]
+            ran = model.lone_chain(pools, [bases[i] for i in active], [pos[i] for i in active],
+                                   [feeds[i] for i in active], [1] * len(active), rows)
+            if ran is None:
+                assert j == 0, "the fused loop stopped applying mid-chain"
+                return None
+            toks = choose(rows[:, 0], active, j).tolist()
+            for r, i in enumerate(active):
+                out[i].append(int(toks[r]))
+                pos[i] += len(feeds[i])
+                feeds[i] = [int(toks[r])]
+            active = [i for i in active if j + 1 < steps[i]]
+            if not active:
+                break
         return out
 
     # ---- PD facts --------------------------------------------------------------------------------

@@ -145,12 +145,13 @@ static void rope(int heads, int d, float *x, const float *cos_p, const float *si
 }
 
 /* Feed `n_feed` tokens at positions start.. (slot base + position), then choose `steps` tokens by argmax,
- * feeding each but the last. Writes them to out. Returns 0, or -1 if the scratch allocation fails or a
- * head is wider than 1024. */
+ * feeding each but the last. Writes them to out, and each chosen position's logits to logits_out [steps,
+ * vocab] unless it is NULL (a sampling caller takes steps = 1 and draws the next token itself). Returns 0,
+ * or -1 if the scratch allocation fails or a head is wider than 1024. */
 int specctl_lone_chain(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
                        int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
                        const float *cos_t, const float *sin_t, long base, int start, const long *feed,
-                       int n_feed, int steps, long *out) {
+                       int n_feed, int steps, long *out, float *logits_out) {
     if (d > 1024 || hq % hkv) return -1;
     const int nq = hq * d, nk = hkv * d, nqkv = nq + 2 * nk;
     const int maxlen = start + n_feed + steps;
@@ -212,6 +213,7 @@ int specctl_lone_chain(int n_layers, const lone_layer *layers, int hidden, int h
         if (i + 1 < n_feed) continue; /* logits only after the last fed token and after each chosen one */
         rmsnorm(hidden, x, final_norm, eps, xn);
         specctl_sgemm(1, vocab, hidden, xn, hidden, lm_head, NULL, logits);
+        if (logits_out) memcpy(logits_out + (long)chosen * vocab, logits, sizeof(float) * (size_t)vocab);
         int best = 0;
         for (int v = 1; v < vocab; v++)
             if (logits[v] > logits[best]) best = v;

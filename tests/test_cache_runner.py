@@ -313,10 +313,21 @@ def model_dir_of_hybrid(full_dir):
     return write_random_model(full_dir.parent / "hybrid-too", layer_kinds=("full", "swa"), sliding_window=4)
 
 
-def test_draft_chain_samples_with_the_callers_choice(full_dir):
+def test_draft_chain_samples_with_the_callers_choice(full_dir, monkeypatch):
     """A sampling `choose` (seeded generators, as a sampling drafter passes) draws what the same draws over
-    `forward` per step draw, request by request in the same order."""
+    `forward` per step draw, request by request in the same order; where the small-row kernel builds, the
+    chain's forwards are its fused loop, one call per request and step."""
+    from specctl.engine import smallgemm
     from specctl.engine.sampling import SamplingParams, probs_from_logits, sample_from_probs
+
+    calls: list[int] = []
+    fused = smallgemm.SmallGemm.lone_chains
+
+    def counted(self, model, layers, bases, *rest, **kw):
+        calls.append(len(bases))
+        return fused(self, model, layers, bases, *rest, **kw)
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", counted)
 
     prompts = {1: tokens(9, 20), 2: tokens(14, 21)}
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=s) for s in (1, 2)]
@@ -343,6 +354,7 @@ def test_draft_chain_samples_with_the_callers_choice(full_dir):
             want[i].append(toks[i])
         feed = [[t] for t in toks]  # the last draws are never fed
     assert got == want
+    assert calls == ([2, 2, 2, 2] if smallgemm.kernel() is not None else [])
     assert [a.cached_len(r) for r in (1, 2)] == [b.cached_len(r) for r in (1, 2)]
 
 
