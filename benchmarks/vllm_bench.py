@@ -75,6 +75,12 @@ engine step itself on this machine: vLLM runs its engine core and its worker as 
 other core slows specctl's in-process batch-8 step by ~12% (2.10 vs 2.34 ms), so neither side's figure
 here is its figure on a quiet machine. Again at commit be35a44 (same defaults): 1.35x at 1 (1008 vs 720),
 0.96x at 8 (3338 vs 3580), 0.86x at 32 (6081 vs 6932), 880 requests identical.
+Again at commit 141dae5, with the small-row matmul kernel (engine/smallgemm.py; same defaults): 1.94x at 1
+(1112 vs 516), 1.43x at 8 (3818 vs 2647), 0.92x at 32 (5271 vs 5845), 880 requests identical. vLLM's batch-8
+figure is the least steady here: its five repeats gave 1.38-1.85x, and a run 13 minutes earlier (4 of 5
+repeats; vLLM's server then disconnected at batch 32) had vLLM at 2,300-4,178 tok/s and specctl at
+4,056-4,547 (1.09-1.76x). At 32 rows the kernel and oneDNN are level; the step there is matmul- and
+attention-bound as described above.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
