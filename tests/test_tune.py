@@ -3,7 +3,9 @@
 The cost model is synthetic too (a verify of k drafts costs 1 + 0.15 k plain steps), so the right
 answer can be worked out by hand: always-right drafter -> the largest step; never-right -> 0 (no
 speculation); a trace that alternates long always-right and never-right phases -> an adaptive set that
-follows the phases and beats every fixed step.
+follows the phases and beats every fixed step; a short never-right run beside a long always-right one ->
+the zero_backoff that keeps that run within 5% of no speculation (the guard), not the config 1% faster
+overall that loses it 8%.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from specctl.engine.spec.trace import TraceRecord, parse_record, read_trace
 from specctl.engine.spec.tune import (
+    GUARD_COST,
+    GUARD_RATIO,
     CostModel,
+    Runs,
+    TuneResult,
     TuneSetup,
     Unanswerable,
+    _worst_run_ratio,
     fixed_config,
     replay,
     replay_positions,
@@ -307,3 +315,24 @@ def test_each_run_of_a_trace_replays_with_a_fresh_policy():
     # the run id survives the trace format
     line = json.dumps(good[0].to_json())
     assert parse_record(json.loads(line), "t", 1).run == "b"
+
+
+def test_a_phase_of_useless_drafts_is_kept_within_5pct_of_no_speculation(monkeypatch):
+    """A trace of a long always-right run and a short never-right one: the best config without zero_backoff
+    keeps probing the never-right run and loses it 8% against no speculation. The guard takes the back-off
+    instead (the run within 5%, at most 2% of the whole given up), and without the guard tune does not."""
+    code = [replace(r, run="code") for r in records([K] * 600)]
+    never = [replace(r, run="never", line=r.line + 600) for r in records([0] * 100)]
+    recs = code + never
+    cfg = setup({"1": {"candidate_steps": [0, 1, 3, 5, 7]}})
+
+    def worst(res: TuneResult) -> float:
+        return _worst_run_ratio(res.recommended, Runs.of(recs), cost_model(), (), lambda _b: True, res.initial_steps)
+
+    guarded = tune(cfg, recs, cost_model())
+    assert guarded.recommended.bucket(1).knobs.zero_backoff > 1
+    assert worst(guarded) >= GUARD_RATIO
+    monkeypatch.setattr("specctl.engine.spec.tune.GUARD_RATIO", 0.0)
+    unguarded = tune(cfg, recs, cost_model())
+    assert unguarded.recommended.bucket(1).knobs.zero_backoff == 1 and worst(unguarded) < 0.95
+    assert guarded.predicted.tokens_per_s >= unguarded.predicted.tokens_per_s * (1 - GUARD_COST)

@@ -72,6 +72,11 @@ DOWN_HYSTERESES = (-0.25, 0.0, 0.5)
 # N: 0.98x at N = 16, c = 1.4; 4 is for traces where the drafter recovers often and must be re-found fast.
 ZERO_BACKOFFS = (1, 4, 16)
 BACKOFF_MARGIN = 0.01  # the specctl-only knob must predict >= 1% better than the best config without it
+# ... unless the best config without it predicts a recorded run (a phase of useless drafts, say) below
+# GUARD_RATIO x no speculation, and the one with it does not, for at most GUARD_COST of the whole: a
+# config that loses a run 5% against not speculating is a worse recommendation than one 1% slower overall.
+GUARD_RATIO = 0.95
+GUARD_COST = 0.02
 FINALISTS = 6  # candidate sets whose knobs are searched
 MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evidence, keep the user's bucket
 
@@ -749,6 +754,28 @@ def _bucket_score(cfg: AdaptiveConfig, key: int, runs: Runs, cost: CostModel, gr
     return pred.decode_rate(lambda b: _route_key(cfg, b, graphs) == key)
 
 
+def _worst_run_ratio(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
+                     keep: Callable[[int], bool], initial_steps: int = -1) -> float:
+    """The lowest, over the runs, of a run's predicted decode tokens/s under `cfg` over its tokens/s without
+    speculation, at the batch sizes `keep` accepts (runs with none there count 1.0)."""
+    worst = 1.0
+    none = fixed_config(0)
+    for run in runs.runs:
+        one = Runs((run,))
+        base = replay(none, one, cost, initial_steps=0).decode_rate(keep)
+        if base > 0:
+            rate = replay(cfg, one, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).decode_rate(keep)
+            worst = min(worst, rate / base)
+    return worst
+
+
+def _guard_prefers(guarded: float, unguarded: float, guarded_score: float, unguarded_score: float) -> bool:
+    """True when the config that scored `guarded_score` should win although it scored less: it keeps every
+    run at GUARD_RATIO x no speculation or better, the other does not, and it costs at most GUARD_COST."""
+    return (unguarded < GUARD_RATIO <= guarded
+            and guarded_score >= unguarded_score * (1 - GUARD_COST))
+
+
 def _with_bucket(cfg: AdaptiveConfig, bucket: Bucket) -> AdaptiveConfig:
     return replace(cfg, buckets=tuple(bucket if b.min_batch_size == bucket.min_batch_size else b
                                       for b in cfg.buckets))
@@ -805,6 +832,15 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
                 on_score, best_on = score, cand
     if on_score > off_score * (1 + BACKOFF_MARGIN):
         return best_on, on_score, best_off, off_score, evaluated
+    if on_score > -math.inf:
+        def keep(size: int) -> bool:
+            return _route_key(_with_bucket(base, best_off), size, graphs) == b.min_batch_size
+
+        worst_on = _worst_run_ratio(_with_bucket(base, best_on), runs, cost, graphs, keep)
+        worst_off = _worst_run_ratio(_with_bucket(base, best_off), runs, cost, graphs, keep)
+        evaluated += 2 * len(runs.runs)
+        if _guard_prefers(worst_on, worst_off, on_score, off_score):
+            return best_on, on_score, best_off, off_score, evaluated
     return best_off, off_score, best_off, off_score, evaluated
 
 
@@ -881,7 +917,11 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if rec_cfg.specctl_only:
         s_cfg, s_init, s_pred = _finish(AdaptiveConfig(tuple(chosen_sglang), strategy="ema"), whole, cost, graphs,
                                         fixed, best_k)
-        if s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s:
+        guard_keeps_knob = _guard_prefers(
+            _worst_run_ratio(rec_cfg, whole, cost, graphs, lambda _b: True, best_init),
+            _worst_run_ratio(s_cfg, whole, cost, graphs, lambda _b: True, s_init),
+            best_pred.tokens_per_s, s_pred.tokens_per_s)
+        if s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s and not guard_keeps_knob:
             # Across buckets (and with the initial steps) the knob did not pay after all: SGLang's config wins.
             rec_cfg, best_init, best_pred = s_cfg, s_init, s_pred
         else:
