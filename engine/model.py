@@ -784,8 +784,9 @@ class HybridForCausalLM(nn.Module):
         self.inv_freq = rope_inv_freq(cfg)
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # rope_table rows, built on use
         self._serving_layers: tuple[Callable[..., torch.Tensor], ...] = ()  # bound by fuse_for_inference
-        # per layer (norm1, w_qkv, b_qkv, w_o, norm2, w_gate_up, w_down) for forward_lone: set by
-        # fuse_for_inference when every layer is full attention (float32: rms_norm's one-op form)
+        # per layer (norm1, qkv, o, norm2, gate_up, down), the four matmuls as callables (PackedLinear where
+        # packed), for forward_lone: set by fuse_for_inference when every layer is full attention (float32:
+        # rms_norm's one-op form)
         self._lone_layers: tuple[tuple[Any, ...], ...] = ()
 
     @torch.no_grad()

@@ -22,6 +22,7 @@ macOS, `kernel()` is None and callers keep torch's kernels (the same function up
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -236,11 +237,7 @@ def _load() -> SmallGemm | None:
         return None
 
 
-_KERNEL: list[SmallGemm | None] = []
-
-
+@functools.cache
 def kernel() -> SmallGemm | None:
     """The kernel, built and loaded on the first call (None when unavailable; see the module docstring)."""
-    if not _KERNEL:
-        _KERNEL.append(_load())
-    return _KERNEL[0]
+    return _load()
