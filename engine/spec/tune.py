@@ -917,11 +917,12 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if rec_cfg.specctl_only:
         s_cfg, s_init, s_pred = _finish(AdaptiveConfig(tuple(chosen_sglang), strategy="ema"), whole, cost, graphs,
                                         fixed, best_k)
-        guard_keeps_knob = _guard_prefers(
-            _worst_run_ratio(rec_cfg, whole, cost, graphs, lambda _b: True, best_init),
-            _worst_run_ratio(s_cfg, whole, cost, graphs, lambda _b: True, s_init),
-            best_pred.tokens_per_s, s_pred.tokens_per_s)
-        if s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s and not guard_keeps_knob:
+        drop_knob = s_pred.tokens_per_s * (1 + BACKOFF_MARGIN) >= best_pred.tokens_per_s
+        if drop_knob and _guard_prefers(_worst_run_ratio(rec_cfg, whole, cost, graphs, lambda _b: True, best_init),
+                                        _worst_run_ratio(s_cfg, whole, cost, graphs, lambda _b: True, s_init),
+                                        best_pred.tokens_per_s, s_pred.tokens_per_s):
+            drop_knob = False  # the guard: SGLang's config would lose a recorded run (see GUARD_RATIO)
+        if drop_knob:
             # Across buckets (and with the initial steps) the knob did not pay after all: SGLang's config wins.
             rec_cfg, best_init, best_pred = s_cfg, s_init, s_pred
         else:
