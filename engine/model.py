@@ -924,17 +924,15 @@ class HybridForCausalLM(nn.Module):
         steps: Sequence[int],
         logits_out: torch.Tensor | None = None,
     ) -> list[list[int]] | None:
-        """Greedy draft chains, request by request, each in one call of the small-row kernel's fused loop
-        (`smallgemm.SmallGemm.lone_chains`): request i feeds `feeds[i]` from position `starts[i]` (slot
-        bases[i] + p of `pools`, as `forward_lone`), then `steps[i]` argmax tokens, each but the last fed;
-        `logits_out` [requests, max steps, vocab], when given, gets every chosen position's logits.
-        None, with nothing written, where it does not apply (no kernel here, a weight without the kernel's
-        copy, pools not contiguous float32 on the CPU); then `forward_lone` per step. The same function as
-        that loop, to float32 rounding. The fused loop feeds token by token, so a feed longer than
-        LONE_SHORT tokens (a new request's prompt) is cached by one batched `forward_lone` first, all of it
-        but its last token. A tiny draft model's weights stay in cache across the requests,
-        so running them one after another costs about what a batched step of torch ops costs per request
-        in dispatch alone."""
+        """Greedy draft chains, all the requests in one call of the small-row kernel's fused loop
+        (`smallgemm.SmallGemm.lone_chains`, their positions side by side): request i feeds `feeds[i]`
+        from position `starts[i]` (slot bases[i] + p of `pools`, as `forward_lone`), then `steps[i]`
+        argmax tokens, each but the last fed; `logits_out` [requests, max steps, vocab], when given, gets
+        every chosen position's logits. None, with nothing written, where it does not apply (no kernel
+        here, a weight without the kernel's copy, pools not contiguous float32 on the CPU); then
+        `forward_lone` per step. The same function as that loop, to float32 rounding. The fused loop feeds
+        token by token, so a feed longer than LONE_SHORT tokens (a new request's prompt) is cached by one
+        batched `forward_lone` first, all of it but its last token."""
         sg = smallgemm.kernel()
         lm = getattr(self.lm_head, "packed", None)
         if sg is None or not self._lone_layers or not isinstance(lm, PackedLinear) or not all(feeds) or min(steps) < 1:

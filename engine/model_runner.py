@@ -172,9 +172,9 @@ class ModelRunner:
         Why: a draft step of a tiny model is mostly per-call overhead. This skips the item checks, the
         padded group and the host round trip per step (the tokens stay a tensor until the end), and
         computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). On the
-        CPU each request's chain runs in the small-row kernel's fused loop (`HybridForCausalLM.lone_chain`):
-        a greedy chain in one call (5 tokens of builtin:tiny-draft: 81 vs 580 us here), a sampled one a call
-        per token, `choose` drawing from the logits in between."""
+        CPU the chains run in the small-row kernel's fused loop (`HybridForCausalLM.lone_chain`), all the
+        requests together: greedy chains in one call (5 tokens of builtin:tiny-draft: 81 vs 580 us here),
+        sampled ones a call per token, `choose` drawing from the logits in between."""
         if not self.model._lone_layers or not rids or min(steps) < 1 or not all(token_ids):
             return None
         starts = [self.cache.cached_len(r) for r in rids]
@@ -230,9 +230,9 @@ class ModelRunner:
         steps: Sequence[int],
         choose: Callable[[torch.Tensor, list[int], int], torch.Tensor],
     ) -> list[list[int]] | None:
-        """`draft_chain` for a caller that draws the tokens: per step, one fused-loop call per request
-        (its forward and logits), then `choose` on those logits; None where the fused loop does not apply
-        (nothing written then)."""
+        """`draft_chain` for a caller that draws the tokens: per step, one fused-loop call for all the
+        requests still going (their forwards and logits), then `choose` on those logits; None where the
+        fused loop does not apply (nothing written then)."""
         model, pools = self.model, self.cache.kv_pools()
         out: list[list[int]] = [[] for _ in token_ids]
         feeds = [list(f) for f in token_ids]

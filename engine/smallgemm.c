@@ -109,9 +109,9 @@ void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *w
     }
 }
 
-/* ---- a draft model's greedy chain at batch 1, in one call (engine/smallgemm.py `LoneChain`) ----------
+/* ---- a draft model's greedy chains, a batch of requests in one call (smallgemm.py `lone_chains`) -----
  *
- * A full-attention Llama-family model (the builtin drafter) decoding one request token by token: per
+ * A full-attention Llama-family model (the builtin drafter) decoding requests token by token: per
  * token, per layer, RMSNorm -> fused q/k/v (+ bias) -> rotate-half rope (cos and sign-folded sin tables)
  * -> write k, v at the request's slot -> grouped-query attention over its positions 0..p -> o_proj and
  * residual -> RMSNorm -> fused gate/up -> silu(gate) * up -> down and residual; then the final RMSNorm and
@@ -127,11 +127,116 @@ typedef struct {
     float *kpool, *vpool;                                       /* [slots, hkv, d] */
 } lone_layer;
 
+/* q . k over d features in 16 partial sums (one vector), then added together. A plain running sum is a
+ * chain of d dependent adds: most of a chain's time at a few hundred cached positions. */
+static inline float dot(const float *a, const float *b, int n) {
+#if defined(__AVX512F__)
+    if (n % 16 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int e = 0; e < n; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + e), _mm512_loadu_ps(b + e), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+#endif
+    float acc[16] = {0.0f};
+    int e = 0;
+    for (; e + 16 <= n; e += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[e + j] * b[e + j];
+    for (int j = 0; e < n; e++, j++) acc[j] += a[e] * b[e];
+    for (int w = 8; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
 static void rmsnorm(int n, const float *x, const float *w, float eps, float *out) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    const float r = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+#if defined(__AVX512F__)
+/* e^x, 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' expf polynomial, times 2^n. Within
+ * 2 ulp of expf for |x| <= 87; x is clamped there (e^-87 is as good as 0 next to 1, e^87 as inf). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 q = _mm512_set1_ps(1.9875691500e-4f);
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+#endif
+
+/* scores[s] = e^(scores[s] - mx) for s < n; returns their sum (the softmax's denominator). */
+static float exp_shifted(int n, float *scores, float mx) {
+    float sum = 0.0f;
+    int s = 0;
+#if defined(__AVX512F__)
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512 acc = _mm512_setzero_ps();
+    for (; s < n; s += 16) {
+        const __mmask16 k = n - s >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + s), m));
+        _mm512_mask_storeu_ps(scores + s, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; s < n; s++) {
+        scores[s] = expf(scores[s] - mx);
+        sum += scores[s];
+    }
+    return sum;
+}
+
+/* out[e] = silu(g[e]) u[e] = g[e] / (1 + e^-g[e]) u[e]: the gated MLP's activation. */
+static void silu_mul(int n, const float *g, const float *u, float *out) {
+    int e = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; e + 16 <= n; e += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + e);
+        const __m512 den = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+        _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + e)));
+    }
+#endif
+    for (; e < n; e++) out[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+}
+
+/* out [d] = sum over s < n of w[s] v[s * ldv ..]: the attention output of one head. The sums stay in
+ * registers across the positions (a chunk of 64 features at a time), not in memory. */
+static void weighted_sum(int n, int d, const float *w, const float *v, long ldv, float *out) {
+#if defined(__AVX512F__)
+    if (d % 64 == 0) {
+        for (int e0 = 0; e0 < d; e0 += 64) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int s = 0; s < n; s++) {
+                const __m512 ws = _mm512_set1_ps(w[s]);
+                const float *vs = v + (long)s * ldv + e0;
+                a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
+                a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
+                a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
+                a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
+            }
+            _mm512_storeu_ps(out + e0, a0);
+            _mm512_storeu_ps(out + e0 + 16, a1);
+            _mm512_storeu_ps(out + e0 + 32, a2);
+            _mm512_storeu_ps(out + e0 + 48, a3);
+        }
+        return;
+    }
+#endif
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int s = 0; s < n; s++) {
+        const float ws = w[s];
+        const float *vs = v + (long)s * ldv;
+        for (int e = 0; e < d; e++) out[e] += ws * vs[e];
+    }
 }
 
 static void rope(int heads, int d, float *x, const float *cos_p, const float *sin_p) {
@@ -139,86 +244,117 @@ static void rope(int heads, int d, float *x, const float *cos_p, const float *si
     float tmp[1024];
     for (int h = 0; h < heads; h++) {
         float *v = x + h * d;
-        for (int i = 0; i < d; i++) tmp[i] = v[i] * cos_p[i] + v[(i + half) % d] * sin_p[i];
+        for (int i = 0; i < half; i++) tmp[i] = v[i] * cos_p[i] + v[i + half] * sin_p[i];
+        for (int i = half; i < d; i++) tmp[i] = v[i] * cos_p[i] + v[i - half] * sin_p[i];
         memcpy(v, tmp, (size_t)d * sizeof(float));
     }
 }
 
-/* Feed `n_feed` tokens at positions start.. (slot base + position), then choose `steps` tokens by argmax,
- * feeding each but the last. Writes them to out, and each chosen position's logits to logits_out [steps,
- * vocab] unless it is NULL (a sampling caller takes steps = 1 and draws the next token itself). Returns 0,
- * or -1 if the scratch allocation fails or a head is wider than 1024. */
-int specctl_lone_chain(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
-                       int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
-                       const float *cos_t, const float *sin_t, long base, int start, const long *feed,
-                       int n_feed, int steps, long *out, float *logits_out) {
-    if (d > 1024 || hq % hkv) return -1;
+/* A batch of chains, advanced together: request r feeds its n_feed[r] = feed_off[r + 1] - feed_off[r] tokens
+ * (feed + feed_off[r]) at positions start[r].. (slot base[r] + position), then chooses steps[r] tokens by
+ * argmax, feeding each but the last. Position i of every request still going runs in one pass, so each
+ * matmul multiplies all of their rows at once (a draft batch of 8 costs about 2x one request, not 8x);
+ * attention, rope and the k/v writes stay per row. Request r's tokens go to out + r * stride, and each
+ * chosen position's logits to logits_out + (r * stride + j) * vocab unless it is NULL (a sampling caller
+ * takes steps = 1 and draws the next token itself). A row's results are the bits it gets alone: the
+ * kernel's sums do not depend on the row count. Returns 0, or -1 if the scratch allocation fails or a
+ * head is wider than 1024. */
+int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
+                        int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
+                        const float *cos_t, const float *sin_t, int n_req, const long *base, const int *start,
+                        const long *feed, const int *feed_off, const int *steps, long *out, int stride,
+                        float *logits_out) {
+    if (d > 1024 || hq % hkv || n_req < 1) return -1;
     const int nq = hq * d, nk = hkv * d, nqkv = nq + 2 * nk;
-    const int maxlen = start + n_feed + steps;
-    float *buf = malloc(sizeof(float) * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab + maxlen));
-    if (!buf) return -1;
-    float *x = buf, *h = x + hidden, *t = h + hidden, *xn = t + hidden, *qkv = xn + hidden, *o = qkv + nqkv;
-    float *gu = o + nq, *act = gu + 2 * inter, *logits = act + inter, *scores = logits + vocab;
+    int maxlen = 0, iters = 0;
+    for (int r = 0; r < n_req; r++) {
+        const int n_feed = feed_off[r + 1] - feed_off[r];
+        if (start[r] + n_feed + steps[r] > maxlen) maxlen = start[r] + n_feed + steps[r];
+        if (n_feed + steps[r] - 1 > iters) iters = n_feed + steps[r] - 1;
+    }
+    const size_t R = (size_t)n_req;
+    float *buf = malloc(sizeof(float) * (R * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab) + (size_t)maxlen));
+    int *idx = malloc(sizeof(int) * 3 * R);
+    if (!buf || !idx) {
+        free(buf);
+        free(idx);
+        return -1;
+    }
+    float *x = buf, *h = x + R * hidden, *t = h + R * hidden, *xn = t + R * hidden, *qkv = xn + R * hidden;
+    float *o = qkv + R * nqkv, *gu = o + R * nq, *act = gu + R * 2 * inter, *logits = act + R * inter;
+    float *scores = logits + R * vocab;
+    int *rows_of = idx, *chosen = idx + R, *pos = idx + 2 * R; /* active row -> request; per request */
     const float scale = 1.0f / sqrtf((float)d);
     const int rep = hq / hkv;
-    long tok = feed[0];
-    int chosen = 0;
-    for (int i = 0; chosen < steps; i++) {
-        const int p = start + i;
-        tok = i < n_feed ? feed[i] : out[chosen - 1];
-        memcpy(x, embed + tok * (long)hidden, sizeof(float) * (size_t)hidden);
+    for (int r = 0; r < n_req; r++) chosen[r] = 0;
+    for (int i = 0; i < iters; i++) {
+        int m = 0; /* the requests still going at step i, as rows 0..m-1 */
+        for (int r = 0; r < n_req; r++) {
+            const int n_feed = feed_off[r + 1] - feed_off[r];
+            if (i >= n_feed + steps[r] - 1) continue;
+            const long tok = i < n_feed ? feed[feed_off[r] + i] : out[(long)r * stride + chosen[r] - 1];
+            memcpy(x + (long)m * hidden, embed + tok * (long)hidden, sizeof(float) * (size_t)hidden);
+            pos[m] = start[r] + i;
+            rows_of[m++] = r;
+        }
         for (int l = 0; l < n_layers; l++) {
             const lone_layer *L = layers + l;
-            rmsnorm(hidden, x, L->norm1, eps, h);
-            specctl_sgemm(1, nqkv, hidden, h, hidden, L->wqkv, L->bqkv, qkv);
-            rope(hq + hkv, d, qkv, cos_t + (long)p * d, sin_t + (long)p * d); /* q and k sit side by side */
-            float *kslot = L->kpool + (base + p) * nk, *vslot = L->vpool + (base + p) * nk;
-            memcpy(kslot, qkv + nq, sizeof(float) * (size_t)nk);
-            memcpy(vslot, qkv + nq + nk, sizeof(float) * (size_t)nk);
-            for (int hh = 0; hh < hq; hh++) {
-                const int g = hh / rep;
-                const float *q = qkv + hh * d;
-                float mx = -INFINITY;
-                for (int s = 0; s <= p; s++) {
-                    const float *k = L->kpool + (base + s) * nk + g * d;
-                    float dot = 0.0f;
-                    for (int e = 0; e < d; e++) dot += q[e] * k[e];
-                    scores[s] = dot * scale;
-                    if (scores[s] > mx) mx = scores[s];
-                }
-                float sum = 0.0f;
-                for (int s = 0; s <= p; s++) {
-                    scores[s] = expf(scores[s] - mx);
-                    sum += scores[s];
-                }
-                float *oh = o + hh * d;
-                for (int e = 0; e < d; e++) oh[e] = 0.0f;
-                for (int s = 0; s <= p; s++) {
-                    const float w = scores[s] / sum;
-                    const float *v = L->vpool + (base + s) * nk + g * d;
-                    for (int e = 0; e < d; e++) oh[e] += w * v[e];
+            for (int j = 0; j < m; j++) rmsnorm(hidden, x + (long)j * hidden, L->norm1, eps, h + (long)j * hidden);
+            specctl_sgemm(m, nqkv, hidden, h, hidden, L->wqkv, L->bqkv, qkv);
+            for (int j = 0; j < m; j++) {
+                const int p = pos[j];
+                const long b = base[rows_of[j]];
+                float *row = qkv + (long)j * nqkv, *oj = o + (long)j * nq;
+                rope(hq + hkv, d, row, cos_t + (long)p * d, sin_t + (long)p * d); /* q and k side by side */
+                memcpy(L->kpool + (b + p) * nk, row + nq, sizeof(float) * (size_t)nk);
+                memcpy(L->vpool + (b + p) * nk, row + nq + nk, sizeof(float) * (size_t)nk);
+                for (int hh = 0; hh < hq; hh++) {
+                    const int g = hh / rep;
+                    const float *q = row + hh * d;
+                    float mx = -INFINITY;
+                    for (int s = 0; s <= p; s++) {
+                        scores[s] = dot(q, L->kpool + (b + s) * nk + g * d, d) * scale;
+                        if (scores[s] > mx) mx = scores[s];
+                    }
+                    const float inv = 1.0f / exp_shifted(p + 1, scores, mx);
+                    for (int s = 0; s <= p; s++) scores[s] *= inv;
+                    weighted_sum(p + 1, d, scores, L->vpool + b * nk + g * d, nk, oj + hh * d);
                 }
             }
-            specctl_sgemm(1, hidden, nq, o, nq, L->wo, NULL, t);
-            for (int e = 0; e < hidden; e++) x[e] += t[e];
-            rmsnorm(hidden, x, L->norm2, eps, h);
-            specctl_sgemm(1, 2 * inter, hidden, h, hidden, L->wgu, NULL, gu);
-            for (int e = 0; e < inter; e++) {
-                const float g = gu[e];
-                act[e] = g / (1.0f + expf(-g)) * gu[inter + e];
+            specctl_sgemm(m, hidden, nq, o, nq, L->wo, NULL, t);
+            for (long e = 0; e < (long)m * hidden; e++) x[e] += t[e];
+            for (int j = 0; j < m; j++) rmsnorm(hidden, x + (long)j * hidden, L->norm2, eps, h + (long)j * hidden);
+            specctl_sgemm(m, 2 * inter, hidden, h, hidden, L->wgu, NULL, gu);
+            for (int j = 0; j < m; j++) {
+                const float *gj = gu + (long)j * 2 * inter;
+                silu_mul(inter, gj, gj + inter, act + (long)j * inter);
             }
-            specctl_sgemm(1, hidden, inter, act, inter, L->wd, NULL, t);
-            for (int e = 0; e < hidden; e++) x[e] += t[e];
+            specctl_sgemm(m, hidden, inter, act, inter, L->wd, NULL, t);
+            for (long e = 0; e < (long)m * hidden; e++) x[e] += t[e];
         }
-        if (i + 1 < n_feed) continue; /* logits only after the last fed token and after each chosen one */
-        rmsnorm(hidden, x, final_norm, eps, xn);
-        specctl_sgemm(1, vocab, hidden, xn, hidden, lm_head, NULL, logits);
-        if (logits_out) memcpy(logits_out + (long)chosen * vocab, logits, sizeof(float) * (size_t)vocab);
-        int best = 0;
-        for (int v = 1; v < vocab; v++)
-            if (logits[v] > logits[best]) best = v;
-        out[chosen++] = best;
+        /* logits only after a request's last fed token and after each chosen one: gather those rows */
+        int nl = 0;
+        for (int j = 0; j < m; j++) {
+            const int r = rows_of[j];
+            if (i + 1 < feed_off[r + 1] - feed_off[r]) continue;
+            rmsnorm(hidden, x + (long)j * hidden, final_norm, eps, xn + (long)nl * hidden);
+            rows_of[nl++] = r; /* nl <= j: overwrites only rows already read */
+        }
+        if (nl == 0) continue;
+        specctl_sgemm(nl, vocab, hidden, xn, hidden, lm_head, NULL, logits);
+        for (int j = 0; j < nl; j++) {
+            const int r = rows_of[j];
+            const float *lj = logits + (long)j * vocab;
+            const long at = (long)r * stride + chosen[r];
+            if (logits_out) memcpy(logits_out + at * vocab, lj, sizeof(float) * (size_t)vocab);
+            int best = 0;
+            for (int v = 1; v < vocab; v++)
+                if (lj[v] > lj[best]) best = v;
+            out[at] = best;
+            chosen[r]++;
+        }
     }
     free(buf);
+    free(idx);
     return 0;
 }

@@ -58,10 +58,11 @@ class SmallGemm:
         isa.argtypes = panel.argtypes = []
         isa.restype = panel.restype = _INT
         self.isa = int(isa())  # 512: AVX-512 intrinsics; 0: compiler-vectorised loops
-        self._chain = lib.specctl_lone_chain
+        self._chain = lib.specctl_lone_chains
         self._chain.argtypes = [_INT, ctypes.POINTER(_LoneLayer), _INT, _INT, _INT, _INT, _INT, _INT,
-                                ctypes.c_float, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _INT,
-                                ctypes.POINTER(ctypes.c_long), _INT, _INT, ctypes.POINTER(ctypes.c_long), _PTR]
+                                ctypes.c_float, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, ctypes.POINTER(ctypes.c_long),
+                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT),
+                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR]
         self._chain.restype = _INT
         self.panel = int(panel())
 
@@ -97,35 +98,37 @@ class SmallGemm:
     def lone_chains(self, model: LoneModel, layers: Sequence[LoneLayer], bases: Sequence[int],
                     starts: Sequence[int], feeds: Sequence[Sequence[int]], steps: Sequence[int],
                     logits_out: torch.Tensor | None = None) -> list[list[int]]:
-        """Greedy draft chains, one call each: request i feeds `feeds[i]` at positions starts[i].. (slot
+        """Greedy draft chains, all in one call: request i feeds `feeds[i]` at positions starts[i].. (slot
         bases[i] + p of every layer's pools), then `steps[i]` argmax tokens, each but the last fed (the lean
-        chain of `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). `logits_out`
-        [requests, max steps, vocab] (contiguous float32), when given, receives each chosen position's
-        logits. The caller checks shapes, that the pools hold each request's slots up to its last fed
-        position and the rope tables those positions; each chain writes the keys and values of every
-        position it feeds."""
+        chain of `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). The requests advance
+        a position at a time together, so each matmul multiplies all their rows in one pass over the
+        weights. `logits_out` [requests, max steps, vocab] (contiguous float32), when given, receives each
+        chosen position's logits. The caller checks shapes, that the pools hold each request's slots up to
+        its last fed position and the rope tables those positions; each chain writes the keys and values
+        of every position it feeds."""
+        n, width = len(feeds), max(steps)
+        if logits_out is not None and (logits_out.dtype != torch.float32 or not logits_out.is_contiguous()
+                                       or tuple(logits_out.shape) != (n, width, model.vocab)):
+            raise ValueError(f"smallgemm: logits_out must be contiguous float32 [{n}, {width}, {model.vocab}]")
         arr = (_LoneLayer * len(layers))()
         for i, layer in enumerate(layers):
             arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
                 layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
                 layer.keys, layer.values)))
-        out: list[list[int]] = []
-        if logits_out is not None and (logits_out.dtype != torch.float32 or not logits_out.is_contiguous()
-                                       or tuple(logits_out.shape) != (len(feeds), max(steps), model.vocab)):
-            raise ValueError(f"smallgemm: logits_out must be contiguous float32 [{len(feeds)}, {max(steps)}, "
-                             f"{model.vocab}]")
-        for row, (base, start, feed, k) in enumerate(zip(bases, starts, feeds, steps, strict=True)):
-            fed = (ctypes.c_long * len(feed))(*feed)
-            toks = (ctypes.c_long * k)()
-            rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
-                             model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
-                             model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
-                             model.sin.data_ptr(), base, start, fed, len(feed), k, toks,
-                             None if logits_out is None else logits_out[row].data_ptr())
-            if rc != 0:
-                raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
-            out.append(list(toks))
-        return out
+        offsets = [0]
+        for feed in feeds:
+            offsets.append(offsets[-1] + len(feed))
+        toks = (ctypes.c_long * (n * width))()
+        rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
+                         model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
+                         model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
+                         model.sin.data_ptr(), n, (ctypes.c_long * n)(*bases), (_INT * n)(*starts),
+                         (ctypes.c_long * offsets[-1])(*(t for feed in feeds for t in feed)),
+                         (_INT * (n + 1))(*offsets), (_INT * n)(*steps), toks, width,
+                         None if logits_out is None else logits_out.data_ptr())
+        if rc != 0:
+            raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
+        return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
 
 
 class _LoneLayer(ctypes.Structure):

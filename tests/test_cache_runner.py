@@ -316,7 +316,7 @@ def model_dir_of_hybrid(full_dir):
 def test_draft_chain_samples_with_the_callers_choice(full_dir, monkeypatch):
     """A sampling `choose` (seeded generators, as a sampling drafter passes) draws what the same draws over
     `forward` per step draw, request by request in the same order; where the small-row kernel builds, the
-    chain's forwards are its fused loop, one call per request and step."""
+    chain's forwards are its fused loop, one call per step for both requests."""
     from specctl.engine import smallgemm
     from specctl.engine.sampling import SamplingParams, probs_from_logits, sample_from_probs
 

@@ -7,6 +7,8 @@
 - `PackedLinear` follows an in-place update of its weight on the small-row path;
 - batch-1 greedy drafting runs its whole chain in the kernel's fused loop, and emits transformers' own
   greedy tokens for Llama (Llama 3 rope, untied head) and Qwen2 (q/k/v biases, tied) checkpoints;
+- requests chained together in that loop get the tokens and logits each gets alone, bit for bit, and
+  torch's to float32 rounding, on both code paths;
 - the build is cached per source, compiler and CPU, and without a compiler (or with SPECCTL_SMALL_GEMM=0)
   `kernel()` is None, so the model keeps torch's kernels.
 """
@@ -175,3 +177,53 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
     with torch.no_grad():
         full = ref(torch.tensor([ids + chain[0]])).logits[0, -1].float()
     torch.testing.assert_close(nxt[0], full, rtol=1e-4, atol=1e-4)
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("head_dim", [24, 64])  # 64: the vector paths' whole chunks; 24: their tails and fallbacks
+def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monkeypatch, path, head_dim):
+    """Requests chained together in one fused-loop call (different cached lengths, feeds and steps) get
+    bit for bit the tokens and logits each gets chained alone, and torch's per-step forward gives the same
+    logits to float32 rounding, on both of the kernel's code paths."""
+    from specctl.engine.checkpoint import write_random_model
+
+    k = request.getfixturevalue(path)
+    monkeypatch.setattr(smallgemm, "kernel", lambda: k)
+    model_dir = write_random_model(tmp_path / f"d{head_dim}", layer_kinds=("full", "full"), hidden_size=48,
+                                   intermediate_size=80, num_heads=2, num_kv_heads=1, head_dim=head_dim)
+    gen = torch.Generator().manual_seed(head_dim)
+    prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (37, 5, 70)]
+    feeds = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (1, 3, 2)]
+    steps = [4, 1, 6]
+
+    def chained(runner: ModelRunner, rids: list[int]) -> tuple[list[list[int]], torch.Tensor]:
+        pools = runner.cache.kv_pools()
+        starts = [runner.cached_len(r) for r in rids]
+        ends = [s + len(feeds[r]) + steps[r] - 1 for s, r in zip(starts, rids, strict=True)]
+        assert all(runner.ensure_capacity(r, e) for r, e in zip(rids, ends, strict=True))
+        bases = [runner.cache.lone_base(r, e) for r, e in zip(rids, ends, strict=True)]
+        logits = torch.zeros(len(rids), max(steps[r] for r in rids), 260)
+        toks = runner.model.lone_chain(pools, bases, starts, [feeds[r] for r in rids], [steps[r] for r in rids],
+                                       logits)
+        assert toks is not None
+        return toks, logits
+
+    together, alone, ref = (ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4)
+                            for _ in range(3))
+    for runner in (together, alone, ref):
+        for rid, p in enumerate(prompts):
+            runner.allocate(rid, len(p) + 12)
+            runner.forward([ForwardItem(rid, p, 0)])
+    toks, logits = chained(together, [0, 1, 2])
+    for rid in range(3):
+        t, lg = chained(alone, [rid])
+        assert toks[rid] == t[0]
+        assert torch.equal(logits[rid, : steps[rid]], lg[0, : steps[rid]])
+        want, feed = [], feeds[rid]
+        for j in range(steps[rid]):  # torch's forward, step by step, on the chain's own tokens
+            row = ref.forward([ForwardItem(rid, feed, ref.cached_len(rid))])[-1]
+            torch.testing.assert_close(logits[rid, j], row.float(), rtol=1e-4, atol=1e-4)
+            want.append(int(row.argmax()))
+            feed = [toks[rid][j]]
+        assert toks[rid] == want
