@@ -237,3 +237,28 @@ def test_prefill_export_and_decode_import_continue_exactly(model_dir: Path, para
     done = run_until_finished(decode, set(drids))
     assert [done[r] for r in drids] == reference
     assert decode.runner.num_free_pages == decode.runner.num_total_pages
+
+
+def test_the_first_engine_freezes_the_startup_heap_once(model_dir: Path) -> None:
+    """A fresh process that builds two engines has moved what was alive after the first out of the cyclic
+    collector's reach (gc.freeze), once: the second engine's objects are still collected."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, sys\n"
+        "from specctl.engine.config import EngineConfig\n"
+        "from specctl.engine.engine import Engine\n"
+        "assert gc.get_freeze_count() == 0\n"
+        "Engine(EngineConfig(model_ref=sys.argv[1], device='cpu', max_tokens=256))\n"
+        "first = gc.get_freeze_count()\n"
+        "Engine(EngineConfig(model_ref=sys.argv[1], device='cpu', max_tokens=256))\n"
+        "print(first, gc.get_freeze_count())\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    first, after = map(int, out.stdout.split())
+    assert first > 10_000 and after == first
