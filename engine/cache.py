@@ -597,3 +597,19 @@ class Group:
                 states = tail[i, keep - (rb.end - rb.min_len + 1) :]
             rb.ssm.append(states)
             rb.xcat.append(xcat[i, : dconv - 1 + n])
+
+    def mamba_pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]] | None:
+        c = self.cache
+        m = c.mamba_index[layer]
+        conv, ssm = c.conv[m], c.ssm[m]
+        if conv.dtype != torch.float32 or not (conv.is_contiguous() and ssm.is_contiguous()):
+            return None
+        return conv, ssm, [r.slot for r in self.reqs], self.lens_list
+
+    def mamba_keep(self, layer: int, xcat: torch.Tensor, states: torch.Tensor) -> None:
+        dconv = self.cache.cfg.mamba_d_conv
+        for i, rb in enumerate(self._rollback):
+            n = self.lens_list[i]
+            # the states for lengths min_len .. end: all of them when short, the last rollback_tokens else
+            rb.ssm.append(states[i, rb.min_len - rb.start : n + 1])
+            rb.xcat.append(xcat[i, : dconv - 1 + n])

@@ -165,6 +165,17 @@ class CacheContext(Protocol):
         each of the last `tail.shape[1]` positions ([b, keep, heads, head_dim, d_state])."""
         ...
 
+    def mamba_pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]] | None:
+        """For a kernel that reads and writes the states in place: (conv pool [slots, conv_dim, d_conv-1],
+        ssm pool [slots, heads, head_dim, d_state], each item's slot, each item's length), float32 and
+        contiguous; None when the pools are not."""
+        ...
+
+    def mamba_keep(self, layer: int, xcat: torch.Tensor, states: torch.Tensor) -> None:
+        """After such a kernel stored the final states: keep what rollback needs of the conv inputs
+        ([b, d_conv-1+L, conv_dim]) and of the states ([b, 1 + L, ...], the entering one first)."""
+        ...
+
     @property
     def valid(self) -> torch.Tensor:
         """[b, L] bool: True where the padded group holds a real token."""
@@ -548,6 +559,8 @@ class Mamba(nn.Module):
         self.D = nn.Parameter(torch.ones(self.heads))
         self.norm = GatedRMSNorm(self.d_inner, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
+        # see _short_consts: (the parameters, their versions, what was built from them)
+        self._consts: tuple[tuple[torch.Tensor, ...], tuple[int, ...], smallgemm.MambaConsts] | None = None
 
     @torch.no_grad()
     def init_ssm(self, generator: torch.Generator | None = None) -> None:
@@ -560,16 +573,20 @@ class Mamba(nn.Module):
     def forward(self, x: torch.Tensor, ctx: CacheContext | None) -> torch.Tensor:
         b, n, _ = x.shape
         zxbcdt = apply_linear(x, self.in_proj)
-        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
         if ctx is None:
-            conv_state = xbc.new_zeros(b, self.conv_dim, self.d_conv - 1)
+            conv_state = zxbcdt.new_zeros(b, self.conv_dim, self.d_conv - 1)
             h0 = x.new_zeros(b, self.heads, self.head_dim, self.d_state, dtype=torch.float32)
             valid = None
             keep = 0
         else:
+            keep = ctx.keep_states
+            if n == 1 or n <= keep:
+                y = self._short_kernel(zxbcdt, ctx)
+                if y is not None:
+                    return apply_linear(y, self.out_proj)
             conv_state, h0 = ctx.mamba_state(self.layer)
             valid = ctx.valid
-            keep = ctx.keep_states
+        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
         # Causal depthwise conv over (previous d_conv-1 inputs ++ this forward's inputs).
         xcat = torch.cat((conv_state.to(xbc.dtype), xbc.transpose(1, 2)), dim=2)  # [b, C, d_conv-1+L]
         if ctx is None:
@@ -596,6 +613,43 @@ class Mamba(nn.Module):
         y = y + self.D.float()[:, None] * xh
         y = self.norm(y.reshape(b, n, self.d_inner).to(x.dtype), z)
         return apply_linear(y, self.out_proj)
+
+    def _short_kernel(self, zxbcdt: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
+        """A decode step's or a verify's conv, scan and gated norm in one call of the small-row kernel's
+        `mamba_short` (float32 on the CPU), committed to the cache; the input of out_proj. None where the
+        kernel does not apply (nothing committed then): the torch path runs.
+
+        Why: at batch 8 this mixer was the costliest layer of a step, ~45 small torch ops of a few
+        microseconds each (582 us per decode step, 1053 per 4-position verify here), and a verify kept its
+        per-position states by one torch op per position."""
+        sg = smallgemm.kernel()
+        if sg is None or not zxbcdt.is_cpu or zxbcdt.dtype != torch.float32:
+            return None
+        pools = ctx.mamba_pools(self.layer)
+        if pools is None:
+            return None
+        y, xcat, states = sg.mamba_short(zxbcdt, *pools, self._short_consts())
+        ctx.mamba_keep(self.layer, xcat, states)
+        return y
+
+    def _short_consts(self) -> smallgemm.MambaConsts:
+        """The weights `mamba_short` takes, in its layouts; rebuilt when a parameter changes in place."""
+        cached = self._consts
+        params = cached[0] if cached is not None else (
+            self.conv1d.weight, self.conv1d.bias, self.dt_bias, self.A_log, self.D, self.norm.weight)
+        version = tuple(t._version for t in params)
+        if cached is None or cached[1] != version:
+            with torch.no_grad():
+                consts = smallgemm.MambaConsts(
+                    d_inner=self.d_inner, conv_dim=self.conv_dim, heads=self.heads, head_dim=self.head_dim,
+                    d_state=self.d_state, d_conv=self.d_conv, eps=self.norm.eps,
+                    conv_wt=self.conv1d.weight.detach()[:, 0, :].t().float().contiguous(),
+                    conv_b=self.conv1d.bias.detach().float().contiguous(),
+                    dt_bias=self.dt_bias.detach().float().contiguous(),
+                    A=(-torch.exp(self.A_log.detach().float())).contiguous(),
+                    D=self.D.detach().float().contiguous(), norm=self.norm.weight.detach().float().contiguous())
+            cached = self._consts = (params, version, consts)
+        return cached[2]
 
 
 class MLP(nn.Module):

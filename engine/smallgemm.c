@@ -194,18 +194,22 @@ static float exp_shifted(int n, float *scores, float mx) {
     return sum;
 }
 
-/* out[e] = silu(g[e]) u[e] = g[e] / (1 + e^-g[e]) u[e]: the gated MLP's activation. */
+/* out[e] = silu(g[e]) u[e] = g[e] / (1 + e^-g[e]) u[e] (the gated MLP's activation), or silu(g[e]) when u
+ * is NULL; out may be g or u. */
 static void silu_mul(int n, const float *g, const float *u, float *out) {
     int e = 0;
 #if defined(__AVX512F__)
     const __m512 one = _mm512_set1_ps(1.0f);
     for (; e + 16 <= n; e += 16) {
         const __m512 gv = _mm512_loadu_ps(g + e);
-        const __m512 den = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-        _mm512_storeu_ps(out + e, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + e)));
+        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_storeu_ps(out + e, u ? _mm512_mul_ps(sv, _mm512_loadu_ps(u + e)) : sv);
     }
 #endif
-    for (; e < n; e++) out[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    for (; e < n; e++) {
+        const float sv = g[e] / (1.0f + expf(-g[e]));
+        out[e] = u ? sv * u[e] : sv;
+    }
 }
 
 /* out [d] = sum over s < n of w[s] v[s * ldv ..]: the attention output of one head. The sums stay in
@@ -356,5 +360,92 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
     }
     free(buf);
     free(idx);
+    return 0;
+}
+
+/* ---- a Mamba-2 mixer's few positions: a decode step or a speculative verify (smallgemm.py `mamba_short`) --
+ *
+ * After in_proj, for each request r (its states at slot slots[r] of the cache's pools) and position t <
+ * n (padding from lens[r] on: dt = 0 there, so the state passes through unchanged): the causal depthwise
+ * conv over the previous d_conv - 1 inputs and this forward's, silu; dt = softplus(dt + dt_bias) (x itself
+ * above 20, as torch); the recurrence
+ *
+ *     h_t = exp(dt A) h_{t-1} + (dt x_t) B_t,    y_t = h_t . C_t + D x_t
+ *
+ * per head and head channel, keeping every h_t (the cache's rollback states); then Mamba-2's gated norm
+ * RMSNorm(y silu(z)). Writes y_out [b, n, d_inner] (what out_proj takes), xcat [b, d_conv - 1 + n, conv_dim]
+ * (the conv inputs) and states [b, n + 1, H, P, N] (h_0 first), then stores each request's state after its
+ * last real position, and the conv inputs up to it, in the pools (conv_pool [slots, conv_dim, d_conv - 1],
+ * ssm_pool [slots, H, P, N]). Each position is the same arithmetic whatever n is, so a verify's states and
+ * outputs are a decode step's, bit for bit. conv_wt is the conv's weight transposed, [d_conv, conv_dim]. */
+int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, int N, int dconv,
+                        const float *zxbcdt, float *conv_pool, float *ssm_pool, const long *slots, const int *lens,
+                        const float *conv_wt, const float *conv_b, const float *dt_bias, const float *A,
+                        const float *D, const float *norm_w, float eps, float *y_out, float *xcat, float *states) {
+    if (d_inner != H * P || b < 1 || n < 1 || dconv < 1) return -1;
+    const int width = d_inner + conv_dim + H, hist = dconv - 1;
+    const long hpn = (long)H * P * N;
+    float *xa = malloc(sizeof(float) * (size_t)(conv_dim + d_inner));
+    if (!xa) return -1;
+    float *y = xa + conv_dim;
+    for (int r = 0; r < b; r++) {
+        float *xc = xcat + (long)r * (hist + n) * conv_dim;
+        float *cs = conv_pool + slots[r] * conv_dim * hist;
+        float *hs = ssm_pool + slots[r] * hpn;
+        for (int c = 0; c < conv_dim; c++)
+            for (int j = 0; j < hist; j++) xc[(long)j * conv_dim + c] = cs[(long)c * hist + j];
+        for (int t = 0; t < n; t++)
+            memcpy(xc + (long)(hist + t) * conv_dim, zxbcdt + ((long)r * n + t) * width + d_inner,
+                   sizeof(float) * (size_t)conv_dim);
+        float *st = states + (long)r * (n + 1) * hpn;
+        memcpy(st, hs, sizeof(float) * (size_t)hpn);
+        for (int t = 0; t < n; t++) {
+            const float *row = zxbcdt + ((long)r * n + t) * width;
+            memcpy(xa, conv_b, sizeof(float) * (size_t)conv_dim);
+            for (int j = 0; j < dconv; j++) {
+                const float *wj = conv_wt + (long)j * conv_dim, *in = xc + (long)(t + j) * conv_dim;
+                for (int c = 0; c < conv_dim; c++) xa[c] += wj[c] * in[c];
+            }
+            silu_mul(conv_dim, xa, NULL, xa);
+            const float *x = xa, *B = xa + d_inner, *Cm = xa + d_inner + N;
+            const int ok = t < lens[r];
+            const float *prev = st + (long)t * hpn;
+            float *cur = st + (long)(t + 1) * hpn;
+            for (int h = 0; h < H; h++) {
+                const float raw = row[d_inner + conv_dim + h] + dt_bias[h];
+                const float dtv = ok ? (raw > 20.0f ? raw : log1pf(expf(raw))) : 0.0f;
+                const float da = expf(dtv * A[h]);
+                for (int p = 0; p < P; p++) {
+                    const long at = ((long)h * P + p) * N;
+                    const float xv = x[h * P + p], dx = dtv * xv;
+                    float yv;
+#if defined(__AVX512F__)
+                    if (N == 16) {
+                        const __m512 hv = _mm512_fmadd_ps(_mm512_set1_ps(da), _mm512_loadu_ps(prev + at),
+                                                          _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_loadu_ps(B)));
+                        _mm512_storeu_ps(cur + at, hv);
+                        yv = _mm512_reduce_add_ps(_mm512_mul_ps(hv, _mm512_loadu_ps(Cm)));
+                    } else
+#endif
+                    {
+                        for (int k = 0; k < N; k++) cur[at + k] = da * prev[at + k] + dx * B[k];
+                        yv = dot(cur + at, Cm, N);
+                    }
+                    y[h * P + p] = yv + D[h] * xv;
+                }
+            }
+            /* gated norm: g = y silu(z), g / rms(g) times the weight */
+            silu_mul(d_inner, row, y, y);
+            const float rs = 1.0f / sqrtf(dot(y, y, d_inner) / (float)d_inner + eps);
+            float *out = y_out + ((long)r * n + t) * d_inner;
+            for (int i = 0; i < d_inner; i++) out[i] = norm_w[i] * (y[i] * rs);
+        }
+        /* the cache keeps the state after the last real position and the conv inputs ending there */
+        const int len = lens[r] < n ? lens[r] : n;
+        memcpy(hs, st + (long)len * hpn, sizeof(float) * (size_t)hpn);
+        for (int c = 0; c < conv_dim; c++)
+            for (int j = 0; j < hist; j++) cs[(long)c * hist + j] = xc[(long)(len + j) * conv_dim + c];
+    }
+    free(xa);
     return 0;
 }

@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,6 +65,11 @@ class SmallGemm:
                                 ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT),
                                 ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR]
         self._chain.restype = _INT
+        self._mamba = lib.specctl_mamba_short
+        ints: list[Any] = [_INT] * 8
+        ptrs: list[Any] = [_PTR, _PTR, _PTR, ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT)] + [_PTR] * 6
+        self._mamba.argtypes = ints + ptrs + [ctypes.c_float, _PTR, _PTR, _PTR]
+        self._mamba.restype = _INT
         self.panel = int(panel())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -129,6 +135,60 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
+
+
+    def mamba_short(self, zxbcdt: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
+                    slots: Sequence[int], lens: Sequence[int], k: MambaConsts
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A Mamba-2 mixer over the few positions of a decode step or a verify, after in_proj: zxbcdt
+        [b, n, d_inner + conv_dim + heads]; request i's conv and ssm states at slot slots[i] of conv_pool
+        [slots, conv_dim, d_conv - 1] and ssm_pool [slots, heads, head_dim, d_state], its real positions the
+        first lens[i] (the rest padding, which leaves the state as it is). Returns (y [b, n, d_inner], the
+        input of out_proj; the conv inputs [b, d_conv - 1 + n, conv_dim]; the states [b, n + 1, heads,
+        head_dim, d_state], the entering one first), and leaves in the pools each request's states after
+        its last real position. float32, CPU; the pools contiguous."""
+        b, n, width = zxbcdt.shape
+        hpn = (k.heads, k.head_dim, k.d_state)
+        if (width != k.d_inner + k.conv_dim + k.heads or tuple(conv_pool.shape[1:]) != (k.conv_dim, k.d_conv - 1)
+                or tuple(ssm_pool.shape[1:]) != hpn or len(slots) != b or len(lens) != b
+                or not (conv_pool.is_contiguous() and ssm_pool.is_contiguous())
+                or not all(0 <= s < min(conv_pool.shape[0], ssm_pool.shape[0]) for s in slots)):
+            raise ValueError(f"smallgemm: mamba_short got zxbcdt {tuple(zxbcdt.shape)}, pools "
+                             f"{tuple(conv_pool.shape)} / {tuple(ssm_pool.shape)}, slots {list(slots)}: "
+                             "not this layer's")
+        zxbcdt = zxbcdt.contiguous()
+        y = torch.empty(b, n, k.d_inner, dtype=torch.float32)
+        xcat = torch.empty(b, k.d_conv - 1 + n, k.conv_dim, dtype=torch.float32)
+        states = torch.empty(b, n + 1, *hpn, dtype=torch.float32)
+        rc = self._mamba(b, n, k.d_inner, k.conv_dim, k.heads, k.head_dim, k.d_state, k.d_conv,
+                         zxbcdt.data_ptr(), conv_pool.data_ptr(), ssm_pool.data_ptr(), (ctypes.c_long * b)(*slots),
+                         (_INT * b)(*lens), k.conv_wt.data_ptr(), k.conv_b.data_ptr(), k.dt_bias.data_ptr(),
+                         k.A.data_ptr(), k.D.data_ptr(), k.norm.data_ptr(), k.eps, y.data_ptr(), xcat.data_ptr(),
+                         states.data_ptr())
+        if rc != 0:
+            raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
+        return y, xcat, states
+
+
+@dataclass(frozen=True)
+class MambaConsts:
+    """A Mamba-2 layer's sizes and weights as `SmallGemm.mamba_short` takes them (float32, contiguous): the
+    conv's weight transposed [d_conv, conv_dim] and bias; dt_bias, A = -exp(A_log) and D [heads]; the gated
+    norm's weight [d_inner] and eps."""
+
+    d_inner: int
+    conv_dim: int
+    heads: int
+    head_dim: int
+    d_state: int
+    d_conv: int
+    eps: float
+    conv_wt: torch.Tensor
+    conv_b: torch.Tensor
+    dt_bias: torch.Tensor
+    A: torch.Tensor
+    D: torch.Tensor
+    norm: torch.Tensor
 
 
 class _LoneLayer(ctypes.Structure):

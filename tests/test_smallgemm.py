@@ -227,3 +227,68 @@ def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monk
             want.append(int(row.argmax()))
             feed = [toks[rid][j]]
         assert toks[rid] == want
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("d_state,head_dim", [(16, 48), (8, 16)])  # 16: one vector per state row; 8: the loops
+def test_the_mamba_kernel_is_torchs_mixer_and_a_verify_is_decode_steps(request, tmp_path, monkeypatch, path,
+                                                                      d_state, head_dim):
+    """A hybrid model's decode steps and verifies run the mamba mixer in `mamba_short`: a padded verify of
+    three requests gives torch's logits to float32 rounding, rolling back to part of it leaves the states
+    torch's rollback leaves, and the states a 4-position verify commits are those of 4 decode steps, bit for bit."""
+    from specctl.engine.checkpoint import write_random_model
+
+    k = request.getfixturevalue(path)
+    model_dir = write_random_model(tmp_path / f"m{d_state}", layer_kinds=("mamba", "full"), hidden_size=48,
+                                   intermediate_size=64, mamba_d_state=d_state, mamba_head_dim=head_dim)
+    calls: list[int] = []
+    real = smallgemm.SmallGemm.mamba_short
+
+    def counted(self: smallgemm.SmallGemm, zxbcdt: torch.Tensor, *a: Any) -> Any:
+        calls.append(zxbcdt.shape[1])
+        return real(self, zxbcdt, *a)
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "mamba_short", counted)
+    using: list[smallgemm.SmallGemm | None] = [None]  # the reference runs on torch alone
+    monkeypatch.setattr(smallgemm, "kernel", lambda: using[0])
+
+    class Torch(ModelRunner):
+        def forward(self, items: Any) -> torch.Tensor:
+            using[0] = None
+            try:
+                return super().forward(items)
+            finally:
+                using[0] = k
+
+    ref = Torch(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
+    using[0] = k
+    fast, steps = (ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
+                   for _ in range(2))
+    gen = torch.Generator().manual_seed(d_state)
+    prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (19, 7, 33)]
+    for runner in (ref, fast, steps):
+        for rid, p in enumerate(prompts):
+            runner.allocate(rid, len(p) + 12)
+            runner.forward([ForwardItem(rid, p, 0)])
+    calls.clear()
+    feeds = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (4, 1, 3)]
+    items = [ForwardItem(rid, f, len(prompts[rid])) for rid, f in enumerate(feeds)]
+    torch.testing.assert_close(fast.forward(items), ref.forward(items), rtol=1e-4, atol=1e-4)
+    assert calls == [4]  # the padded group of three, in one call
+    for runner in (fast, ref):  # keep 2, 1 and 3 of the fed tokens, then go on from there
+        for rid, kept in enumerate((2, 1, 3)):
+            runner.truncate(rid, len(prompts[rid]) + kept)
+    nxt = [ForwardItem(rid, [9], len(prompts[rid]) + kept) for rid, kept in enumerate((2, 1, 3))]
+    torch.testing.assert_close(fast.forward(nxt), ref.forward(nxt), rtol=1e-4, atol=1e-4)
+
+    m = fast.cache.mamba_index[0]
+    for tok in feeds[0]:  # request 0's verify, as decode steps
+        steps.forward([ForwardItem(0, [tok], steps.cached_len(0))])
+    fresh = ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
+    fresh.allocate(0, len(prompts[0]) + 12)
+    fresh.forward([ForwardItem(0, prompts[0], 0)])
+    fresh.forward([ForwardItem(0, feeds[0], len(prompts[0]))])
+    slot = steps.cache.requests[0].slot, fresh.cache.requests[0].slot
+    assert torch.equal(steps.cache.ssm[m, slot[0]], fresh.cache.ssm[m, slot[1]])
+    assert torch.equal(steps.cache.conv[m, slot[0]], fresh.cache.conv[m, slot[1]])
