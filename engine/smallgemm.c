@@ -449,3 +449,88 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
     free(xa);
     return 0;
 }
+
+/* out [d] = sum over s < n of w[s] v[rows[s] ..]: weighted_sum over rows scattered in a pool. */
+static void weighted_rows(int n, int d, const float *w, const float *v, const long *rows, float *out) {
+#if defined(__AVX512F__)
+    if (d % 64 == 0) {
+        for (int e0 = 0; e0 < d; e0 += 64) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int s = 0; s < n; s++) {
+                const __m512 ws = _mm512_set1_ps(w[s]);
+                const float *vs = v + rows[s] + e0;
+                a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
+                a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
+                a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
+                a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
+            }
+            _mm512_storeu_ps(out + e0, a0);
+            _mm512_storeu_ps(out + e0 + 16, a1);
+            _mm512_storeu_ps(out + e0 + 32, a2);
+            _mm512_storeu_ps(out + e0 + 48, a3);
+        }
+        return;
+    }
+#endif
+    for (int e = 0; e < d; e++) out[e] = 0.0f;
+    for (int s = 0; s < n; s++) {
+        const float ws = w[s];
+        const float *vs = v + rows[s];
+        for (int e = 0; e < d; e++) out[e] += ws * vs[e];
+    }
+}
+
+/* ---- attention of a decode step or a verify over the paged key/value pools (smallgemm.py `attention`) ---
+ *
+ * Query j of item i (position qpos[i, j]; a padding query, qvalid[i, j] == 0, gets zeros) attends, per head
+ * h (key/value head h / (H / KV)), to the keys k < kmax of its item with kpos[i, k] <= qpos and, when window
+ * > 0, kpos > qpos - window; key k sits at slot slots[i, k] of kstore / vstore [slots, KV, d]. Softmax of
+ * q . k * scale, then the weighted sum of the values; out [b, L, H, d]. A query's result does not depend on
+ * the others, so a verify's rows are the decode steps' bits. Returns 0, or -1 if scratch fails. */
+int specctl_paged_attention(int b, int L, int H, int KV, int d, int kmax, const float *q, const float *kstore,
+                            const float *vstore, const long *slots, const long *kpos, const long *qpos,
+                            const unsigned char *qvalid, long window, float scale, float *out) {
+    if (b < 1 || L < 1 || KV < 1 || H % KV || kmax < 0) return -1;
+    float *scores = malloc(sizeof(float) * (size_t)(kmax > 0 ? kmax : 1));
+    long *rows = malloc(sizeof(long) * (size_t)(kmax > 0 ? kmax : 1));
+    if (!scores || !rows) {
+        free(scores);
+        free(rows);
+        return -1;
+    }
+    const int rep = H / KV;
+    const long kvd = (long)KV * d;
+    for (int i = 0; i < b; i++) {
+        for (int j = 0; j < L; j++) {
+            const long qi = (long)i * L + j;
+            float *o = out + qi * H * d;
+            const long p = qpos[qi];
+            int m = 0; /* the visible keys, as row offsets into the pools */
+            if (!qvalid || qvalid[qi]) {
+                for (int k = 0; k < kmax; k++) {
+                    const long kp = kpos[(long)i * kmax + k];
+                    if (kp <= p && (window <= 0 || kp > p - window)) rows[m++] = slots[(long)i * kmax + k] * kvd;
+                }
+            }
+            if (m == 0) {
+                memset(o, 0, sizeof(float) * (size_t)H * d);
+                continue;
+            }
+            for (int h = 0; h < H; h++) {
+                const float *qh = q + qi * H * d + (long)h * d;
+                const long g = (long)(h / rep) * d;
+                float mx = -INFINITY;
+                for (int s = 0; s < m; s++) {
+                    scores[s] = dot(qh, kstore + rows[s] + g, d) * scale;
+                    if (scores[s] > mx) mx = scores[s];
+                }
+                const float inv = 1.0f / exp_shifted(m, scores, mx);
+                for (int s = 0; s < m; s++) scores[s] *= inv;
+                weighted_rows(m, d, scores, vstore + g, rows, o + (long)h * d);
+            }
+        }
+    }
+    free(scores);
+    free(rows);
+    return 0;
+}

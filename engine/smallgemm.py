@@ -25,6 +25,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -70,6 +71,9 @@ class SmallGemm:
         ptrs: list[Any] = [_PTR, _PTR, _PTR, ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT)] + [_PTR] * 6
         self._mamba.argtypes = ints + ptrs + [ctypes.c_float, _PTR, _PTR, _PTR]
         self._mamba.restype = _INT
+        self._attn = lib.specctl_paged_attention
+        self._attn.argtypes = [_INT] * 6 + [_PTR] * 7 + [_LONG, ctypes.c_float, _PTR]
+        self._attn.restype = _INT
         self.panel = int(panel())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -168,6 +172,33 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
         return y, xcat, states
+
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                  kpos: torch.Tensor, qpos: torch.Tensor, qvalid: torch.Tensor | None, window: int) -> torch.Tensor:
+        """Grouped-query attention of a few queries per item over keys in the pools: q [b, L, H, d] at
+        positions qpos [b, L] (qvalid [b, L] False at padding, which gets zeros; None: all real); item i's
+        keys and values at slots slots[i] of keys / values [slots, KV, d], at positions kpos[i] (a key is
+        seen by the queries at or after its position, and within the last `window` positions when window
+        > 0). Softmax scaled by 1 / sqrt(d), as torch's sdpa. Returns [b, L, H, d]. float32, CPU."""
+        b, n, heads, d = q.shape
+        if (keys.dim() != 3 or keys.shape != values.shape or keys.shape[2] != d or heads % keys.shape[1]
+                or slots.shape != kpos.shape or slots.shape[0] != b or tuple(qpos.shape) != (b, n)
+                or (qvalid is not None and tuple(qvalid.shape) != (b, n))
+                or not (keys.is_contiguous() and values.is_contiguous())):
+            raise ValueError(f"smallgemm: attention got q {tuple(q.shape)}, pools {tuple(keys.shape)}, slots "
+                             f"{tuple(slots.shape)}, positions {tuple(qpos.shape)}: they do not fit")
+        q = q.contiguous()
+        slots, kpos = slots.contiguous(), kpos.contiguous()
+        qpos = qpos.contiguous()
+        ok = None if qvalid is None else qvalid.to(torch.uint8).contiguous()
+        out = torch.empty_like(q)
+        rc = self._attn(b, n, heads, keys.shape[1], d, slots.shape[1], q.data_ptr(), keys.data_ptr(),
+                        values.data_ptr(), slots.data_ptr(), kpos.data_ptr(), qpos.data_ptr(),
+                        None if ok is None else ok.data_ptr(), window, 1.0 / math.sqrt(d), out.data_ptr())
+        if rc != 0:
+            raise RuntimeError("smallgemm: attention could not run (scratch allocation or shapes)")
+        return out
 
 
 @dataclass(frozen=True)

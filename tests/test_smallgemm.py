@@ -232,24 +232,32 @@ def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monk
 @needs_cc
 @pytest.mark.parametrize("path", ["native", "portable"])
 @pytest.mark.parametrize("d_state,head_dim", [(16, 48), (8, 16)])  # 16: one vector per state row; 8: the loops
-def test_the_mamba_kernel_is_torchs_mixer_and_a_verify_is_decode_steps(request, tmp_path, monkeypatch, path,
-                                                                      d_state, head_dim):
-    """A hybrid model's decode steps and verifies run the mamba mixer in `mamba_short`: a padded verify of
-    three requests gives torch's logits to float32 rounding, rolling back to part of it leaves the states
-    torch's rollback leaves, and the states a 4-position verify commits are those of 4 decode steps, bit for bit."""
+def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_path, monkeypatch, path,
+                                                                  d_state, head_dim):
+    """A hybrid model's decode steps and verifies run the mamba mixer in `mamba_short` and attention (sliding
+    window and full) in `attention`: a padded verify of three requests gives torch's logits to float32
+    rounding, rolling back to part of it leaves the states torch's rollback leaves, and the states a
+    4-position verify commits are those of 4 decode steps, bit for bit."""
     from specctl.engine.checkpoint import write_random_model
 
     k = request.getfixturevalue(path)
-    model_dir = write_random_model(tmp_path / f"m{d_state}", layer_kinds=("mamba", "full"), hidden_size=48,
-                                   intermediate_size=64, mamba_d_state=d_state, mamba_head_dim=head_dim)
+    model_dir = write_random_model(tmp_path / f"m{d_state}", layer_kinds=("mamba", "swa", "full"), hidden_size=48,
+                                   intermediate_size=64, mamba_d_state=d_state, mamba_head_dim=head_dim,
+                                   sliding_window=6, head_dim=16 if d_state == 16 else 24)
     calls: list[int] = []
-    real = smallgemm.SmallGemm.mamba_short
+    attended: list[int] = []
+    real, real_attention = smallgemm.SmallGemm.mamba_short, smallgemm.SmallGemm.attention
 
     def counted(self: smallgemm.SmallGemm, zxbcdt: torch.Tensor, *a: Any) -> Any:
         calls.append(zxbcdt.shape[1])
         return real(self, zxbcdt, *a)
 
+    def counted_attention(self: smallgemm.SmallGemm, q: torch.Tensor, *a: Any) -> Any:
+        attended.append(q.shape[1])
+        return real_attention(self, q, *a)
+
     monkeypatch.setattr(smallgemm.SmallGemm, "mamba_short", counted)
+    monkeypatch.setattr(smallgemm.SmallGemm, "attention", counted_attention)
     using: list[smallgemm.SmallGemm | None] = [None]  # the reference runs on torch alone
     monkeypatch.setattr(smallgemm, "kernel", lambda: using[0])
 
@@ -272,10 +280,11 @@ def test_the_mamba_kernel_is_torchs_mixer_and_a_verify_is_decode_steps(request, 
             runner.allocate(rid, len(p) + 12)
             runner.forward([ForwardItem(rid, p, 0)])
     calls.clear()
+    attended.clear()
     feeds = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (4, 1, 3)]
     items = [ForwardItem(rid, f, len(prompts[rid])) for rid, f in enumerate(feeds)]
     torch.testing.assert_close(fast.forward(items), ref.forward(items), rtol=1e-4, atol=1e-4)
-    assert calls == [4]  # the padded group of three, in one call
+    assert calls == [4] and attended == [4, 4]  # the padded group of three, one call per layer
     for runner in (fast, ref):  # keep 2, 1 and 3 of the fed tokens, then go on from there
         for rid, kept in enumerate((2, 1, 3)):
             runner.truncate(rid, len(prompts[rid]) + kept)
