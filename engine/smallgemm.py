@@ -8,8 +8,14 @@ multiplying it into every row while it is in registers (smallgemm.c) costs 98 / 
 the weights' bytes, not the rows, set the time until about 8 rows.
 
 The kernel also computes every row of y the same way whatever the number of rows (the products added in k
-order), so these matmuls give a request's row the same bits in a decode step and in a verify (attention
-and the scan still round differently there: the forwards agree to ~1e-5, not bit for bit).
+order), so these matmuls give a request's row the same bits in a decode step and in a verify.
+
+The same library holds what else a step of a tiny model spends its time on in small torch ops:
+`attention` (a step's few queries over the paged key/value pools, without gathering them), `mamba_short`
+(a Mamba-2 mixer's conv, recurrence and gated norm over a step's positions, with every state kept for
+rollback and the final ones stored in the cache) and `lone_chains` (a draft model's greedy chains, all
+requests advancing together). Each computes a query's or a position's result the same way whatever else is
+in the batch, so a verify's rows in those layers are its decode steps' bits too.
 
 How: `kernel()` compiles smallgemm.c once per machine with the system C compiler (`$CC`, else `cc`) at
 -O3 -march=native into the user cache (`$SPECCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/specctl`, else
