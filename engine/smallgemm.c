@@ -212,16 +212,17 @@ static void silu_mul(int n, const float *g, const float *u, float *out) {
     }
 }
 
-/* out [d] = sum over s < n of w[s] v[s * ldv ..]: the attention output of one head. The sums stay in
- * registers across the positions (a chunk of 64 features at a time), not in memory. */
-static void weighted_sum(int n, int d, const float *w, const float *v, long ldv, float *out) {
+/* out [d] = sum over s < n of w[s] v[row s ..], row s at v + rows[s], or at v + s * ldv when rows is NULL:
+ * the attention output of one head. The sums stay in registers across the positions (a chunk of 64
+ * features at a time), not in memory. */
+static void weighted_sum(int n, int d, const float *w, const float *v, long ldv, const long *rows, float *out) {
 #if defined(__AVX512F__)
     if (d % 64 == 0) {
         for (int e0 = 0; e0 < d; e0 += 64) {
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int s = 0; s < n; s++) {
                 const __m512 ws = _mm512_set1_ps(w[s]);
-                const float *vs = v + (long)s * ldv + e0;
+                const float *vs = v + (rows ? rows[s] : (long)s * ldv) + e0;
                 a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
                 a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
                 a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
@@ -238,7 +239,7 @@ static void weighted_sum(int n, int d, const float *w, const float *v, long ldv,
     for (int e = 0; e < d; e++) out[e] = 0.0f;
     for (int s = 0; s < n; s++) {
         const float ws = w[s];
-        const float *vs = v + (long)s * ldv;
+        const float *vs = v + (rows ? rows[s] : (long)s * ldv);
         for (int e = 0; e < d; e++) out[e] += ws * vs[e];
     }
 }
@@ -322,7 +323,7 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
                     }
                     const float inv = 1.0f / exp_shifted(p + 1, scores, mx);
                     for (int s = 0; s <= p; s++) scores[s] *= inv;
-                    weighted_sum(p + 1, d, scores, L->vpool + b * nk + g * d, nk, oj + hh * d);
+                    weighted_sum(p + 1, d, scores, L->vpool + b * nk + g * d, nk, NULL, oj + hh * d);
                 }
             }
             specctl_sgemm(m, hidden, nq, o, nq, L->wo, NULL, t);
@@ -450,36 +451,6 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
     return 0;
 }
 
-/* out [d] = sum over s < n of w[s] v[rows[s] ..]: weighted_sum over rows scattered in a pool. */
-static void weighted_rows(int n, int d, const float *w, const float *v, const long *rows, float *out) {
-#if defined(__AVX512F__)
-    if (d % 64 == 0) {
-        for (int e0 = 0; e0 < d; e0 += 64) {
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int s = 0; s < n; s++) {
-                const __m512 ws = _mm512_set1_ps(w[s]);
-                const float *vs = v + rows[s] + e0;
-                a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
-                a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
-                a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
-                a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
-            }
-            _mm512_storeu_ps(out + e0, a0);
-            _mm512_storeu_ps(out + e0 + 16, a1);
-            _mm512_storeu_ps(out + e0 + 32, a2);
-            _mm512_storeu_ps(out + e0 + 48, a3);
-        }
-        return;
-    }
-#endif
-    for (int e = 0; e < d; e++) out[e] = 0.0f;
-    for (int s = 0; s < n; s++) {
-        const float ws = w[s];
-        const float *vs = v + rows[s];
-        for (int e = 0; e < d; e++) out[e] += ws * vs[e];
-    }
-}
-
 /* ---- attention of a decode step or a verify over the paged key/value pools (smallgemm.py `attention`) ---
  *
  * Query j of item i (position qpos[i, j]; a padding query, qvalid[i, j] == 0, gets zeros) attends, per head
@@ -526,7 +497,7 @@ int specctl_paged_attention(int b, int L, int H, int KV, int d, int kmax, const 
                 }
                 const float inv = 1.0f / exp_shifted(m, scores, mx);
                 for (int s = 0; s < m; s++) scores[s] *= inv;
-                weighted_rows(m, d, scores, vstore + g, rows, o + (long)h * d);
+                weighted_sum(m, d, scores, vstore + g, 0, rows, o + (long)h * d);
             }
         }
     }
