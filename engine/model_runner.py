@@ -187,7 +187,7 @@ class ModelRunner:
             bases.append(base)
         model, pools = self.model, self.cache.kv_pools()
         if self.device.type == "cpu":
-            # Each request's chain in the fused loop: whole when greedy, a token per call when sampling.
+            # All the requests' chains in the fused loop: whole when greedy, a token per call when sampling.
             chains = (model.lone_chain(pools, bases, starts, token_ids, steps) if choose is None
                       else self._sampled_lone_chain(bases, starts, token_ids, steps, choose))
             if chains is not None:

@@ -244,6 +244,20 @@ static void weighted_sum(int n, int d, const float *w, const float *v, long ldv,
     }
 }
 
+/* One query head over n keys: out [d] = softmax(q . k_s * scale) weighted sum of v_s, key and value s at
+ * k + off_s and v + off_s, off_s = rows[s], or s * ld when rows is NULL. scores: scratch of n floats. */
+static void attend_head(int n, int d, const float *q, const float *k, const float *v, long ld, const long *rows,
+                        float scale, float *scores, float *out) {
+    float mx = -INFINITY;
+    for (int s = 0; s < n; s++) {
+        scores[s] = dot(q, k + (rows ? rows[s] : (long)s * ld), d) * scale;
+        if (scores[s] > mx) mx = scores[s];
+    }
+    const float inv = 1.0f / exp_shifted(n, scores, mx);
+    for (int s = 0; s < n; s++) scores[s] *= inv;
+    weighted_sum(n, d, scores, v, ld, rows, out);
+}
+
 static void rope(int heads, int d, float *x, const float *cos_p, const float *sin_p) {
     const int half = d / 2;
     float tmp[1024];
@@ -314,16 +328,9 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
                 memcpy(L->kpool + (b + p) * nk, row + nq, sizeof(float) * (size_t)nk);
                 memcpy(L->vpool + (b + p) * nk, row + nq + nk, sizeof(float) * (size_t)nk);
                 for (int hh = 0; hh < hq; hh++) {
-                    const int g = hh / rep;
-                    const float *q = row + hh * d;
-                    float mx = -INFINITY;
-                    for (int s = 0; s <= p; s++) {
-                        scores[s] = dot(q, L->kpool + (b + s) * nk + g * d, d) * scale;
-                        if (scores[s] > mx) mx = scores[s];
-                    }
-                    const float inv = 1.0f / exp_shifted(p + 1, scores, mx);
-                    for (int s = 0; s <= p; s++) scores[s] *= inv;
-                    weighted_sum(p + 1, d, scores, L->vpool + b * nk + g * d, nk, NULL, oj + hh * d);
+                    const long g = b * nk + (long)(hh / rep) * d;
+                    attend_head(p + 1, d, row + hh * d, L->kpool + g, L->vpool + g, nk, NULL, scale, scores,
+                                oj + hh * d);
                 }
             }
             specctl_sgemm(m, hidden, nq, o, nq, L->wo, NULL, t);
@@ -488,16 +495,9 @@ int specctl_paged_attention(int b, int L, int H, int KV, int d, int kmax, const 
                 continue;
             }
             for (int h = 0; h < H; h++) {
-                const float *qh = q + qi * H * d + (long)h * d;
                 const long g = (long)(h / rep) * d;
-                float mx = -INFINITY;
-                for (int s = 0; s < m; s++) {
-                    scores[s] = dot(qh, kstore + rows[s] + g, d) * scale;
-                    if (scores[s] > mx) mx = scores[s];
-                }
-                const float inv = 1.0f / exp_shifted(m, scores, mx);
-                for (int s = 0; s < m; s++) scores[s] *= inv;
-                weighted_sum(m, d, scores, vstore + g, 0, rows, o + (long)h * d);
+                attend_head(m, d, q + qi * H * d + (long)h * d, kstore + g, vstore + g, 0, rows, scale, scores,
+                            o + (long)h * d);
             }
         }
     }

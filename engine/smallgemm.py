@@ -146,7 +146,6 @@ class SmallGemm:
             raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
 
-
     def mamba_short(self, zxbcdt: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
                     slots: Sequence[int], lens: Sequence[int], k: MambaConsts
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -178,7 +177,6 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
         return y, xcat, states
-
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   kpos: torch.Tensor, qpos: torch.Tensor, qvalid: torch.Tensor | None, window: int) -> torch.Tensor:

@@ -53,6 +53,30 @@ def portable(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
     return k
 
 
+def torch_runner_class(monkeypatch: pytest.MonkeyPatch, k: smallgemm.SmallGemm) -> type[ModelRunner]:
+    """Make `smallgemm.kernel()` return k, and return a ModelRunner whose construction and forwards see no
+    kernel: the torch-only reference."""
+    using: list[smallgemm.SmallGemm | None] = [k]
+    monkeypatch.setattr(smallgemm, "kernel", lambda: using[0])
+
+    class TorchRunner(ModelRunner):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            using[0] = None
+            try:
+                super().__init__(*a, **kw)
+            finally:
+                using[0] = k
+
+        def forward(self, items: Any) -> torch.Tensor:
+            using[0] = None
+            try:
+                return super().forward(items)
+            finally:
+                using[0] = k
+
+    return TorchRunner
+
+
 SHAPES = [(1, 1, 1), (1, 17, 5), (3, 64, 192), (8, 65, 128), (9, 260, 192), (16, 1024, 192), (33, 100, 48)]
 
 
@@ -189,7 +213,7 @@ def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monk
     from specctl.engine.checkpoint import write_random_model
 
     k = request.getfixturevalue(path)
-    monkeypatch.setattr(smallgemm, "kernel", lambda: k)
+    torch_runner = torch_runner_class(monkeypatch, k)
     model_dir = write_random_model(tmp_path / f"d{head_dim}", layer_kinds=("full", "full"), hidden_size=48,
                                    intermediate_size=80, num_heads=2, num_kv_heads=1, head_dim=head_dim)
     gen = torch.Generator().manual_seed(head_dim)
@@ -209,8 +233,8 @@ def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monk
         assert toks is not None
         return toks, logits
 
-    together, alone, ref = (ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4)
-                            for _ in range(3))
+    together, alone, ref = (cls(str(model_dir), page_size=4, max_tokens=512, max_requests=4)
+                            for cls in (ModelRunner, ModelRunner, torch_runner))
     for runner in (together, alone, ref):
         for rid, p in enumerate(prompts):
             runner.allocate(rid, len(p) + 12)
@@ -236,8 +260,8 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
                                                                   d_state, head_dim):
     """A hybrid model's decode steps and verifies run the mamba mixer in `mamba_short` and attention (sliding
     window and full) in `attention`: a padded verify of three requests gives torch's logits to float32
-    rounding, rolling back to part of it leaves the states torch's rollback leaves, and the states a
-    4-position verify commits are those of 4 decode steps, bit for bit."""
+    rounding, rolling back to part of it leaves the states torch's rollback leaves, and a 4-position
+    verify's logits and the states it commits are those of 4 decode steps, bit for bit."""
     from specctl.engine.checkpoint import write_random_model
 
     k = request.getfixturevalue(path)
@@ -258,19 +282,8 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
 
     monkeypatch.setattr(smallgemm.SmallGemm, "mamba_short", counted)
     monkeypatch.setattr(smallgemm.SmallGemm, "attention", counted_attention)
-    using: list[smallgemm.SmallGemm | None] = [None]  # the reference runs on torch alone
-    monkeypatch.setattr(smallgemm, "kernel", lambda: using[0])
-
-    class Torch(ModelRunner):
-        def forward(self, items: Any) -> torch.Tensor:
-            using[0] = None
-            try:
-                return super().forward(items)
-            finally:
-                using[0] = k
-
-    ref = Torch(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
-    using[0] = k
+    ref = torch_runner_class(monkeypatch, k)(str(model_dir), page_size=4, max_tokens=512, max_requests=4,
+                                             max_draft_tokens=4)
     fast, steps = (ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
                    for _ in range(2))
     gen = torch.Generator().manual_seed(d_state)
@@ -292,12 +305,12 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
     torch.testing.assert_close(fast.forward(nxt), ref.forward(nxt), rtol=1e-4, atol=1e-4)
 
     m = fast.cache.mamba_index[0]
-    for tok in feeds[0]:  # request 0's verify, as decode steps
-        steps.forward([ForwardItem(0, [tok], steps.cached_len(0))])
+    stepped = torch.cat([steps.forward([ForwardItem(0, [tok], steps.cached_len(0))])  # request 0's verify,
+                         for tok in feeds[0]])  # as decode steps
     fresh = ModelRunner(str(model_dir), page_size=4, max_tokens=512, max_requests=4, max_draft_tokens=4)
     fresh.allocate(0, len(prompts[0]) + 12)
     fresh.forward([ForwardItem(0, prompts[0], 0)])
-    fresh.forward([ForwardItem(0, feeds[0], len(prompts[0]))])
+    assert torch.equal(fresh.forward([ForwardItem(0, feeds[0], len(prompts[0]))]), stepped)
     slot = steps.cache.requests[0].slot, fresh.cache.requests[0].slot
     assert torch.equal(steps.cache.ssm[m, slot[0]], fresh.cache.ssm[m, slot[1]])
     assert torch.equal(steps.cache.conv[m, slot[0]], fresh.cache.conv[m, slot[1]])
