@@ -1,8 +1,8 @@
 """Speculative decoding throughput: no speculation vs each fixed step vs adaptive, side by side in one run.
 
 What it measures (issue 4, "Performance"): output tokens/s of the engine (builtin:tiny-hybrid target,
-builtin:tiny-draft drafter by default) on three workloads, at batch 1 and batch 8 (that many concurrent
-closed-loop request streams; a stream's next request starts when its previous one finishes):
+builtin:tiny-draft drafter by default) on three workloads, at batch 1 and batch 8 (that many requests in
+flight, closed loop: as one finishes the next of the workload's queue starts, `run_streams`):
 
   (a) code   continuation of held-out CPython stdlib source (the models' own domain), greedy: high acceptance;
   (b) random random characters and digits sampled at temperature 1.0: text the draft predicts badly
@@ -60,6 +60,7 @@ import sysconfig
 import tempfile
 import time
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -201,20 +202,27 @@ def workload(kind: str, batch: int, args: argparse.Namespace) -> list[list[tuple
 
 
 def run_streams(engine: Engine, streams: list[list[tuple[str, SamplingParams]]]) -> tuple[int, float, float]:
-    """Closed loop: each stream keeps one request in flight. Returns (output tokens, wall s, CPU s)."""
-    active: dict[int, tuple[int, int]] = {}
+    """Closed loop with len(streams) requests in flight: one shared queue holds every stream's requests, taken
+    round-robin (each stream's first request, then each one's second, ...), and whichever request finishes
+    frees its place for the next in the queue. That is a server under `--max-concurrency` clients (`specctl
+    bench`, SGLang's bench_serving) and the closed loop `adaptive tune` replays (`_replay_streams`). A
+    stream that owned its own requests would idle its place once its share was done: under speculation,
+    whose requests finish at different times, the last quarter of a batch-8 run then ran at batch 1-3,
+    while plain decoding kept its 8 in lock step. Returns (output tokens, wall s, CPU s)."""
+    queue = deque(reqs[j] for j in range(max(map(len, streams), default=0)) for reqs in streams if j < len(reqs))
+    active: set[int] = set()
     tokens = 0
     t0 = time.perf_counter()
     c0 = time.process_time()
-    for s, reqs in enumerate(streams):
-        active[engine.add_request(*reqs[0])] = (s, 0)
+    while queue and len(active) < len(streams):
+        active.add(engine.add_request(*queue.popleft()))
     while active:
         for seq in engine.step():
             if seq.is_finished and seq.rid in active:
-                s, j = active.pop(seq.rid)
+                active.discard(seq.rid)
                 tokens += len(seq.output_ids)
-                if j + 1 < len(streams[s]):
-                    active[engine.add_request(*streams[s][j + 1])] = (s, j + 1)
+                if queue:
+                    active.add(engine.add_request(*queue.popleft()))
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
     return tokens, time.perf_counter() - t0, time.process_time() - c0
