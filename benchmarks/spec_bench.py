@@ -39,7 +39,9 @@ costs (`specctl adaptive profile -c tiny-colocated --threads 1`), and tune (`spe
 
 Targets (issue 13; the checks use draft:tuned when given, else draft:adaptive): code batch 1 >= 1.5x
 none, batch 8 >= 1.2x none; adaptive >= 1.0x the best fixed step on code, random and mixed; never-right
-adaptive >= 0.95x none. Prints a table, then a last-line JSON summary.
+adaptive >= 0.95x none. Every ratio is the median over the repeats of the two configurations' ratio in the
+same round, with its range over the rounds (`--repeats 5` or more: one round is one sample). Prints a
+table, then a last-line JSON summary.
 
     python benchmarks/spec_bench.py [--steps 1,3,5,7] [--batch-sizes 1,8] [--requests 4] [--max-tokens 96]
                                     [--repeats 1] [--threads 1] [--device cpu] [--clock cpu|wall] [--quick]
@@ -372,60 +374,72 @@ def main() -> None:
                   file=sys.stderr)
 
     tps = {k: statistics.median(v) for k, v in results.items()}
+
+    def paired(kind: str, batch: int, a: str, b: str) -> tuple[float, float, float]:
+        """a's throughput over b's, round by round (both ran in the same round, minutes apart at most): the
+        median of those ratios and their range. A shared machine's slow phases last longer than one run,
+        so a round's pair sees the same phase where two separately taken medians need not."""
+        r = sorted(x / y for x, y in zip(results[(kind, batch, a)], results[(kind, batch, b)], strict=True))
+        return statistics.median(r), r[0], r[-1]
+
     header = (f"{'workload':8s} {'batch':>5s} {'config':19s} {'tok/s':>8s} {'wall':>7s} {'vs none':>8s} "
-              f"{'accept':>7s} {'tok/verify':>10s} {'switches':>8s}  steps used (batches)")
+              f"{'range':>11s} {'accept':>7s} {'tok/verify':>10s} {'switches':>8s}  steps used (batches)")
     print(header)
     print("-" * len(header))
     for (kind, batch, name), v in tps.items():
-        base = tps.get((kind, batch, "none"))
         meta = info.get((kind, batch, name), {})
         acc = meta.get("acceptance_rate")
         tpv = meta.get("tokens_per_verify")
         wall = statistics.median(walls[(kind, batch, name)])
-        print(f"{kind:8s} {batch:5d} {name:19s} {v:8.1f} {wall:7.1f} {v / base if base else float('nan'):8.2f} "
+        mid, lo, hi = paired(kind, batch, name, "none")
+        print(f"{kind:8s} {batch:5d} {name:19s} {v:8.1f} {wall:7.1f} {mid:8.2f} {f'{lo:.2f}-{hi:.2f}':>11s} "
               f"{'' if acc is None else f'{acc:.2f}':>7s} {'' if tpv is None else f'{tpv:.2f}':>10s} "
               f"{meta.get('switches', 0):8d}  {meta.get('batches_per_steps', {})}")
 
+    # Ratios are medians of per-round ratios (`paired`), each with its range over the rounds ({name}_range).
     summary: dict[str, Any] = {"bench": "spec", "target": target_ref, "draft": draft_ref, "drafter": d, "steps": steps,
                                "clock": args.clock,
                                "threads": args.threads, "device": args.device, "requests": args.requests,
-                               "max_tokens": args.max_tokens, "repeats": args.repeats, "ratios": {}, "checks": {}}
+                               "max_tokens": args.max_tokens, "repeats": args.repeats, "ratio_stat": "paired median",
+                               "ratios": {}, "checks": {}}
     ratios, checks = summary["ratios"], summary["checks"]
+
+    def ratio(name: str, kind: str, batch: int, a: str, b: str) -> float:
+        mid, lo, hi = paired(kind, batch, a, b)
+        ratios[name] = round(mid, 3)
+        ratios[f"{name}_range"] = [round(lo, 3), round(hi, 3)]
+        return mid
+
     for kind in ("code", "random", "mixed"):
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             if (kind, batch, f"{d}:adaptive") not in tps:
                 continue
-            ad = tps[(kind, batch, f"{d}:tuned" if args.tuned else f"{d}:adaptive")]
-            ratios[f"{tag_of(kind, batch)}_default_adaptive_vs_none"] = round(
-                tps[(kind, batch, f"{d}:adaptive")] / tps[(kind, batch, "none")], 3)
+            ad = f"{d}:tuned" if args.tuned else f"{d}:adaptive"
+            tag = tag_of(kind, batch)
+            ratio(f"{tag}_default_adaptive_vs_none", kind, batch, f"{d}:adaptive", "none")
             fx = {n: tps[(kind, batch, n)] for n in fixed if (kind, batch, n) in tps}
-            best, worst = max(fx.values()), min(fx.values())
-            tag = f"{kind}_b{batch}"
-            ratios[f"{tag}_adaptive_vs_none"] = round(ad / tps[(kind, batch, "none")], 3)
-            ratios[f"{tag}_adaptive_vs_best_fixed"] = round(ad / best, 3)
-            ratios[f"{tag}_adaptive_vs_worst_fixed"] = round(ad / worst, 3)
-            ratios[f"{tag}_best_fixed"] = max(fx, key=fx.get)  # type: ignore[arg-type]
+            best, worst = max(fx, key=fx.__getitem__), min(fx, key=fx.__getitem__)  # by median throughput
+            vs_none = ratio(f"{tag}_adaptive_vs_none", kind, batch, ad, "none")
+            vs_best = ratio(f"{tag}_adaptive_vs_best_fixed", kind, batch, ad, best)
+            ratio(f"{tag}_adaptive_vs_worst_fixed", kind, batch, ad, worst)
+            ratios[f"{tag}_best_fixed"] = best
             if (kind, batch, f"{d}:adaptive-fast") in tps:
-                fast = tps[(kind, batch, f"{d}:adaptive-fast")]
-                ratios[f"{tag}_adaptive_fast_vs_best_fixed"] = round(fast / best, 3)
-                ratios[f"{tag}_adaptive_fast_vs_worst_fixed"] = round(fast / worst, 3)
+                ratio(f"{tag}_adaptive_fast_vs_best_fixed", kind, batch, f"{d}:adaptive-fast", best)
+                ratio(f"{tag}_adaptive_fast_vs_worst_fixed", kind, batch, f"{d}:adaptive-fast", worst)
             # issue 13: tuned adaptive >= 1.0x the best fixed step on every workload
-            checks[f"{tag}_adaptive_ge_1.0x_best_fixed"] = ad / best >= 1.0
+            checks[f"{tag}_adaptive_ge_1.0x_best_fixed"] = vs_best >= 1.0
             if kind == "code" and batch == 1:
-                checks["code_b1_adaptive_ge_1.5x_none"] = ad / tps[(kind, batch, "none")] >= 1.5
+                checks["code_b1_adaptive_ge_1.5x_none"] = vs_none >= 1.5
             if kind == "code" and batch == 8:
-                checks["code_b8_adaptive_ge_1.2x_none"] = ad / tps[(kind, batch, "none")] >= 1.2
+                checks["code_b8_adaptive_ge_1.2x_none"] = vs_none >= 1.2
     if ("never", 1, "never:adaptive") in tps:
         never = "never:tuned" if args.tuned else "never:adaptive"
-        r = tps[("never", 1, never)] / tps[("never", 1, "none")]
-        ratios["never_right_b1_default_adaptive_vs_none"] = round(
-            tps[("never", 1, "never:adaptive")] / tps[("never", 1, "none")], 3)
-        ratios["never_right_b1_adaptive_vs_none"] = round(r, 3)
-        ratios["never_right_b1_fixed1_vs_none"] = round(tps[("never", 1, "never:1")] / tps[("never", 1, "none")], 3)
+        ratio("never_right_b1_default_adaptive_vs_none", "never", 1, "never:adaptive", "none")
+        r = ratio("never_right_b1_adaptive_vs_none", "never", 1, never, "none")
+        ratio("never_right_b1_fixed1_vs_none", "never", 1, "never:1", "none")
         checks["never_right_adaptive_ge_0.95x_none"] = r >= 0.95
         if ("never", 1, "never:adaptive-fast") in tps:
-            ratios["never_right_b1_adaptive_fast_vs_none"] = round(
-                tps[("never", 1, "never:adaptive-fast")] / tps[("never", 1, "none")], 3)
+            ratio("never_right_b1_adaptive_fast_vs_none", "never", 1, "never:adaptive-fast", "none")
     summary["tokens_per_s"] = {f"{k}_b{b}_{n}": round(v, 2) for (k, b, n), v in tps.items()}
     summary["all_targets_met"] = all(checks.values()) if checks else None
     print(json.dumps(summary))
