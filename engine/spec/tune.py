@@ -223,17 +223,14 @@ class Prediction:
     switches: int
     lower_bound_verifies: int = 0
     by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
-    # seconds per output token a real run spends between its verifies whatever the config, and how much longer
-    # its verifies take than the cost model prices them (`serving_overhead`)
+    # seconds per output token a real run spends outside its verifies whatever the config (`serving_overhead`)
     overhead_s_per_token: float = 0.0
-    slowdown: float = 1.0
 
     @property
     def predicted_seconds(self) -> float:
-        """Seconds the workload's tokens take at the replayed per-batch-size rates (times the serving
-        slowdown), plus the serving time between verifies."""
+        """Seconds the workload's tokens take at the replayed per-batch-size rates, plus the serving overhead."""
         work = sum(w for _, _, w in self.by_batch.values())
-        return self.slowdown * self._decode_seconds(self.by_batch.values()) + self.overhead_s_per_token * work
+        return self._decode_seconds(self.by_batch.values()) + self.overhead_s_per_token * work
 
     @staticmethod
     def _decode_seconds(rows: Iterable[tuple[int, float, int]]) -> float:
@@ -248,7 +245,7 @@ class Prediction:
     @property
     def tokens_per_s(self) -> float:
         if not self.by_batch:
-            t = self.slowdown * self.seconds + self.overhead_s_per_token * self.tokens
+            t = self.seconds + self.overhead_s_per_token * self.tokens
             return self.tokens / t if t > 0 else 0.0
         t = self.predicted_seconds
         return sum(w for _, _, w in self.by_batch.values()) / t if t > 0 else 0.0
@@ -263,7 +260,6 @@ class Prediction:
             "switches": self.switches,
             "lower_bound_verifies": self.lower_bound_verifies,
             "overhead_s_per_token": self.overhead_s_per_token,
-            "slowdown": self.slowdown,
         }
 
 
@@ -286,36 +282,32 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 
 @dataclass(frozen=True)
 class ServingOverhead:
-    """What a traced run spent beyond the cost model's price of its verifies.
+    """Seconds per emitted token a traced run spent beyond the cost model's price of its verifies.
 
-    `between`: seconds per emitted token between consecutive verifies of one run (colocated prefill of new
-    requests, admitting transferred ones, streaming, scheduling): work every config does the same amount of
-    (the prompts, the output tokens), so `tune` adds the same seconds per token to every prediction.
-    `slowdown`: the run's verify time (draft + verify) over the cost model's price of the same verifies. A
-    verify on a machine shared with the prefill server, the router and the clients takes longer than the
-    same step profiled alone, by a factor, not by a fixed time per token: every config's decode time is
-    multiplied by it (below 1 when the profile ran on a busier machine). As a time per token it would charge
-    plain decoding, whose decode time per token is about twice speculation's, half its real share: on
-    tiny-pd the predicted speed-ups sat 9-13% below what `bench --ab` measured (benchmarks/tune_confirm.py,
-    verifies 1.4-1.7x their price), with the factor 1-6% (docs/adaptive.md)."""
+    `between`: the wall time between consecutive verifies of one run (colocated prefill of new requests,
+    admitting transferred ones, streaming, scheduling). `excess`: what its verifies took beyond their
+    price: a verify on a machine shared with the prefill server, the router and the clients takes longer
+    than the same step profiled alone (negative when the profile ran on a busier machine). Both come from
+    work every config does the same amount of (the prompts, the output tokens), so `tune` adds the same
+    seconds per token to every prediction; were the serving machine instead uniformly slower than the
+    profiling one, profile on it."""
 
     between: float
-    slowdown: float
+    excess: float
 
     @property
     def per_token(self) -> float:
-        """The seconds per token added to every prediction (the slowdown multiplies instead)."""
-        return self.between
+        return max(0.0, self.between + self.excess)
 
     def to_json(self) -> dict[str, float]:
-        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_slowdown": self.slowdown}
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
     predicted speed-up is decode-only, above what `bench --ab` measures end to end."""
-    gap = measured = priced = 0.0
+    gap = excess = 0.0
     gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
     for rec in records:
@@ -324,8 +316,7 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         emitted = sum(rec.accepted) + len(rec.accepted)
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
-        measured += rec.draft_s + rec.verify_s
-        priced += cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        excess += rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
@@ -336,9 +327,9 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
             continue
         gap += max(0.0, g)
         gap_tokens += emitted
-    if not tokens or priced <= 0 or measured <= 0:
+    if not tokens:
         return None
-    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, measured / priced)
+    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -938,12 +929,11 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
             sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
-    # A per-token constant and a factor on every config's decode time change no ranking above, only the
-    # ratios: add them to what is reported.
+    # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
     ovh = None if setup.decode_only else serving_overhead(records, cost)
     if ovh is not None:
         def add(p: Prediction) -> Prediction:
-            return replace(p, overhead_s_per_token=ovh.between, slowdown=ovh.slowdown)
+            return replace(p, overhead_s_per_token=ovh.per_token)
 
         best_pred, current, none = add(best_pred), add(current), add(none)
         fixed = {k: add(v) for k, v in fixed.items()}
