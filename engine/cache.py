@@ -443,6 +443,16 @@ class Group:
     def valid(self) -> torch.Tensor:
         return self._valid
 
+    @functools.cached_property
+    def valid_rows(self) -> torch.Tensor | None:
+        # Worth its two index ops per layer only when padding is a good share of the rows (engine/model.py
+        # DecoderLayer: a batch-8 verify of 13 real tokens in 48 rows ran 25% faster, 20 in 32 level, 29 in 32
+        # 5% slower).
+        if self.all_valid or 4 * sum(self.lens_list) > 3 * len(self.lens_list) * self.lmax:
+            return None
+        return torch.tensor([r * self.lmax + j for r, n in enumerate(self.lens_list) for j in range(n)],
+                            dtype=torch.long, device=self.cache.device)
+
     @property
     def keep_states(self) -> int:
         return self.cache.rollback_tokens

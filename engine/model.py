@@ -182,6 +182,11 @@ class CacheContext(Protocol):
         ...
 
     @property
+    def valid_rows(self) -> torch.Tensor | None:
+        """Indices of the real tokens in the group's rows flattened ([b * L]), or None when every row is one."""
+        ...
+
+    @property
     def keep_states(self) -> int:
         """How many trailing per-position mamba states the cache wants (for rollback)."""
         ...
@@ -712,7 +717,17 @@ class DecoderLayer(nn.Module):
             mix = self.mixer if self.kind == "mamba" else self.self_attn
         h = mix(norm1(x), ctx) if self.kind == "mamba" else mix(norm1(x), positions, rope, ctx)
         x = x + h
-        return x + mlp(norm2(x))
+        rows = ctx.valid_rows if ctx is not None else None
+        if rows is None:
+            return x + mlp(norm2(x))
+        # A padded group (a verify whose requests drafted unequally: n-gram misses and short matches,
+        # max_tokens caps): the norm and the MLP, two thirds of a layer's multiply-adds, work row by row, so
+        # only the real tokens go through them, and each gets the same bits it gets unpadded. A padding row
+        # keeps x without them; nothing reads it (attention never sees it as a key, the mamba scan leaves the
+        # state as it was, the runner drops its logits). x is this add's own tensor: adding in place is safe.
+        flat = x.view(-1, x.shape[-1])
+        flat.index_add_(0, rows, mlp(norm2(flat.index_select(0, rows))))
+        return x
 
 
 def _causal_mask(n: int, start: int, dev: torch.device) -> torch.Tensor:

@@ -373,3 +373,45 @@ def test_draft_chain_with_a_short_request_at_the_end_of_the_pool(full_dir):
     got = a.draft_chain([1, 2], [[3], [4]], [2, 2])
     want = [generic_chain(b, 1, [3], 30, 2), generic_chain(b, 2, [4], 5, 2)]
     assert got == want
+
+
+def test_a_padded_verify_runs_the_mlp_on_its_real_tokens_only_with_the_same_bits(model_dir, monkeypatch):
+    """Requests that drafted unequally share one padded forward; the norm and MLP see only the real tokens
+    (padding rows skip them), and every request's logits are bit for bit those of its own forward, on
+    every cache kind (mamba, swa, full), and so is the next step after rolling back. (Bit for bit with the
+    small-row kernel, which computes a row the same whatever the row count; torch's kernels need not.)"""
+    from specctl.engine import model as model_mod
+    from specctl.engine import smallgemm
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:
+        if smallgemm.kernel() is not None:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+    seen: list[int] = []
+    real_mlp = model_mod.MLP.forward
+
+    def counting(self, x):  # type: ignore[no-untyped-def]
+        seen.append(x.numel() // x.shape[-1])
+        return real_mlp(self, x)
+
+    monkeypatch.setattr(model_mod.MLP, "forward", counting)
+    prompts = {1: tokens(9, 4), 2: tokens(12, 5), 3: tokens(7, 6)}
+    drafts = {1: tokens(4, 7), 2: tokens(1, 8), 3: tokens(3, 9)}  # unequal: 4, 1 and 3 positions
+    together, alone = make_runner(model_dir), make_runner(model_dir)
+    for r in (together, alone):
+        for rid, p in prompts.items():
+            r.allocate(rid, len(p) + 8)
+            r.forward([ForwardItem(rid, p, 0)])
+    seen.clear()
+    got = together.forward([ForwardItem(rid, d, len(prompts[rid])) for rid, d in drafts.items()])
+    layers = len(KINDS)
+    assert seen == [sum(map(len, drafts.values()))] * layers  # 8 real tokens, not 3 x 4 padded rows
+    want = torch.cat([alone.forward([ForwardItem(rid, d, len(prompts[rid]))]) for rid, d in drafts.items()])
+    same(got, want)
+    for r in (together, alone):  # roll back to different lengths, then one more step each
+        for rid, keep in ((1, 2), (2, 1), (3, 3)):
+            r.truncate(rid, len(prompts[rid]) + keep)
+    items = [ForwardItem(rid, [65], together.cached_len(rid)) for rid in prompts]
+    same(together.forward(items), torch.cat([alone.forward([it]) for it in items]))
