@@ -217,21 +217,24 @@ static void silu_mul(int n, const float *g, const float *u, float *out) {
  * features at a time), not in memory. */
 static void weighted_sum(int n, int d, const float *w, const float *v, long ldv, const long *rows, float *out) {
 #if defined(__AVX512F__)
-    if (d % 64 == 0) {
+    if (d % 16 == 0) {
+        /* chunks of 64 features, the last one 16, 32 or 48 wide when d is not a multiple of 64 (head_dim 32:
+         * the plain loop below kept its sums in memory, a load and a store per feature and key) */
         for (int e0 = 0; e0 < d; e0 += 64) {
+            const int c = d - e0 >= 64 ? 4 : (d - e0) / 16;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int s = 0; s < n; s++) {
                 const __m512 ws = _mm512_set1_ps(w[s]);
                 const float *vs = v + (rows ? rows[s] : (long)s * ldv) + e0;
                 a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
-                a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
-                a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
-                a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
+                if (c > 1) a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
+                if (c > 2) a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
+                if (c > 3) a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
             }
             _mm512_storeu_ps(out + e0, a0);
-            _mm512_storeu_ps(out + e0 + 16, a1);
-            _mm512_storeu_ps(out + e0 + 32, a2);
-            _mm512_storeu_ps(out + e0 + 48, a3);
+            if (c > 1) _mm512_storeu_ps(out + e0 + 16, a1);
+            if (c > 2) _mm512_storeu_ps(out + e0 + 32, a2);
+            if (c > 3) _mm512_storeu_ps(out + e0 + 48, a3);
         }
         return;
     }

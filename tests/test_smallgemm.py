@@ -205,7 +205,9 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
 
 @needs_cc
 @pytest.mark.parametrize("path", ["native", "portable"])
-@pytest.mark.parametrize("head_dim", [24, 64])  # 64: the vector paths' whole chunks; 24: their tails and fallbacks
+# 64: the vector paths' whole chunks; 48 and 80: the weighted sum's partial chunk of 16-feature vectors (48 alone,
+# 80 after a whole one); 24: the tails and fallbacks
+@pytest.mark.parametrize("head_dim", [24, 48, 64, 80])
 def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monkeypatch, path, head_dim):
     """Requests chained together in one fused-loop call (different cached lengths, feeds and steps) get
     bit for bit the tokens and logits each gets chained alone, and torch's per-step forward gives the same
