@@ -81,6 +81,12 @@ figure is the least steady here: its five repeats gave 1.38-1.85x, and a run 13 
 repeats; vLLM's server then disconnected at batch 32) had vLLM at 2,300-4,178 tok/s and specctl at
 4,056-4,547 (1.09-1.76x). At 32 rows the kernel and oneDNN are level; the step there is matmul- and
 attention-bound as described above.
+On 2026-12-02 (a machine of the same kind with a slower core, ~100 GFLOP/s float32), at a0b1c9a: 2.01x at 1
+(683 vs 355), 1.48x at 8 (2712 vs 1535), 0.99x at 32 (3597 vs 3480); attention was 27% of the batch-32
+step, this checkpoint's head_dim 32 taking the attention's plain loop. With the weighted sum's vector path
+for head sizes that are multiples of 16 (959ea8a), in the next hour, slower for both sides: 2.12x at 1
+(480 vs 246), 1.33x at 8 (1969 vs 1402), 1.11x at 32 (2914 vs 2731; repeats 1.03-1.20), 880 requests
+identical in both runs.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
