@@ -278,6 +278,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.is_cpu and self.weight.is_cpu
+                and not torch.is_grad_enabled()):
+            # Serving on the CPU: one call of the small-row kernel (no autograd, so training keeps torch's).
+            sg = smallgemm.kernel()
+            if sg is not None:
+                return sg.rms_norm(x, self.weight, self.eps)
         # Normalise in float32 like the reference implementations, so bf16/fp16 runs stay stable.
         if _FUSED_RMS_NORM:
             if x.dtype == torch.float32 and self.weight.dtype == torch.float32:

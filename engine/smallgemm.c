@@ -152,6 +152,12 @@ static void rmsnorm(int n, const float *x, const float *w, float eps, float *out
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
+/* RMSNorm of `rows` rows of n features (x and out [rows, n], contiguous; w [n]): the models' norms on the
+ * serving path (smallgemm.py `rms_norm`). A row's result does not depend on the others. */
+void specctl_rmsnorm(int rows, int n, const float *x, const float *w, float eps, float *out) {
+    for (int r = 0; r < rows; r++) rmsnorm(n, x + (long)r * n, w, eps, out + (long)r * n);
+}
+
 #if defined(__AVX512F__)
 /* e^x, 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' expf polynomial, times 2^n. Within
  * 2 ulp of expf for |x| <= 87; x is clamped there (e^-87 is as good as 0 next to 1, e^87 as inf). */

@@ -123,6 +123,46 @@ def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
 
 
 @needs_cc
+@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("shape", [(1, 192), (7, 3, 24), (33, 256), (2, 5, 17)])
+def test_rms_norm_equals_torch_and_computes_a_row_alone(request, path, shape):
+    sg: smallgemm.SmallGemm = request.getfixturevalue(path)
+    g = torch.Generator().manual_seed(sum(shape))
+    x, w = torch.randn(*shape, generator=g) * 3, torch.randn(shape[-1], generator=g)
+    got = sg.rms_norm(x, w, 1e-5)
+    ref = F.rms_norm(x.double(), (shape[-1],), w.double(), 1e-5)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    flat = x.reshape(-1, shape[-1])
+    alone = torch.cat([sg.rms_norm(flat[i : i + 1], w, 1e-5) for i in range(flat.shape[0])])
+    assert torch.equal(got.reshape(-1, shape[-1]), alone)
+    with pytest.raises(ValueError, match="float32"):
+        sg.rms_norm(x.double(), w, 1e-5)
+
+
+@needs_cc
+def test_serving_norms_use_the_kernel_and_training_keeps_autograd(monkeypatch, native):
+    from specctl.engine.model import RMSNorm
+
+    monkeypatch.setattr(smallgemm, "kernel", lambda: native)
+    calls: list[int] = []
+    real = native.rms_norm
+    monkeypatch.setattr(native, "rms_norm", lambda x, w, eps: calls.append(1) or real(x, w, eps))
+    norm = RMSNorm(48, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 48))
+    x = torch.randn(4, 48, requires_grad=True)
+    with torch.no_grad():
+        served = norm(x)
+    assert calls == [1]
+    trained = norm(x)  # grad enabled: torch's op, which backpropagates
+    assert calls == [1] and trained.requires_grad
+    trained.sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+    torch.testing.assert_close(served, trained.detach(), rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
 @pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
 def test_packed_linear_uses_the_kernel_and_follows_in_place_weight_updates(native):
     g = torch.Generator().manual_seed(5)

@@ -73,8 +73,10 @@ def test_a_few_distillation_steps_lower_the_kl_on_a_fixed_batch(tmp_path):
     assert parts[0]["loss"] == parts[0]["kl"]  # alpha 1: the loss is the KL alone
     assert abs(parts[0]["kl"] - before) < 1e-4  # the step's KL is measured before the update
     assert after < 0.5 * before, (before, after)
-    # the teacher is only read: its weights did not move
-    assert teacher(x[:, :-1]).sub(t_logits).abs().max().item() == 0.0
+    # the teacher is only read: its weights did not move (compared as t_logits was computed, without grad:
+    # with grad off the norms run in the small-row kernel, whose sums may round differently from torch's)
+    with torch.no_grad():
+        assert teacher(x[:, :-1]).sub(t_logits).abs().max().item() == 0.0
 
 
 def test_alpha_zero_is_the_plain_cross_entropy_step(tmp_path):
