@@ -85,8 +85,9 @@ On 2026-12-02 (a machine of the same kind with a slower core, ~100 GFLOP/s float
 (683 vs 355), 1.48x at 8 (2712 vs 1535), 0.99x at 32 (3597 vs 3480); attention was 27% of the batch-32
 step, this checkpoint's head_dim 32 taking the attention's plain loop. With the weighted sum's vector path
 for head sizes that are multiples of 16 (959ea8a), in the next hour, slower for both sides: 2.12x at 1
-(480 vs 246), 1.33x at 8 (1969 vs 1402), 1.11x at 32 (2914 vs 2731; repeats 1.03-1.20), 880 requests
-identical in both runs.
+(480 vs 246), 1.33x at 8 (1969 vs 1402), 1.11x at 32 (2914 vs 2731; repeats 1.03-1.20). With the norms in
+the kernel too (25c53ae): 2.82x at 1 (629 vs 208), 1.73x at 8 (2469 vs 1277), 1.16x at 32 (3143 vs 2806;
+repeats 1.06-1.22). 880 requests identical in every run.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
