@@ -8,9 +8,11 @@
  * products x[m, k] W[n, k] added in k order, the same sum whatever M is, so a row computes to the same
  * bits alone (a decode step) as inside a verify of several positions.
  *
- * Built by engine/smallgemm.py with the system C compiler and -march=native; without AVX-512 the plain
- * loops below are what the compiler vectorises (the same k order). */
+ * Built by engine/smallgemm.py with the system C compiler and -march=native: AVX-512 intrinsics where the CPU
+ * has them, else AVX2 and FMA intrinsics (most x86 CPUs of the last decade), else plain loops that the
+ * compiler vectorises; every path adds the products in k order. */
 #include <stddef.h>
+#include <string.h>
 
 #define PANEL 64 /* columns per panel; smallgemm.py's PANEL */
 
@@ -73,6 +75,68 @@ static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp
     }
 }
 #define ISA 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* AVX2 + FMA (16 vector registers of 8 floats): a block is at most 12 accumulators, 3 rows x half a panel
+ * (4 vectors) or 1 row x the whole panel (8 vectors), so each panel row loaded feeds 8-12 multiply-adds.
+ * Every row block of a call passes over one half panel before the next (MR is large): half a panel of the
+ * builtin models' weights (K x 32 floats, 24-64 KB) stays in L1/L2 across the row blocks, and the weight
+ * is read from memory once per call, not once per 8 rows. */
+#define MR 48
+
+static inline __attribute__((always_inline)) void tile(int mr, int nv, int K, const float *x, long ldx,
+                                                        const float *w0, const float *bias, float *y, long ldy) {
+    __m256 acc[3][8];
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < nv; j++) acc[m][j] = bias ? _mm256_loadu_ps(bias + 8 * j) : _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const float *w = w0 + (long)k * PANEL;
+        __m256 wv[8];
+        for (int j = 0; j < nv; j++) wv[j] = _mm256_loadu_ps(w + 8 * j);
+        for (int m = 0; m < mr; m++) {
+            const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
+            for (int j = 0; j < nv; j++) acc[m][j] = _mm256_fmadd_ps(xb, wv[j], acc[m][j]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < nv; j++) _mm256_storeu_ps(y + m * ldy + 8 * j, acc[m][j]);
+}
+
+static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp, const float *bias, float *y,
+                 long ldy) {
+    float ypad[MR * PANEL], bpad[PANEL]; /* a zero-padded last panel's results, all rows */
+    const int pairs = mr % 3 == 1 ? mr - 1 : mr; /* rows in blocks of 3 (and one of 2); a lone last row
+                                                    takes the whole panel */
+    for (int n0 = 0; n0 < N; n0 += PANEL) {
+        const int nn = N - n0 < PANEL ? N - n0 : PANEL;
+        const float *panel = wp + (long)(n0 / PANEL) * K * PANEL;
+        const float *b = bias ? bias + n0 : NULL;
+        if (b && nn < PANEL) { /* the last panel is zero-padded; its bias and results go through buffers */
+            memcpy(bpad, b, sizeof(float) * (size_t)nn);
+            memset(bpad + nn, 0, sizeof(float) * (size_t)(PANEL - nn));
+            b = bpad;
+        }
+        const int full = nn == PANEL;
+        for (int h = 0; h < PANEL; h += 32) {
+            for (int m0 = 0; m0 < pairs; m0 += 3) {
+                const int g = pairs - m0 >= 3 ? 3 : 2;
+                const float *xm = x + (long)m0 * ldx;
+                float *ym = full ? y + (long)m0 * ldy + n0 + h : ypad + m0 * PANEL + h;
+                const long ld = full ? ldy : PANEL;
+                if (g == 3) tile(3, 4, K, xm, ldx, panel + h, b ? b + h : NULL, ym, ld);
+                else tile(2, 4, K, xm, ldx, panel + h, b ? b + h : NULL, ym, ld);
+            }
+        }
+        if (pairs < mr)
+            tile(1, 8, K, x + (long)pairs * ldx, ldx, panel, b, full ? y + (long)pairs * ldy + n0 : ypad + pairs * PANEL,
+                 full ? ldy : PANEL);
+        if (!full)
+            for (int m = 0; m < mr; m++)
+                memcpy(y + (long)m * ldy + n0, ypad + m * PANEL, sizeof(float) * (size_t)nn);
+    }
+}
+#define ISA 256
 #else
 #define MR 8
 static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp, const float *bias, float *y,
@@ -96,7 +160,8 @@ static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp
 #define ISA 0
 #endif
 
-/* Which path this build took: 512 (AVX-512 intrinsics) or 0 (compiler-vectorised loops). */
+/* Which path this build took: 512 (AVX-512 intrinsics), 256 (AVX2 and FMA intrinsics) or 0 (compiler-vectorised
+ * loops). */
 int specctl_sgemm_isa(void) { return ISA; }
 
 /* y [M, N] = x [M, K] (row stride ldx) times the packed weight wp, plus bias [N] when not NULL. */
@@ -176,6 +241,31 @@ static inline __m512 exp16(__m512 x) {
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r), _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(y, n);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* e^x, 8 lanes: exp16's reduction and polynomial, 2^n built in the exponent bits (|n| <= 126 after the
+ * clamp, so the result stays a normal float). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(q, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
 #endif
 
 /* scores[s] = e^(scores[s] - mx) for s < n; returns their sum (the softmax's denominator). */
@@ -192,6 +282,15 @@ static float exp_shifted(int n, float *scores, float mx) {
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
     }
     sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    for (; s + 8 <= n; s += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + s), m));
+        _mm256_storeu_ps(scores + s, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum8(acc);
 #endif
     for (; s < n; s++) {
         scores[s] = expf(scores[s] - mx);
@@ -210,6 +309,13 @@ static void silu_mul(int n, const float *g, const float *u, float *out) {
         const __m512 gv = _mm512_loadu_ps(g + e);
         const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
         _mm512_storeu_ps(out + e, u ? _mm512_mul_ps(sv, _mm512_loadu_ps(u + e)) : sv);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; e + 8 <= n; e += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + e);
+        const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_storeu_ps(out + e, u ? _mm256_mul_ps(sv, _mm256_loadu_ps(u + e)) : sv);
     }
 #endif
     for (; e < n; e++) {
@@ -241,6 +347,27 @@ static void weighted_sum(int n, int d, const float *w, const float *v, long ldv,
             if (c > 1) _mm512_storeu_ps(out + e0 + 16, a1);
             if (c > 2) _mm512_storeu_ps(out + e0 + 32, a2);
             if (c > 3) _mm512_storeu_ps(out + e0 + 48, a3);
+        }
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (d % 8 == 0) {
+        /* chunks of 32 features (4 vectors), the last 8, 16 or 24 wide */
+        for (int e0 = 0; e0 < d; e0 += 32) {
+            const int c = d - e0 >= 32 ? 4 : (d - e0) / 8;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int s = 0; s < n; s++) {
+                const __m256 ws = _mm256_set1_ps(w[s]);
+                const float *vs = v + (rows ? rows[s] : (long)s * ldv) + e0;
+                a0 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs), a0);
+                if (c > 1) a1 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 8), a1);
+                if (c > 2) a2 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 16), a2);
+                if (c > 3) a3 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 24), a3);
+            }
+            _mm256_storeu_ps(out + e0, a0);
+            if (c > 1) _mm256_storeu_ps(out + e0 + 8, a1);
+            if (c > 2) _mm256_storeu_ps(out + e0 + 16, a2);
+            if (c > 3) _mm256_storeu_ps(out + e0 + 24, a3);
         }
         return;
     }
@@ -442,6 +569,17 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
                                                           _mm512_mul_ps(_mm512_set1_ps(dx), _mm512_loadu_ps(B)));
                         _mm512_storeu_ps(cur + at, hv);
                         yv = _mm512_reduce_add_ps(_mm512_mul_ps(hv, _mm512_loadu_ps(Cm)));
+                    } else
+#elif defined(__AVX2__) && defined(__FMA__)
+                    if (N == 16) {
+                        const __m256 dav = _mm256_set1_ps(da), dxv = _mm256_set1_ps(dx);
+                        const __m256 h0 = _mm256_fmadd_ps(dav, _mm256_loadu_ps(prev + at),
+                                                          _mm256_mul_ps(dxv, _mm256_loadu_ps(B)));
+                        const __m256 h1 = _mm256_fmadd_ps(dav, _mm256_loadu_ps(prev + at + 8),
+                                                          _mm256_mul_ps(dxv, _mm256_loadu_ps(B + 8)));
+                        _mm256_storeu_ps(cur + at, h0);
+                        _mm256_storeu_ps(cur + at + 8, h1);
+                        yv = hsum8(_mm256_fmadd_ps(h1, _mm256_loadu_ps(Cm + 8), _mm256_mul_ps(h0, _mm256_loadu_ps(Cm))));
                     } else
 #endif
                     {

@@ -1,14 +1,15 @@
 """The small-row matmul kernel (engine/smallgemm.py, engine/smallgemm.c), built here with the real compiler.
 
-- it builds on a machine with a C compiler, and both of its code paths (AVX-512 intrinsics where the CPU
-  has them, the compiler-vectorised loops otherwise) compute x W^T + b as float64 does, to float32
-  rounding, for row, column and feature counts around its blocks (8 rows, 64-column panels, 16-lane tails);
+- it builds on a machine with a C compiler, and each of its code paths (AVX-512 intrinsics where the CPU
+  has them, AVX2 and FMA intrinsics where it has those, the compiler-vectorised loops otherwise) computes
+  x W^T + b as float64 does, to float32 rounding, for row, column and feature counts around its blocks
+  (8 and 3 rows, 64-column panels, 16- and 8-lane tails);
 - a row computes to the same bits alone and inside any batch (what makes a verify's logits a decode's);
 - `PackedLinear` follows an in-place update of its weight on the small-row path;
 - batch-1 greedy drafting runs its whole chain in the kernel's fused loop, and emits transformers' own
   greedy tokens for Llama (Llama 3 rope, untied head) and Qwen2 (q/k/v biases, tied) checkpoints;
 - requests chained together in that loop get the tokens and logits each gets alone, bit for bit, and
-  torch's to float32 rounding, on both code paths;
+  torch's to float32 rounding, on every code path;
 - the build is cached per source, compiler and CPU, and without a compiler (or with SPECCTL_SMALL_GEMM=0)
   `kernel()` is None, so the model keeps torch's kernels.
 """
@@ -42,12 +43,27 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
 
 
 @pytest.fixture(scope="module")
+def avx2(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
+    """The same source built without AVX-512: the AVX2 and FMA intrinsics most x86 CPUs run."""
+    if not {"avx2", "fma"} <= set(smallgemm._cpu_flags().split()):
+        pytest.skip("this CPU has no AVX2 and FMA")
+    cc = shutil.which("cc")
+    assert cc is not None
+    out = tmp_path_factory.mktemp("sg") / "smallgemm-avx2.so"
+    assert smallgemm._build(cc, out, flag_sets=(["-O3", "-march=native", "-mno-avx512f"],))
+    k = smallgemm.SmallGemm(ctypes.CDLL(str(out)), out)
+    assert k.isa == 256
+    return k
+
+
+@pytest.fixture(scope="module")
 def portable(tmp_path_factory: pytest.TempPathFactory) -> smallgemm.SmallGemm:
-    """The same source built without AVX-512: the compiler-vectorised path other CPUs run."""
+    """The same source built without AVX-512, AVX2 or FMA: the compiler-vectorised path other CPUs run."""
     cc = shutil.which("cc")
     assert cc is not None
     out = tmp_path_factory.mktemp("sg") / "smallgemm-portable.so"
-    assert smallgemm._build(cc, out, flag_sets=(["-O3", "-march=native", "-mno-avx512f"], ["-O3"]))
+    assert smallgemm._build(cc, out, flag_sets=(["-O3", "-march=native", "-mno-avx512f", "-mno-avx2", "-mno-fma"],
+                                                ["-O3"]))
     k = smallgemm.SmallGemm(ctypes.CDLL(str(out)), out)
     assert k.isa == 0
     return k
@@ -77,11 +93,12 @@ def torch_runner_class(monkeypatch: pytest.MonkeyPatch, k: smallgemm.SmallGemm) 
     return TorchRunner
 
 
-SHAPES = [(1, 1, 1), (1, 17, 5), (3, 64, 192), (8, 65, 128), (9, 260, 192), (16, 1024, 192), (33, 100, 48)]
+SHAPES = [(1, 1, 1), (1, 17, 5), (3, 64, 192), (4, 70, 33), (5, 100, 40), (8, 65, 128), (9, 260, 192), (16, 1024, 192),
+          (33, 100, 48), (50, 66, 20)]
 
 
 @needs_cc
-@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("rows,n,k", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_kernel_equals_float64_reference(request, path, rows, n, k, bias):
@@ -110,7 +127,7 @@ def test_kernel_takes_leading_dims_and_non_contiguous_rows(native):
 
 
 @needs_cc
-@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
     sg: smallgemm.SmallGemm = request.getfixturevalue(path)
     g = torch.Generator().manual_seed(11)
@@ -123,7 +140,7 @@ def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
 
 
 @needs_cc
-@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("shape", [(1, 192), (7, 3, 24), (33, 256), (2, 5, 17)])
 def test_rms_norm_equals_torch_and_computes_a_row_alone(request, path, shape):
     sg: smallgemm.SmallGemm = request.getfixturevalue(path)
@@ -244,7 +261,7 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
 
 
 @needs_cc
-@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 # 64: the vector paths' whole chunks; 48 and 80: the weighted sum's partial chunk of 16-feature vectors (48 alone,
 # 80 after a whole one); 24: the tails and fallbacks
 @pytest.mark.parametrize("head_dim", [24, 48, 64, 80])
@@ -296,7 +313,7 @@ def test_batched_chains_give_each_request_its_own_logits(request, tmp_path, monk
 
 
 @needs_cc
-@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("d_state,head_dim", [(16, 48), (8, 16)])  # 16: one vector per state row; 8: the loops
 def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_path, monkeypatch, path,
                                                                   d_state, head_dim):
