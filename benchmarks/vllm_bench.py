@@ -88,6 +88,11 @@ for head sizes that are multiples of 16 (959ea8a), in the next hour, slower for 
 (480 vs 246), 1.33x at 8 (1969 vs 1402), 1.11x at 32 (2914 vs 2731; repeats 1.03-1.20). With the norms in
 the kernel too (25c53ae): 2.82x at 1 (629 vs 208), 1.73x at 8 (2469 vs 1277), 1.16x at 32 (3143 vs 2806;
 repeats 1.06-1.22). 880 requests identical in every run.
+Later that day on an AVX2-only EPYC (Zen 3, no AVX-512; Python about twice as slow), with the kernel's AVX2
+path (9ac9f20): 2.44x at 1 (257 vs 105), 1.16x at 8 (680 vs 583), 0.94x at 32 (1237 vs 1364; repeats
+0.84-0.99). The attention's dot product there still kept its partial sums in memory; with its AVX2 path
+(the next commit), in the next run: 2.37x at 1 (247 vs 103), 1.43x at 8 (836 vs 591), 1.13x at 32 (1666 vs
+1411; repeats 0.99-1.33). 880 requests identical in both.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
