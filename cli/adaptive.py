@@ -429,10 +429,9 @@ def tune_command(
     snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
     SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
     the current config, the best fixed step and no speculation; the predictions include the serving time
-    the trace measured beyond the cost model, as a real run pays it, unless --decode-only: on every replayed
-    step, the median time between verifies (scheduling, streaming a step's tokens), so configs that take
-    more steps per token pay more of it, and the verifies' median slow-down against the profile (a shared
-    machine); the rest (prefill, admission) per token.
+    the trace measured beyond the cost model, as a real run pays it, unless --decode-only: its median per
+    verify (scheduling, streaming a step's tokens) on every replayed step, so configs that take more steps
+    per token pay more of it, and the rest (prefill, admission) per token.
     Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
@@ -482,10 +481,10 @@ def render_tune(result: Any) -> str:
                  f"{sp['vs_none']:.2f}x no speculation")
     if result.overhead is not None:
         o = result.overhead
-        lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies "
-                     f"{o.verify_scale:.2f}x their profiled time and {o.per_step * 1e3:.3f} ms between steps, priced "
-                     f"into every replayed step, and {o.per_token * 1e3:.3f} ms per token (prefills), paid by every "
-                     "config; --decode-only leaves it out)")
+        lines.append(f"(includes the serving time the trace measured beyond the cost model: {o.per_step * 1e3:.3f} ms "
+                     f"per step, priced into every replayed step, and {o.per_token * 1e3:.3f} ms per token, paid by "
+                     f"every config (per token: {o.between * 1e3:.3f} between verifies, {o.excess * 1e3:+.3f} in "
+                     "them); --decode-only leaves it out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"

@@ -116,14 +116,13 @@ class CostModel:
             t += frac * (_interpolate(self.sampled_step_s, batch_size, steps) - t)
         return t
 
-    def served(self, scale: float, per_step: float) -> CostModel:
-        """This cost model as a serving process pays it: every step `scale` times its profiled time (a machine
-        shared with the prefill server, the router and the clients) plus `per_step` seconds of its own work."""
-        if scale == 1.0 and per_step == 0.0:
+    def plus_per_step(self, seconds: float) -> CostModel:
+        """This cost model with `seconds` added to every step (a serving process's own per-step work)."""
+        if seconds == 0.0:
             return self
 
         def shift(table: Mapping[int, Mapping[int, float]]) -> dict[int, dict[int, float]]:
-            return {b: {k: v * scale + per_step for k, v in row.items()} for b, row in table.items()}
+            return {b: {k: v + seconds for k, v in row.items()} for b, row in table.items()}
 
         return CostModel(shift(self.step_s), self.meta,
                          shift(self.sampled_step_s) if self.sampled_step_s is not None else None)
@@ -298,21 +297,21 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 class ServingOverhead:
     """What a traced run spent beyond the cost model's price of its verifies, split by what it scales with.
 
-    Between two verifies a serving process does its own work once per step whatever the step emitted
-    (scheduling, streaming the step's tokens to the clients, the HTTP front), and now and then a prefill as a
-    request joins; and on a machine shared with the prefill server, the router and the clients its verifies
-    take longer than the same steps profiled alone, in proportion to their cost. So: `per_step`, the median
-    wall time between a verify and the run's previous one less its `draft_s` and `verify_s`; `verify_scale`,
-    the median of each verify's `draft_s + verify_s` over its price. The replay prices every step at
-    `verify_scale` times its cost plus `per_step` (plain decoding, with more steps per token, pays more of
-    the second). What the trace spent beyond that (the prefills, which every config pays alike) is
-    `per_token`, per emitted token. `between` and `excess` are the raw parts per token: the time between
-    verifies, and what the verifies took beyond their price."""
+    For each verify, the wall time since the run's previous one less the verify's price under the cost model
+    is its residual: the serving process's own work around the step (scheduling, streaming each step's tokens
+    to the clients, the HTTP front), a colocated prefill when a request joins, and a verify slower than
+    profiled on a machine shared with the prefill server, the router and the clients. `per_step` is the
+    median residual, paid by every step whatever it emits, so the replay prices each step that much higher:
+    plain decoding, with more steps per token, pays more of it. What the residuals add up to beyond it (the
+    prefills, which every config pays alike) is `per_token`, per emitted token. `between` and `excess` are the
+    raw parts per token: the wall time between verifies (less their `draft_s` and `verify_s`), and what the
+    verifies took beyond their price (negative when the profile timed more than the trace's verifies
+    hold, as whole engine steps). Were the serving machine uniformly slower than the profiling one, profile
+    on it."""
 
     between: float
     excess: float
     per_step: float = 0.0
-    verify_scale: float = 1.0
     remainder: float = 0.0
 
     @property
@@ -320,8 +319,8 @@ class ServingOverhead:
         return self.remainder
 
     def to_json(self) -> dict[str, float]:
-        return {"per_step_s": self.per_step, "verify_scale": self.verify_scale, "per_token_s": self.per_token,
-                "between_verifies_s": self.between, "verify_excess_s": self.excess}
+        return {"per_step_s": self.per_step, "per_token_s": self.per_token, "between_verifies_s": self.between,
+                "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
@@ -330,9 +329,7 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     predicted speed-up is decode-only, above what `bench --ab` measures end to end."""
     gap = excess = 0.0
     gap_tokens = tokens = 0
-    gaps: list[float] = []
-    spent: list[tuple[float, float]] = []  # (draft_s + verify_s, price) of the verifies with a gap before them
-    ratios: list[float] = []
+    residuals: list[float] = []
     last: dict[str | None, TraceRecord] = {}
     for rec in records:
         if rec.time is None or rec.draft_s is None or rec.verify_s is None:
@@ -340,29 +337,24 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         emitted = sum(rec.accepted) + len(rec.accepted)
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
-        price = cost.step_time(rec.batch_size, k, rec.sampled or 0)
-        took = rec.draft_s + rec.verify_s
-        excess += took - price
-        ratios.append(took / price)
+        over = rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        excess += over
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
         if prev is None or prev.time is None:
             continue
-        g = rec.time - prev.time - took
+        g = rec.time - prev.time - rec.draft_s - rec.verify_s
         if g > IDLE_GAP_S:
             continue
         gap += max(0.0, g)
         gap_tokens += emitted
-        gaps.append(max(0.0, g))
-        spent.append((took, price))
+        residuals.append(max(0.0, g) + over)
     if not tokens:
         return None
-    per_step = statistics.median(gaps) if gaps else 0.0
-    scale = statistics.median(ratios) if ratios else 1.0
-    rest = sum(gaps) - per_step * len(gaps) + sum(t - scale * p for t, p in spent)
-    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens, per_step, scale,
-                           max(0.0, rest / gap_tokens) if gap_tokens else 0.0)
+    per_step = max(0.0, statistics.median(residuals)) if residuals else 0.0
+    remainder = (sum(residuals) - per_step * len(residuals)) / gap_tokens if gap_tokens else 0.0
+    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens, per_step, max(0.0, remainder))
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -903,12 +895,11 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
-    # Serving time per step changes choices (plain decoding takes more steps per token), and a shared
-    # machine's slower verifies scale every step: every replay below prices both; the per-token rest
-    # changes no choice and joins the reported predictions at the end.
+    # Serving time per step changes choices (plain decoding takes more steps per token), so every replay
+    # below prices it; the per-token rest changes none and joins the reported predictions at the end.
     ovh = None if setup.decode_only else serving_overhead(records, cost)
     if ovh is not None:
-        cost = cost.served(ovh.verify_scale, ovh.per_step)
+        cost = cost.plus_per_step(ovh.per_step)
     depth = trace_depth(records)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
