@@ -414,8 +414,8 @@ def tune_command(
         "deployment with engine: sglang.")] = False,
     decode_only: Annotated[bool, typer.Option(
         "--decode-only", help="Predict decode speed alone: leave out the serving time the trace measured "
-        "beyond the cost model (scheduling and streaming, paid per step; prefill and admission, paid per "
-        "token; verifies slower than profiled on a shared machine).")] = False,
+        "beyond the cost model (between verifies: prefill, admission, streaming; and verifies slower than "
+        "profiled on a shared machine), which every config pays per token.")] = False,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -429,9 +429,8 @@ def tune_command(
     snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
     SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
     the current config, the best fixed step and no speculation; the predictions include the serving time
-    the trace measured beyond the cost model, as a real run pays it, unless --decode-only: its median per
-    verify (scheduling, streaming a step's tokens) on every replayed step, so configs that take more steps
-    per token pay more of it, and the rest (prefill, admission) per token.
+    per token the trace measured beyond the cost model (between verifies: prefill, admission, streaming;
+    and verifies slower than profiled on a shared machine), as a real run pays it, unless --decode-only.
     Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
@@ -481,10 +480,9 @@ def render_tune(result: Any) -> str:
                  f"{sp['vs_none']:.2f}x no speculation")
     if result.overhead is not None:
         o = result.overhead
-        lines.append(f"(includes the serving time the trace measured beyond the cost model: {o.per_step * 1e3:.3f} ms "
-                     f"per step, priced into every replayed step, and {o.per_token * 1e3:.3f} ms per token, paid by "
-                     f"every config (per token: {o.between * 1e3:.3f} between verifies, {o.excess * 1e3:+.3f} in "
-                     "them); --decode-only leaves it out)")
+        lines.append(f"(includes {o.per_token * 1e3:.3f} ms per token of serving time the trace measured beyond the "
+                     f"cost model: {o.between * 1e3:.3f} between verifies, {o.excess * 1e3:+.3f} in them; paid by "
+                     "every config; --decode-only leaves it out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"

@@ -98,70 +98,40 @@ def timed(accepted: list[int], step_s: float, gap_s: float, run: str = "r", t0: 
     return out
 
 
-def test_serving_overhead_is_the_time_beyond_the_cost_model_per_step_and_per_token():
+def test_serving_overhead_is_the_time_beyond_the_cost_model_per_token():
     cost = cost_model()
     price = cost.step_time(1, K)  # what the cost model says one traced verify costs
     recs = timed([2] * 50, step_s=price, gap_s=0.003)  # 3 tokens per verify, verifies as profiled
     got = serving_overhead(recs, cost)
-    # per token, the raw parts: the gaps, and no excess
     assert got.between == pytest.approx(0.001) and got.excess == pytest.approx(0.0, abs=1e-12)
-    # the same 3 ms after every verify is work per step (scheduling, streaming): nothing is left per token
-    assert got.per_step == pytest.approx(0.003) and got.per_token == pytest.approx(0.0, abs=1e-12)
     # a second run (another engine) counts on its own; an idle pause is not serving time
     other = timed([0] * 20, step_s=price, gap_s=0.001, run="s", t0=5000.0)
     idle = timed([2] * 10, step_s=price, gap_s=0.003, t0=recs[-1].time + 30.0)
     got = serving_overhead(recs + other + idle, cost)
     assert got.between == pytest.approx((49 * 0.003 + 19 * 0.001 + 9 * 0.003) / (49 * 3 + 19 + 9 * 3))
-    assert got.per_step == pytest.approx(0.003)  # the median step's
-    # verifies slower than profiled (a machine shared with prefill, router, clients): per step too
+    # verifies slower than profiled (a machine shared with prefill, router, clients): the excess per token
     slow = serving_overhead(timed([2] * 50, step_s=price + 0.0006, gap_s=0.0), cost)
     assert slow.between == pytest.approx(0.0, abs=1e-9) and slow.excess == pytest.approx(0.0002)
-    assert slow.per_step == pytest.approx(0.0006) and slow.per_token == pytest.approx(0.0, abs=1e-9)
+    assert slow.per_token == pytest.approx(0.0002)
     fast = serving_overhead(timed([2] * 50, step_s=price / 2, gap_s=0.0), cost)
-    assert fast.excess < 0 and fast.per_step == 0.0 and fast.per_token == 0.0  # never a negative overhead
-    # a prefill now and then (a request joining) is what is left per token, beyond the median step's
-    spiky = timed([2] * 50, step_s=price, gap_s=0.001)
-    spiky = [replace(r, time=r.time + 0.020 * (i // 10)) for i, r in enumerate(spiky)]  # +20 ms every 10th
-    got = serving_overhead(spiky, cost)
-    assert got.per_step == pytest.approx(0.001)
-    assert got.per_token == pytest.approx(4 * 0.020 / (49 * 3))
+    assert fast.excess < 0 and fast.per_token == 0.0  # never a negative overhead
     assert serving_overhead(records([2] * 10), cost) is None  # an older trace: no timings
 
 
-def test_tune_prices_the_serving_overhead_per_step():
+def test_tune_adds_the_serving_overhead_to_every_prediction():
     price = cost_model().step_time(1, K)
-    recs = timed([K] * 300, step_s=price + 0.0008, gap_s=0.004)  # 8 tokens per verify, 4.8 ms beyond its price
+    recs = timed([K] * 300, step_s=price + 0.0008, gap_s=0.004)  # 8 tokens per verify
     with_ovh = tune(setup(), recs, cost_model())
     decode = tune(TuneSetup(setup().cfg, 3, max_batch_size=8, decode_only=True), recs, cost_model())
-    assert decode.overhead is None and with_ovh.overhead is not None
-    assert with_ovh.overhead.per_step == pytest.approx(0.0048) and with_ovh.overhead_s_per_token == pytest.approx(0.0)
-    assert with_ovh.recommended.bucket(1).candidate_steps[-1] == K  # an always-right drafter: still the largest
-    # every replayed step costs 4.8 ms more: no speculation (1 token a step) pays it per token, steps K per
-    # 8 tokens
-    assert 1 / with_ovh.none.tokens_per_s == pytest.approx(1 / decode.none.tokens_per_s + 0.0048)
-    fixed_k, fixed_k_decode = with_ovh.best_fixed, decode.best_fixed
-    assert with_ovh.best_fixed_steps == decode.best_fixed_steps == K
-    assert 1 / fixed_k.tokens_per_s == pytest.approx(1 / fixed_k_decode.tokens_per_s + 0.0048 / (K + 1))
-    # so speculation pays more than decode alone says: plain decoding takes K + 1 times the steps
-    assert with_ovh.speedups()["vs_none"] > decode.speedups()["vs_none"]
-    doc = with_ovh.to_json()
-    assert doc["serving_overhead"]["per_step_s"] == pytest.approx(0.0048)
-    assert doc["serving_overhead"]["between_verifies_s"] == pytest.approx(0.0005)
-
-
-def test_tune_adds_the_per_token_serving_overhead_to_every_prediction():
-    price = cost_model().step_time(1, K)
-    recs = timed([K] * 300, step_s=price, gap_s=0.0)
-    recs = [replace(r, time=r.time + 0.050 * (i // 30)) for i, r in enumerate(recs)]  # a prefill every 30 verifies
-    with_ovh = tune(setup(), recs, cost_model())
-    decode = tune(TuneSetup(setup().cfg, 3, max_batch_size=8, decode_only=True), recs, cost_model())
-    per_token = 9 * 0.050 / (299 * (K + 1))
-    assert with_ovh.overhead is not None and with_ovh.overhead.per_step == pytest.approx(0.0, abs=1e-12)
-    assert with_ovh.overhead_s_per_token == pytest.approx(per_token)
+    assert decode.overhead is None and with_ovh.overhead_s_per_token == pytest.approx(0.0006)
     assert with_ovh.recommended == decode.recommended  # a per-token constant changes no choice
     for a, b in ((with_ovh.predicted, decode.predicted), (with_ovh.none, decode.none)):
-        assert 1 / a.tokens_per_s == pytest.approx(1 / b.tokens_per_s + per_token)
+        # the same work plus 0.6 ms per token
+        assert 1 / a.tokens_per_s == pytest.approx(1 / b.tokens_per_s + 0.0006)
     assert 1.0 < with_ovh.speedups()["vs_none"] < decode.speedups()["vs_none"]
+    doc = with_ovh.to_json()
+    assert doc["serving_overhead_s_per_token"] == pytest.approx(0.0006)
+    assert doc["serving_overhead"]["between_verifies_s"] == pytest.approx(0.0005)
 
 
 def test_recommendation_validates_and_round_trips_as_sglang_json():

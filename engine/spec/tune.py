@@ -39,7 +39,6 @@ import functools
 import itertools
 import json
 import math
-import statistics
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -115,17 +114,6 @@ class CostModel:
             frac = min(1.0, sampled / batch_size)
             t += frac * (_interpolate(self.sampled_step_s, batch_size, steps) - t)
         return t
-
-    def plus_per_step(self, seconds: float) -> CostModel:
-        """This cost model with `seconds` added to every step (a serving process's own per-step work)."""
-        if seconds == 0.0:
-            return self
-
-        def shift(table: Mapping[int, Mapping[int, float]]) -> dict[int, dict[int, float]]:
-            return {b: {k: v + seconds for k, v in row.items()} for b, row in table.items()}
-
-        return CostModel(shift(self.step_s), self.meta,
-                         shift(self.sampled_step_s) if self.sampled_step_s is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -249,8 +237,7 @@ class Prediction:
         return sum(w * sec / tok for tok, sec, w in rows if tok > 0)
 
     def decode_rate(self, keep: Callable[[int], bool]) -> float:
-        """Tokens/s of the batch sizes `keep` accepts, its steps priced by the cost model it was replayed under
-        (no per-token serving time)."""
+        """Tokens/s of the batch sizes `keep` accepts, decode only (no serving overhead)."""
         rows = [row for b, row in self.by_batch.items() if keep(b)]
         seconds = self._decode_seconds(rows)
         return sum(w for _, _, w in rows) / seconds if seconds > 0 else 0.0
@@ -295,32 +282,25 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 
 @dataclass(frozen=True)
 class ServingOverhead:
-    """What a traced run spent beyond the cost model's price of its verifies, split by what it scales with.
+    """Seconds per emitted token a traced run spent beyond the cost model's price of its verifies.
 
-    For each verify, the wall time since the run's previous one less the verify's price under the cost model
-    is its residual: the serving process's own work around the step (scheduling, streaming each step's tokens
-    to the clients, the HTTP front), a colocated prefill when a request joins, and a verify slower than
-    profiled on a machine shared with the prefill server, the router and the clients. `per_step` is the
-    median residual, paid by every step whatever it emits, so the replay prices each step that much higher:
-    plain decoding, with more steps per token, pays more of it. What the residuals add up to beyond it (the
-    prefills, which every config pays alike) is `per_token`, per emitted token. `between` and `excess` are the
-    raw parts per token: the wall time between verifies (less their `draft_s` and `verify_s`), and what the
-    verifies took beyond their price (negative when the profile timed more than the trace's verifies
-    hold, as whole engine steps). Were the serving machine uniformly slower than the profiling one, profile
-    on it."""
+    `between`: the wall time between consecutive verifies of one run (colocated prefill of new requests,
+    admitting transferred ones, streaming, scheduling). `excess`: what its verifies took beyond their
+    price: a verify on a machine shared with the prefill server, the router and the clients takes longer
+    than the same step profiled alone (negative when the profile ran on a busier machine). Both come from
+    work every config does the same amount of (the prompts, the output tokens), so `tune` adds the same
+    seconds per token to every prediction; were the serving machine instead uniformly slower than the
+    profiling one, profile on it."""
 
     between: float
     excess: float
-    per_step: float = 0.0
-    remainder: float = 0.0
 
     @property
     def per_token(self) -> float:
-        return self.remainder
+        return max(0.0, self.between + self.excess)
 
     def to_json(self) -> dict[str, float]:
-        return {"per_step_s": self.per_step, "per_token_s": self.per_token, "between_verifies_s": self.between,
-                "verify_excess_s": self.excess}
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
@@ -329,7 +309,6 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     predicted speed-up is decode-only, above what `bench --ab` measures end to end."""
     gap = excess = 0.0
     gap_tokens = tokens = 0
-    residuals: list[float] = []
     last: dict[str | None, TraceRecord] = {}
     for rec in records:
         if rec.time is None or rec.draft_s is None or rec.verify_s is None:
@@ -337,8 +316,7 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         emitted = sum(rec.accepted) + len(rec.accepted)
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
-        over = rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
-        excess += over
+        excess += rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
@@ -349,12 +327,9 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
             continue
         gap += max(0.0, g)
         gap_tokens += emitted
-        residuals.append(max(0.0, g) + over)
     if not tokens:
         return None
-    per_step = max(0.0, statistics.median(residuals)) if residuals else 0.0
-    remainder = (sum(residuals) - per_step * len(residuals)) / gap_tokens if gap_tokens else 0.0
-    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens, per_step, max(0.0, remainder))
+    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -895,11 +870,6 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
-    # Serving time per step changes choices (plain decoding takes more steps per token), so every replay
-    # below prices it; the per-token rest changes none and joins the reported predictions at the end.
-    ovh = None if setup.decode_only else serving_overhead(records, cost)
-    if ovh is not None:
-        cost = cost.plus_per_step(ovh.per_step)
     depth = trace_depth(records)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
@@ -932,7 +902,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
         best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, backoffs)
         if progress is not None:
             progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
-                     f"sizes, steps only ({n} configs replayed)")
+                     f"sizes, decode only ({n} configs replayed)")
         evaluated += n
         chosen.append(best)
         chosen_sglang.append(best_sglang)
@@ -960,6 +930,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
     # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
+    ovh = None if setup.decode_only else serving_overhead(records, cost)
     if ovh is not None:
         def add(p: Prediction) -> Prediction:
             return replace(p, overhead_s_per_token=ovh.per_token)
