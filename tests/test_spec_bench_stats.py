@@ -6,23 +6,16 @@ the noise is independent per round, the two must agree with what a known answer 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from script_support import load_script  # isort: skip
+
 
 @pytest.fixture(scope="module")
 def spec_bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "spec_bench.py"
-    spec = importlib.util.spec_from_file_location("spec_bench_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/spec_bench.py", "spec_bench_under_test")
 
 
 def test_heldout_picks_the_best_of_the_other_rounds(spec_bench: ModuleType) -> None:

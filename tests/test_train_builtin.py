@@ -4,9 +4,7 @@ weights exactly, and a short real run writes a loadable model directory whose lo
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,16 +15,11 @@ from specctl.engine.checkpoint import load_model, write_random_model
 from specctl.engine.model import HybridForCausalLM, ModelConfig
 from specctl.schemas.model_facts import builtin_dir, load_model_facts
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_builtin.py"
+from script_support import load_script as load_script_as  # isort: skip
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_builtin_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script_as("scripts/train_builtin.py", "train_builtin_under_test")
 
 
 tb = load_script()
