@@ -201,6 +201,48 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
+/* The few vector operations the width-generic loops below use: 16 lanes with AVX-512, 8 with AVX2 + FMA
+ * (VL 0: neither, and those loops are compiled out). */
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define VL 16
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VSET1 _mm512_set1_ps
+#define VZERO _mm512_setzero_ps
+#define VFMA _mm512_fmadd_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VMIN _mm512_min_ps
+#define VMAX _mm512_max_ps
+#define VFNMADD _mm512_fnmadd_ps
+#define VROUND(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2(y, n) _mm512_scalef_ps((y), (n)) /* y 2^n */
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+#define VL 8
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VSET1 _mm256_set1_ps
+#define VZERO _mm256_setzero_ps
+#define VFMA _mm256_fmadd_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VDIV _mm256_div_ps
+#define VMIN _mm256_min_ps
+#define VMAX _mm256_max_ps
+#define VFNMADD _mm256_fnmadd_ps
+#define VROUND(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2(y, n) /* y 2^n, 2^n built in the exponent bits */ \
+    _mm256_mul_ps((y), _mm256_castsi256_ps(_mm256_slli_epi32(                  \
+                           _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+#else
+#define VL 0
+#endif
+
 /* q . k over d features in 16 partial sums (one vector), then added together. A plain running sum is a
  * chain of d dependent adds: most of a chain's time at a few hundred cached positions. */
 static inline float dot(const float *a, const float *b, int n) {
@@ -245,44 +287,23 @@ void specctl_rmsnorm(int rows, int n, const float *x, const float *w, float eps,
     for (int r = 0; r < rows; r++) rmsnorm(n, x + (long)r * n, w, eps, out + (long)r * n);
 }
 
-#if defined(__AVX512F__)
-/* e^x, 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' expf polynomial, times 2^n. Within
- * 2 ulp of expf for |x| <= 87; x is clamped there (e^-87 is as good as 0 next to 1, e^87 as inf). */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 q = _mm512_set1_ps(1.9875691500e-4f);
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
+#if VL
+/* e^x, VL lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' expf polynomial, times 2^n. Within 2 ulp
+ * of expf for |x| <= 87; x is clamped there (e^-87 is as good as 0 next to 1, e^87 as inf; 2^n, |n| <= 126,
+ * stays a normal float where it is built in the exponent bits). */
+static inline vec vexp(vec x) {
+    x = VMIN(VMAX(x, VSET1(-87.0f)), VSET1(87.0f));
+    const vec n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
+    vec r = VFNMADD(n, VSET1(0.693359375f), x);
+    r = VFNMADD(n, VSET1(-2.12194440e-4f), r);
+    vec q = VSET1(1.9875691500e-4f);
+    q = VFMA(q, r, VSET1(1.3981999507e-3f));
+    q = VFMA(q, r, VSET1(8.3334519073e-3f));
+    q = VFMA(q, r, VSET1(4.1665795894e-2f));
+    q = VFMA(q, r, VSET1(1.6666665459e-1f));
+    q = VFMA(q, r, VSET1(5.0000001201e-1f));
+    return VPOW2(VADD(VFMA(VMUL(q, r), r, r), VSET1(1.0f)), n);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-/* e^x, 8 lanes: exp16's reduction and polynomial, 2^n built in the exponent bits (|n| <= 126 after the
- * clamp, so the result stays a normal float). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(q, r), r, r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 #endif
 
 /* scores[s] = e^(scores[s] - mx) for s < n; returns their sum (the softmax's denominator). */
@@ -294,7 +315,7 @@ static float exp_shifted(int n, float *scores, float mx) {
     __m512 acc = _mm512_setzero_ps();
     for (; s < n; s += 16) {
         const __mmask16 k = n - s >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + s), m));
+        const __m512 e = vexp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + s), m));
         _mm512_mask_storeu_ps(scores + s, k, e);
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
     }
@@ -303,7 +324,7 @@ static float exp_shifted(int n, float *scores, float mx) {
     const __m256 m = _mm256_set1_ps(mx);
     __m256 acc = _mm256_setzero_ps();
     for (; s + 8 <= n; s += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + s), m));
+        const __m256 e = vexp(_mm256_sub_ps(_mm256_loadu_ps(scores + s), m));
         _mm256_storeu_ps(scores + s, e);
         acc = _mm256_add_ps(acc, e);
     }
@@ -320,19 +341,12 @@ static float exp_shifted(int n, float *scores, float mx) {
  * is NULL; out may be g or u. */
 static void silu_mul(int n, const float *g, const float *u, float *out) {
     int e = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; e + 16 <= n; e += 16) {
-        const __m512 gv = _mm512_loadu_ps(g + e);
-        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        _mm512_storeu_ps(out + e, u ? _mm512_mul_ps(sv, _mm512_loadu_ps(u + e)) : sv);
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; e + 8 <= n; e += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + e);
-        const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
-        _mm256_storeu_ps(out + e, u ? _mm256_mul_ps(sv, _mm256_loadu_ps(u + e)) : sv);
+#if VL
+    const vec one = VSET1(1.0f);
+    for (; e + VL <= n; e += VL) {
+        const vec gv = VLOAD(g + e);
+        const vec sv = VDIV(gv, VADD(one, vexp(VSUB(VZERO(), gv))));
+        VSTORE(out + e, u ? VMUL(sv, VLOAD(u + e)) : sv);
     }
 #endif
     for (; e < n; e++) {
@@ -342,49 +356,28 @@ static void silu_mul(int n, const float *g, const float *u, float *out) {
 }
 
 /* out [d] = sum over s < n of w[s] v[row s ..], row s at v + rows[s], or at v + s * ldv when rows is NULL:
- * the attention output of one head. The sums stay in registers across the positions (a chunk of 64
+ * the attention output of one head. The sums stay in registers across the positions (4 vectors of
  * features at a time), not in memory. */
 static void weighted_sum(int n, int d, const float *w, const float *v, long ldv, const long *rows, float *out) {
-#if defined(__AVX512F__)
-    if (d % 16 == 0) {
-        /* chunks of 64 features, the last one 16, 32 or 48 wide when d is not a multiple of 64 (head_dim 32:
+#if VL
+    if (d % VL == 0) {
+        /* chunks of 4 vectors of features, the last 1-3 when d is not a multiple (head_dim 32 with AVX-512:
          * the plain loop below kept its sums in memory, a load and a store per feature and key) */
-        for (int e0 = 0; e0 < d; e0 += 64) {
-            const int c = d - e0 >= 64 ? 4 : (d - e0) / 16;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int e0 = 0; e0 < d; e0 += 4 * VL) {
+            const int c = d - e0 >= 4 * VL ? 4 : (d - e0) / VL;
+            vec a0 = VZERO(), a1 = a0, a2 = a0, a3 = a0;
             for (int s = 0; s < n; s++) {
-                const __m512 ws = _mm512_set1_ps(w[s]);
+                const vec ws = VSET1(w[s]);
                 const float *vs = v + (rows ? rows[s] : (long)s * ldv) + e0;
-                a0 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs), a0);
-                if (c > 1) a1 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 16), a1);
-                if (c > 2) a2 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 32), a2);
-                if (c > 3) a3 = _mm512_fmadd_ps(ws, _mm512_loadu_ps(vs + 48), a3);
+                a0 = VFMA(ws, VLOAD(vs), a0);
+                if (c > 1) a1 = VFMA(ws, VLOAD(vs + VL), a1);
+                if (c > 2) a2 = VFMA(ws, VLOAD(vs + 2 * VL), a2);
+                if (c > 3) a3 = VFMA(ws, VLOAD(vs + 3 * VL), a3);
             }
-            _mm512_storeu_ps(out + e0, a0);
-            if (c > 1) _mm512_storeu_ps(out + e0 + 16, a1);
-            if (c > 2) _mm512_storeu_ps(out + e0 + 32, a2);
-            if (c > 3) _mm512_storeu_ps(out + e0 + 48, a3);
-        }
-        return;
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    if (d % 8 == 0) {
-        /* chunks of 32 features (4 vectors), the last 8, 16 or 24 wide */
-        for (int e0 = 0; e0 < d; e0 += 32) {
-            const int c = d - e0 >= 32 ? 4 : (d - e0) / 8;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int s = 0; s < n; s++) {
-                const __m256 ws = _mm256_set1_ps(w[s]);
-                const float *vs = v + (rows ? rows[s] : (long)s * ldv) + e0;
-                a0 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs), a0);
-                if (c > 1) a1 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 8), a1);
-                if (c > 2) a2 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 16), a2);
-                if (c > 3) a3 = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + 24), a3);
-            }
-            _mm256_storeu_ps(out + e0, a0);
-            if (c > 1) _mm256_storeu_ps(out + e0 + 8, a1);
-            if (c > 2) _mm256_storeu_ps(out + e0 + 16, a2);
-            if (c > 3) _mm256_storeu_ps(out + e0 + 24, a3);
+            VSTORE(out + e0, a0);
+            if (c > 1) VSTORE(out + e0 + VL, a1);
+            if (c > 2) VSTORE(out + e0 + 2 * VL, a2);
+            if (c > 3) VSTORE(out + e0 + 3 * VL, a3);
         }
         return;
     }
