@@ -443,7 +443,7 @@ def main() -> None:
             # it in the same rounds favours it (the larger the spread, the more). Held out: each round's tuned
             # run against the fixed step that was fastest in the other rounds, as a user who had measured
             # those would have picked it. Reported beside the check, which keeps the stricter comparison.
-            held = heldout_vs_best(results, kind, batch, ad, [n for n in fixed if (kind, batch, n) in tps])
+            held = heldout_vs_best(results, kind, batch, ad, list(fx))
             if held is not None:
                 ratios[f"{tag}_adaptive_vs_heldout_best_fixed"] = round(held, 3)
             if (kind, batch, f"{d}:adaptive-fast") in tps:

@@ -185,7 +185,6 @@ void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *w
  * ops per draft token, most of a tiny model's step. */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct {
     const float *norm1, *wqkv, *bqkv, *wo, *norm2, *wgu, *wd; /* w*: packed panels (specctl_sgemm) */

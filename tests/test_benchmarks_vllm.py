@@ -6,7 +6,6 @@ oracle correctly. The vLLM side itself is never run here (no test may require vL
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import socket
@@ -15,17 +14,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from script_support import load_script  # isort: skip
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vllm_bench.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_bench"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/vllm_bench.py", "vllm_bench")  # dataclasses resolve their module by name
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

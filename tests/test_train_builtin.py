@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from safetensors.torch import load_file
@@ -15,14 +14,9 @@ from specctl.engine.checkpoint import load_model, write_random_model
 from specctl.engine.model import HybridForCausalLM, ModelConfig
 from specctl.schemas.model_facts import builtin_dir, load_model_facts
 
-from script_support import load_script as load_script_as  # isort: skip
+from script_support import load_script  # isort: skip
 
-
-def load_script() -> ModuleType:
-    return load_script_as("scripts/train_builtin.py", "train_builtin_under_test")
-
-
-tb = load_script()
+tb = load_script("scripts/train_builtin.py", "train_builtin_under_test")
 
 
 def tiny_pair(tmp_path: Path) -> tuple[HybridForCausalLM, HybridForCausalLM, Path]:
