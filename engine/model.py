@@ -63,8 +63,12 @@ PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only f
 # threads, torch's kernels spread larger products over the cores: the single-threaded kernel keeps <= 8.
 # On an AVX2-only CPU (Zen 3) the kernel's AVX2 path is ahead up to 8 rows and within 10-20% of oneDNN at
 # 16-32 (1024 x 192: 137 / 283 us against 138 / 236); it keeps 32 there too, so a verify of up to 32 rows
-# gets its rows' decode-step bits.
+# gets its rows' decode-step bits. The AVX-512 path keeps 64 (SMALL_MAX_ROWS_AVX512): on a Xeon whose core
+# runs both kernels at ~160 GFLOP/s from 32 rows up, a batch-8 forward of builtin:tiny-hybrid over 5 and 8
+# positions (40 and 64 rows) took 2.6-2.7 and 3.4-3.6 ms with it against 3.0 and 3.7 ms with oneDNN past 32
+# (verify_bench.py, interleaved), and a batch-8 verify of steps 4-7 gets its decode-step bits too.
 SMALL_MAX_ROWS = 32
+SMALL_MAX_ROWS_AVX512 = 64
 SMALL_MAX_ROWS_THREADED = 8
 
 
@@ -209,8 +213,13 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+def small_max_rows(kernel: smallgemm.SmallGemm) -> int:
+    """Up to how many rows (one torch thread) `kernel` multiplies rather than oneDNN (see SMALL_MAX_ROWS)."""
+    return SMALL_MAX_ROWS_AVX512 if kernel.isa == 512 else SMALL_MAX_ROWS
+
+
 class PackedLinear:
-    """y = x W^T + b through whichever CPU kernel is fastest for this many rows: up to SMALL_MAX_ROWS the
+    """y = x W^T + b through whichever CPU kernel is fastest for this many rows: up to `small_max_rows` the
     small-row kernel (`engine/smallgemm.py`, when it builds here), else below `min_rows` (see
     PACKED_MIN_ROWS) torch's default kernel, from there oneDNN's packed one.
 
@@ -248,7 +257,7 @@ class PackedLinear:
             self._pack()
         rows = x.numel() // self.in_features
         if self.wt is not None and self.small is not None and rows <= (
-                SMALL_MAX_ROWS if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
+                small_max_rows(self.small) if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
             return self.small.linear(x, self.wt, self.out_features, self.bias)
         if rows < self.min_rows:
             return F.linear(x, self.weight, self.bias)

@@ -3,7 +3,7 @@
 - `causal_conv` (unfold + multiply-add) == `F.conv1d` with groups == channels (the cache-free forward's);
 - `ssd_short` (every per-position state of a verify, inputs formed at once) == the recurrence `ssd_step`
   run position by position, states and outputs, including padding (dt = 0) positions;
-- `PackedLinear` (the small-row kernel up to SMALL_MAX_ROWS rows, oneDNN's prepacked one past them) ==
+- `PackedLinear` (the small-row kernel up to `small_max_rows` rows, oneDNN's prepacked one past them) ==
   `F.linear` at every row count;
 - `rotary` (one roll and the sign-folded sin table) == Llama's rotate-half with plain cos and sin, exactly;
 - a verify forward of k + 1 positions on the hybrid model == k + 1 single-token decodes, for every k the
@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specctl.engine import smallgemm
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model import (
     PACKED_LARGE_ELEMENTS,
@@ -28,10 +29,14 @@ from specctl.engine.model import (
     rope_cos_sin,
     rope_table,
     rotary,
+    small_max_rows,
     ssd_short,
     ssd_step,
 )
 from specctl.engine.model_runner import ForwardItem, ModelRunner
+
+_KERNEL = smallgemm.kernel()
+CAP = small_max_rows(_KERNEL) if _KERNEL is not None else SMALL_MAX_ROWS  # this machine's small-kernel row cap
 
 
 @pytest.mark.parametrize("length", [1, 2, 5, 9])
@@ -93,8 +98,8 @@ def test_a_large_weight_packs_from_fewer_rows_and_computes_the_same(rows):
 
 
 @pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
-@pytest.mark.parametrize("rows", [1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, SMALL_MAX_ROWS, SMALL_MAX_ROWS + 1,
-                                  3 * SMALL_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", sorted({1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, SMALL_MAX_ROWS, SMALL_MAX_ROWS + 1,
+                                         CAP, CAP + 1, 3 * CAP + 1}))
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_equals_f_linear(rows, bias):
     g = torch.Generator().manual_seed(rows)
@@ -109,7 +114,7 @@ def test_packed_linear_equals_f_linear(rows, bias):
 def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
     d = write_random_model(tmp_path_factory.mktemp("k") / "m", layer_kinds=("mamba", "swa", "full", "mamba"),
                            sliding_window=5)
-    return ModelRunner(str(d), page_size=4, max_tokens=2048, max_requests=40, max_draft_tokens=7)
+    return ModelRunner(str(d), page_size=4, max_tokens=4096, max_requests=CAP + 8, max_draft_tokens=7)
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
@@ -128,8 +133,8 @@ def test_verify_forward_equals_single_token_decodes(runner, k):
 
 
 def test_large_batch_decode_equals_each_alone(runner):
-    """A batch past SMALL_MAX_ROWS rows (oneDNN's packed kernels) == each request decoded on its own."""
-    bs = SMALL_MAX_ROWS + 3
+    """A batch past the small kernel's rows (oneDNN's packed kernels) == each request decoded on its own."""
+    bs = CAP + 3
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 256, (5 + i,), generator=g).tolist() for i in range(bs)]
     for rid, p in enumerate(prompts):
