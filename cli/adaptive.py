@@ -455,6 +455,23 @@ def tune_command(
             sys.stdout.write(render_tune(result))
 
 
+RUNS_SHOWN = 12
+
+
+def _render_runs(runs: Sequence[Any]) -> list[str]:
+    """Each recorded run alone (the ones the recommendation serves worst first): one config serves them all."""
+    if len(runs) < 2:
+        return []
+    lines = ["per recorded run (one engine each), the recommendation vs the fixed step best for that run alone:"]
+    for r in sorted(runs, key=lambda r: r.vs_best_fixed)[:RUNS_SHOWN]:
+        lines.append(f"  run {r.run or '-'}  batch <= {r.max_batch_size:<3d} {r.verifies:6d} verifies  "
+                     f"{r.recommended.tokens_per_s:10.1f} tok/s  best fixed {r.best_fixed_steps}: "
+                     f"{r.best_fixed.tokens_per_s:10.1f} tok/s  ({r.vs_best_fixed:.2f}x)")
+    if len(runs) > RUNS_SHOWN:
+        lines.append(f"  ... {len(runs) - RUNS_SHOWN} more runs in --format json (runs)")
+    return lines
+
+
 def render_tune(result: Any) -> str:
     sp = result.speedups()
     sglang_json = result.sglang_json()
@@ -485,6 +502,7 @@ def render_tune(result: Any) -> str:
                      "every config; --decode-only leaves it out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
+    lines += _render_runs(result.runs)
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
     if result.sglang_only:
         searched += "; only what SGLang can run (--sglang or engine: sglang)"

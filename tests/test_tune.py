@@ -338,3 +338,23 @@ def test_a_phase_of_useless_drafts_is_kept_within_5pct_of_no_speculation(monkeyp
     unguarded = tune(cfg, recs, cost_model())
     assert unguarded.recommended.bucket(1).knobs.zero_backoff == 1 and worst(unguarded) < 0.95
     assert guarded.predicted.tokens_per_s >= unguarded.predicted.tokens_per_s * (1 - GUARD_COST)
+
+
+def test_each_recorded_run_is_reported_against_its_own_best_fixed_step():
+    """One config serves every run of a trace; `runs` replays each alone under it and under every fixed step,
+    so a workload that a fixed step serves better shows, with by how much."""
+    from specctl.cli.adaptive import render_tune
+
+    code = [replace(r, run="code") for r in records([K] * 300)]
+    never = [replace(r, run="never", line=r.line + 300) for r in records([0] * 300)]
+    res = tune(setup({"1": {"candidate_steps": [0, 1, 3, 5, 7]}}), code + never, cost_model())
+    by = {r.run: r for r in res.runs}
+    assert set(by) == {"code", "never"} and by["code"].verifies == by["never"].verifies == 300
+    assert by["code"].best_fixed_steps == K and by["never"].best_fixed_steps == 0
+    alone = replay(res.recommended, code, cost_model(), initial_steps=res.initial_steps)
+    assert by["code"].recommended.tokens_per_s == pytest.approx(alone.tokens_per_s)
+    # nothing beats the largest step on an always-right run, nor no speculation on a never-right one
+    assert all(0 < r.vs_best_fixed <= 1 + 1e-9 for r in res.runs)
+    assert [r["run"] for r in res.to_json()["runs"]] == ["code", "never"]
+    text = render_tune(res)
+    assert "per recorded run" in text and f"best fixed {K}:" in text and "best fixed 0:" in text

@@ -634,6 +634,46 @@ def _ratio(p: Prediction, base: Prediction) -> float:
 
 
 @dataclass(frozen=True)
+class RunBreakdown:
+    """One recorded run (one engine of the trace) replayed alone under the recommendation and under each
+    fixed step: one config serves every run, so on a run of its own kind of traffic (a workload at one
+    concurrency) a fixed step can beat it, and this says by how much. The figures include the serving
+    overhead when the whole prediction does."""
+
+    run: str | None
+    verifies: int
+    max_batch_size: int
+    recommended: Prediction
+    best_fixed_steps: int
+    best_fixed: Prediction
+
+    @property
+    def vs_best_fixed(self) -> float:
+        return _ratio(self.recommended, self.best_fixed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "verifies": self.verifies, "max_batch_size": self.max_batch_size,
+                "recommended_tokens_per_s": self.recommended.tokens_per_s,
+                "best_fixed_steps": self.best_fixed_steps, "best_fixed_tokens_per_s": self.best_fixed.tokens_per_s,
+                "vs_best_fixed": self.vs_best_fixed}
+
+
+def per_run(cfg: AdaptiveConfig, initial_steps: int, runs: Runs, cost: CostModel, graphs: Sequence[int],
+            steps: Sequence[int], adjust: Callable[[Prediction], Prediction] = lambda p: p) -> tuple[RunBreakdown, ...]:
+    """`RunBreakdown` of every run of `runs` (`steps`: the fixed steps to compare, `adjust`: what the whole
+    prediction adds, the serving overhead)."""
+    out = []
+    for run in runs.runs:
+        one = Runs((run,))
+        rec = adjust(replay(cfg, one, cost, initial_steps=initial_steps, graph_batch_sizes=graphs))
+        fixed = {k: adjust(replay(fixed_config(k), one, cost, initial_steps=k)) for k in steps}
+        best = max(fixed, key=lambda k: (fixed[k].tokens_per_s, -k))
+        recs = run[0]
+        out.append(RunBreakdown(recs[0].run, len(recs), max(r.batch_size for r in recs), rec, best, fixed[best]))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class TuneResult:
     recommended: AdaptiveConfig
     initial_steps: int
@@ -649,6 +689,7 @@ class TuneResult:
     sglang: SGLangChoice | None = None  # set when `recommended` uses a specctl-only knob
     sglang_only: bool = False  # the search was restricted to what SGLang can run
     overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
+    runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -698,6 +739,7 @@ class TuneResult:
             "serving_overhead_s_per_token": self.overhead_s_per_token,
             "serving_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
+            "runs": [r.to_json() for r in self.runs],
         }
 
 
@@ -931,17 +973,18 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
 
     # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
     ovh = None if setup.decode_only else serving_overhead(records, cost)
-    if ovh is not None:
-        def add(p: Prediction) -> Prediction:
-            return replace(p, overhead_s_per_token=ovh.per_token)
 
-        best_pred, current, none = add(best_pred), add(current), add(none)
-        fixed = {k: add(v) for k, v in fixed.items()}
-        if sglang_choice is not None:
-            sglang_choice = replace(sglang_choice, predicted=add(sglang_choice.predicted))
+    def add(p: Prediction) -> Prediction:
+        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token)
+
+    best_pred, current, none = add(best_pred), add(current), add(none)
+    fixed = {k: add(v) for k, v in fixed.items()}
+    if sglang_choice is not None:
+        sglang_choice = replace(sglang_choice, predicted=add(sglang_choice.predicted))
+    breakdown = per_run(rec_cfg, best_init, whole, cost, graphs, allowed, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown)
 
 
 def validate_recommendation(
