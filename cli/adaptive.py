@@ -431,7 +431,9 @@ def tune_command(
     the current config, the best fixed step and no speculation; the predictions include the serving time
     per token the trace measured beyond the cost model (between verifies: prefill, admission, streaming;
     and verifies slower than profiled on a shared machine), as a real run pays it, unless --decode-only.
-    Confirm it with `specctl bench --ab`.
+    A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run
+    replayed alone then shows where a fixed step would serve it better (`runs` in --format json). Tune on
+    one workload's trace for a config for that workload. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
         from specctl.engine.spec.tune import TuneSetup, read_cost, tune
