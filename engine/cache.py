@@ -641,10 +641,21 @@ class Group:
             return None
         return conv, ssm, [r.slot for r in self.reqs], self.lens_list
 
+    @property
+    def mamba_keep_rows(self) -> int:
+        """How many of a request's last states `mamba_keep` needs (`SmallGemm.mamba_short`'s `keep`): every
+        one, the entering state first, when short; the last rollback_tokens of a prompt."""
+        return max(n + 1 - (rb.min_len - rb.start) for n, rb in zip(self.lens_list, self._rollback, strict=True))
+
     def mamba_keep(self, layer: int, xcat: torch.Tensor, states: torch.Tensor) -> None:
+        """Keep the kernel's states and conv inputs for rollback: states [b, keep, H, P, N] as `mamba_short`
+        returns them, request i's row j the state at length start + off_i + j, off_i = max(0, n_i + 1 - keep)."""
         dconv = self.cache.cfg.mamba_d_conv
+        keep = states.shape[1]
         for i, rb in enumerate(self._rollback):
             n = self.lens_list[i]
+            off = max(0, n + 1 - keep)
             # the states for lengths min_len .. end: all of them when short, the last rollback_tokens else
-            rb.ssm.append(states[i, rb.min_len - rb.start : n + 1])
+            assert rb.min_len - rb.start >= off, "mamba_short kept too few states for this rollback"
+            rb.ssm.append(states[i, rb.min_len - rb.start - off : n + 1 - off])
             rb.xcat.append(xcat[i, : dconv - 1 + n])

@@ -38,6 +38,14 @@ from specctl.engine import smallgemm
 from specctl.schemas.model_facts import ModelFacts
 
 SSD_CHUNK = 64
+# A prompt's Mamba mixer runs the small-row kernel's recurrence (`mamba_short`, position by position, keeping only
+# the states a rollback can reach) when a position's state has at most this many values: the builtin hybrid's
+# 8 x 48 x 16 = 6,144. There it beats the chunked torch form (dozens of small ops per chunk): a forward of
+# builtin:tiny-hybrid over 160-token prompts took 8.8 -> 7.4 ms for one and 70.6 -> 57.4 ms for eight (one
+# thread, medians of 15, three alternating runs); spec_bench's code runs at batch 8 spent 300 -> 245 ms of
+# CPU in prefill. A model with a large state (Mamba-2 at scale: 64 x 64 x 128) keeps the chunked form, whose
+# matmuls do a prompt's work in far fewer steps.
+RECURRENCE_MAX_STATE = 16384
 CONV_UNFOLD_MAX_LEN = 8  # causal_conv: longer inputs take F.conv1d
 # torch >= 2.5 shares K/V heads inside SDPA; older versions need them repeated (pyproject allows torch 2.1).
 _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -603,7 +611,7 @@ class Mamba(nn.Module):
             keep = 0
         else:
             keep = ctx.keep_states
-            if n == 1 or n <= keep:
+            if n == 1 or n <= keep or self.heads * self.head_dim * self.d_state <= RECURRENCE_MAX_STATE:
                 y = self._short_kernel(zxbcdt, ctx)
                 if y is not None:
                     return apply_linear(y, self.out_proj)
@@ -638,8 +646,9 @@ class Mamba(nn.Module):
         return apply_linear(y, self.out_proj)
 
     def _short_kernel(self, zxbcdt: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
-        """A decode step's or a verify's conv, scan and gated norm in one call of the small-row kernel's
-        `mamba_short` (float32 on the CPU), committed to the cache; the input of out_proj. None where the
+        """A decode step's, a verify's or (a small state: RECURRENCE_MAX_STATE) a prompt's conv, scan and gated
+        norm in one call of the small-row kernel's `mamba_short` (float32 on the CPU), committed to the cache,
+        with the states a rollback can reach; the input of out_proj. None where the
         kernel does not apply (nothing committed then): the torch path runs.
 
         Why: at batch 8 this mixer was the costliest layer of a step, ~45 small torch ops of a few
@@ -651,7 +660,7 @@ class Mamba(nn.Module):
         pools = ctx.mamba_pools(self.layer)
         if pools is None:
             return None
-        y, xcat, states = sg.mamba_short(zxbcdt, *pools, self._short_consts())
+        y, xcat, states = sg.mamba_short(zxbcdt, *pools, self._short_consts(), keep=ctx.mamba_keep_rows)
         ctx.mamba_keep(self.layer, xcat, states)
         return y
 

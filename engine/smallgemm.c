@@ -525,22 +525,25 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
  *
  *     h_t = exp(dt A) h_{t-1} + (dt x_t) B_t,    y_t = h_t . C_t + D x_t
  *
- * per head and head channel, keeping every h_t (the cache's rollback states); then Mamba-2's gated norm
- * RMSNorm(y silu(z)). Writes y_out [b, n, d_inner] (what out_proj takes), xcat [b, d_conv - 1 + n, conv_dim]
- * (the conv inputs) and states [b, n + 1, H, P, N] (h_0 first), then stores each request's state after its
- * last real position, and the conv inputs up to it, in the pools (conv_pool [slots, conv_dim, d_conv - 1],
- * ssm_pool [slots, H, P, N]). Each position is the same arithmetic whatever n is, so a verify's states and
+ * per head and head channel, keeping the last nkeep h_t of each request (the cache's rollback states); then
+ * Mamba-2's gated norm RMSNorm(y silu(z)). Writes y_out [b, n, d_inner] (what out_proj takes), xcat [b, d_conv
+ * - 1 + n, conv_dim] (the conv inputs) and states [b, nkeep, H, P, N]: request r's row j is h_(off + j), h_0
+ * the entering state, off = max(0, lens[r] + 1 - nkeep) (nkeep = n + 1: every state, h_0 first; a prompt
+ * keeps only the few a rollback can reach, the others pass through two rows of scratch); then stores each
+ * request's state after its last real position, and the conv inputs up to it, in the pools (conv_pool
+ * [slots, conv_dim, d_conv - 1], ssm_pool [slots, H, P, N]). Each position is the same arithmetic whatever n is, so a verify's states and
  * outputs are a decode step's, bit for bit. conv_wt is the conv's weight transposed, [d_conv, conv_dim]. */
 int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, int N, int dconv,
                         const float *zxbcdt, float *conv_pool, float *ssm_pool, const long *slots, const int *lens,
                         const float *conv_wt, const float *conv_b, const float *dt_bias, const float *A,
-                        const float *D, const float *norm_w, float eps, float *y_out, float *xcat, float *states) {
-    if (d_inner != H * P || b < 1 || n < 1 || dconv < 1) return -1;
+                        const float *D, const float *norm_w, float eps, float *y_out, float *xcat, float *states,
+                        int nkeep) {
+    if (d_inner != H * P || b < 1 || n < 1 || dconv < 1 || nkeep < 1 || nkeep > n + 1) return -1;
     const int width = d_inner + conv_dim + H, hist = dconv - 1;
     const long hpn = (long)H * P * N;
-    float *xa = malloc(sizeof(float) * (size_t)(conv_dim + d_inner));
+    float *xa = malloc(sizeof(float) * (size_t)(conv_dim + d_inner + 2 * hpn));
     if (!xa) return -1;
-    float *y = xa + conv_dim;
+    float *y = xa + conv_dim, *ring = y + d_inner; /* the states no row keeps, alternately */
     for (int r = 0; r < b; r++) {
         float *xc = xcat + (long)r * (hist + n) * conv_dim;
         float *cs = conv_pool + slots[r] * conv_dim * hist;
@@ -550,8 +553,10 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
         for (int t = 0; t < n; t++)
             memcpy(xc + (long)(hist + t) * conv_dim, zxbcdt + ((long)r * n + t) * width + d_inner,
                    sizeof(float) * (size_t)conv_dim);
-        float *st = states + (long)r * (n + 1) * hpn;
-        memcpy(st, hs, sizeof(float) * (size_t)hpn);
+        const int len = lens[r] < n ? lens[r] : n, off = len + 1 - nkeep > 0 ? len + 1 - nkeep : 0;
+        float *st = states + (long)r * nkeep * hpn;
+#define STATE(f) ((f) - off < nkeep && (f) >= off ? st + (long)((f) - off) * hpn : ring + (long)((f) & 1) * hpn)
+        memcpy(STATE(0), hs, sizeof(float) * (size_t)hpn);
         for (int t = 0; t < n; t++) {
             const float *row = zxbcdt + ((long)r * n + t) * width;
             memcpy(xa, conv_b, sizeof(float) * (size_t)conv_dim);
@@ -562,8 +567,8 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
             silu_mul(conv_dim, xa, NULL, xa);
             const float *x = xa, *B = xa + d_inner, *Cm = xa + d_inner + N;
             const int ok = t < lens[r];
-            const float *prev = st + (long)t * hpn;
-            float *cur = st + (long)(t + 1) * hpn;
+            const float *prev = STATE(t);
+            float *cur = STATE(t + 1);
             for (int h = 0; h < H; h++) {
                 const float raw = row[d_inner + conv_dim + h] + dt_bias[h];
                 const float dtv = ok ? (raw > 20.0f ? raw : log1pf(expf(raw))) : 0.0f;
@@ -605,8 +610,8 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
             for (int i = 0; i < d_inner; i++) out[i] = norm_w[i] * (y[i] * rs);
         }
         /* the cache keeps the state after the last real position and the conv inputs ending there */
-        const int len = lens[r] < n ? lens[r] : n;
-        memcpy(hs, st + (long)len * hpn, sizeof(float) * (size_t)hpn);
+        memcpy(hs, STATE(len), sizeof(float) * (size_t)hpn); /* off <= len < off + nkeep: a kept row */
+#undef STATE
         for (int c = 0; c < conv_dim; c++)
             for (int j = 0; j < hist; j++) cs[(long)c * hist + j] = xc[(long)(len + j) * conv_dim + c];
     }

@@ -15,10 +15,11 @@ order), so these matmuls give a request's row the same bits in a decode step and
 
 The same library holds what else a step of a tiny model spends its time on in small torch ops:
 `attention` (a step's few queries over the paged key/value pools, without gathering them), `mamba_short`
-(a Mamba-2 mixer's conv, recurrence and gated norm over a step's positions, with every state kept for
-rollback and the final ones stored in the cache) and `lone_chains` (a draft model's greedy chains, all
-requests advancing together). Each computes a query's or a position's result the same way whatever else is
-in the batch, so a verify's rows in those layers are its decode steps' bits too.
+(a Mamba-2 mixer's conv, recurrence and gated norm over a step's positions, or a small model's prompt,
+with the states a rollback can reach kept and the final ones stored in the cache) and `lone_chains` (a
+draft model's greedy chains, all requests advancing together). Each computes a query's or a position's
+result the same way whatever else is in the batch, so a verify's rows in those layers are its decode
+steps' bits too.
 
 How: `kernel()` compiles smallgemm.c once per machine with the system C compiler (`$CC`, else `cc`) at
 -O3 -march=native into the user cache (`$SPECCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/specctl`, else
@@ -78,7 +79,7 @@ class SmallGemm:
         self._mamba = lib.specctl_mamba_short
         ints: list[Any] = [_INT] * 8
         ptrs: list[Any] = [_PTR, _PTR, _PTR, ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT)] + [_PTR] * 6
-        self._mamba.argtypes = ints + ptrs + [ctypes.c_float, _PTR, _PTR, _PTR]
+        self._mamba.argtypes = ints + ptrs + [ctypes.c_float, _PTR, _PTR, _PTR, _INT]
         self._mamba.restype = _INT
         self._attn = lib.specctl_paged_attention
         self._attn.argtypes = [_INT] * 6 + [_PTR] * 7 + [_LONG, ctypes.c_float, _PTR]
@@ -153,7 +154,7 @@ class SmallGemm:
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
 
     def mamba_short(self, zxbcdt: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
-                    slots: Sequence[int], lens: Sequence[int], k: MambaConsts
+                    slots: Sequence[int], lens: Sequence[int], k: MambaConsts, keep: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A Mamba-2 mixer over the few positions of a decode step or a verify, after in_proj: zxbcdt
         [b, n, d_inner + conv_dim + heads]; request i's conv and ssm states at slot slots[i] of conv_pool
@@ -161,8 +162,15 @@ class SmallGemm:
         first lens[i] (the rest padding, which leaves the state as it is). Returns (y [b, n, d_inner], the
         input of out_proj; the conv inputs [b, d_conv - 1 + n, conv_dim]; the states [b, n + 1, heads,
         head_dim, d_state], the entering one first), and leaves in the pools each request's states after
-        its last real position. float32, CPU; the pools contiguous."""
+        its last real position. float32, CPU; the pools contiguous.
+
+        `keep` (1 .. n + 1, default n + 1) keeps only each request's last `keep` states: request i's row j
+        is the state after its position off_i + j - 1, off_i = max(0, lens[i] + 1 - keep). A prompt's
+        forward keeps the few its rollback can reach, not a state per position."""
         b, n, width = zxbcdt.shape
+        keep = n + 1 if keep is None else keep
+        if not 1 <= keep <= n + 1:
+            raise ValueError(f"smallgemm: mamba_short keeps 1 .. {n + 1} states per request, not {keep}")
         hpn = (k.heads, k.head_dim, k.d_state)
         if (width != k.d_inner + k.conv_dim + k.heads or tuple(conv_pool.shape[1:]) != (k.conv_dim, k.d_conv - 1)
                 or tuple(ssm_pool.shape[1:]) != hpn or len(slots) != b or len(lens) != b
@@ -174,12 +182,12 @@ class SmallGemm:
         zxbcdt = zxbcdt.contiguous()
         y = torch.empty(b, n, k.d_inner, dtype=torch.float32)
         xcat = torch.empty(b, k.d_conv - 1 + n, k.conv_dim, dtype=torch.float32)
-        states = torch.empty(b, n + 1, *hpn, dtype=torch.float32)
+        states = torch.empty(b, keep, *hpn, dtype=torch.float32)
         rc = self._mamba(b, n, k.d_inner, k.conv_dim, k.heads, k.head_dim, k.d_state, k.d_conv,
                          zxbcdt.data_ptr(), conv_pool.data_ptr(), ssm_pool.data_ptr(), (ctypes.c_long * b)(*slots),
                          (_INT * b)(*lens), k.conv_wt.data_ptr(), k.conv_b.data_ptr(), k.dt_bias.data_ptr(),
                          k.A.data_ptr(), k.D.data_ptr(), k.norm.data_ptr(), k.eps, y.data_ptr(), xcat.data_ptr(),
-                         states.data_ptr())
+                         states.data_ptr(), keep)
         if rc != 0:
             raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
         return y, xcat, states

@@ -331,9 +331,9 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
     attended: list[int] = []
     real, real_attention = smallgemm.SmallGemm.mamba_short, smallgemm.SmallGemm.attention
 
-    def counted(self: smallgemm.SmallGemm, zxbcdt: torch.Tensor, *a: Any) -> Any:
+    def counted(self: smallgemm.SmallGemm, zxbcdt: torch.Tensor, *a: Any, **kw: Any) -> Any:
         calls.append(zxbcdt.shape[1])
-        return real(self, zxbcdt, *a)
+        return real(self, zxbcdt, *a, **kw)
 
     def counted_attention(self: smallgemm.SmallGemm, q: torch.Tensor, *a: Any) -> Any:
         attended.append(q.shape[1])
@@ -351,6 +351,7 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
         for rid, p in enumerate(prompts):
             runner.allocate(rid, len(p) + 12)
             runner.forward([ForwardItem(rid, p, 0)])
+    assert calls == [19, 7, 33] * 2  # the prompts too (a small state): fast and steps, not the torch reference
     calls.clear()
     attended.clear()
     feeds = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (4, 1, 3)]
@@ -373,3 +374,39 @@ def test_the_mixer_kernels_are_torchs_and_a_verify_is_decode_steps(request, tmp_
     slot = steps.cache.requests[0].slot, fresh.cache.requests[0].slot
     assert torch.equal(steps.cache.ssm[m, slot[0]], fresh.cache.ssm[m, slot[1]])
     assert torch.equal(steps.cache.conv[m, slot[0]], fresh.cache.conv[m, slot[1]])
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+def test_a_prompt_by_the_kernel_is_torchs_and_rolls_back_like_it(request, tmp_path, monkeypatch, path):
+    """A prompt's mixer by `mamba_short` (keeping only the states a rollback reaches) leaves torch's states
+    to float32 rounding, in one request and in a padded batch of prompts, and a truncate into the prompt's
+    last positions restores what torch's restores."""
+    from specctl.engine.checkpoint import write_random_model
+
+    k = request.getfixturevalue(path)
+    model_dir = write_random_model(tmp_path / "m", layer_kinds=("mamba", "full"), hidden_size=48,
+                                   intermediate_size=64, mamba_d_state=16, mamba_head_dim=16, head_dim=16)
+    ref = torch_runner_class(monkeypatch, k)(str(model_dir), page_size=4, max_tokens=1024, max_requests=4,
+                                             max_draft_tokens=3)
+    fast = ModelRunner(str(model_dir), page_size=4, max_tokens=1024, max_requests=4, max_draft_tokens=3)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (70, 9, 41)]
+    m = fast.cache.mamba_index[0]
+    for runner in (ref, fast):
+        runner.allocate(0, 90)
+        runner.forward([ForwardItem(0, prompts[0], 0)])  # alone
+        for rid in (1, 2):
+            runner.allocate(rid, 60)
+        runner.forward([ForwardItem(rid, prompts[rid], 0) for rid in (1, 2)])  # padded to 41
+    for rid in range(3):
+        torch.testing.assert_close(fast.cache.ssm[m, fast.cache.requests[rid].slot],
+                                   ref.cache.ssm[m, ref.cache.requests[rid].slot], rtol=1e-4, atol=1e-5)
+    for runner in (ref, fast):  # back 3, 2 and 1 tokens into the prompts, then on from there
+        for rid, back in enumerate((3, 2, 1)):
+            runner.truncate(rid, len(prompts[rid]) - back)
+    nxt = [ForwardItem(rid, [11, 12], len(prompts[rid]) - back) for rid, back in enumerate((3, 2, 1))]
+    torch.testing.assert_close(fast.forward(nxt), ref.forward(nxt), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="keeps 1 .. 3 states"):
+        k.mamba_short(torch.zeros(1, 2, 3), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1, 1), [0], [2],
+                      fast.model.model.layers[0].mixer._short_consts(), keep=4)
