@@ -531,8 +531,9 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
  * the entering state, off = max(0, lens[r] + 1 - nkeep) (nkeep = n + 1: every state, h_0 first; a prompt
  * keeps only the few a rollback can reach, the others pass through two rows of scratch); then stores each
  * request's state after its last real position, and the conv inputs up to it, in the pools (conv_pool
- * [slots, conv_dim, d_conv - 1], ssm_pool [slots, H, P, N]). Each position is the same arithmetic whatever n is, so a verify's states and
- * outputs are a decode step's, bit for bit. conv_wt is the conv's weight transposed, [d_conv, conv_dim]. */
+ * [slots, conv_dim, d_conv - 1], ssm_pool [slots, H, P, N]). Each position is the same arithmetic whatever n
+ * is, so a verify's states and outputs are a decode step's, bit for bit. conv_wt is the conv's weight
+ * transposed, [d_conv, conv_dim]. */
 int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, int N, int dconv,
                         const float *zxbcdt, float *conv_pool, float *ssm_pool, const long *slots, const int *lens,
                         const float *conv_wt, const float *conv_b, const float *dt_bias, const float *A,
