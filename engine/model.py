@@ -240,6 +240,7 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         self.min_rows = PACKED_MIN_ROWS_LARGE if weight.numel() >= PACKED_LARGE_ELEMENTS else PACKED_MIN_ROWS
         self.small = smallgemm.kernel() if weight.dtype == torch.float32 else None
+        self.small_rows = small_max_rows(self.small) if self.small is not None else 0  # with one torch thread
         self._pack()
 
     def _pack(self) -> None:
@@ -265,7 +266,7 @@ class PackedLinear:
             self._pack()
         rows = x.numel() // self.in_features
         if self.wt is not None and self.small is not None and rows <= (
-                small_max_rows(self.small) if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
+                self.small_rows if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
             return self.small.linear(x, self.wt, self.out_features, self.bias)
         if rows < self.min_rows:
             return F.linear(x, self.weight, self.bias)
@@ -582,6 +583,7 @@ class Mamba(nn.Module):
         self.layer = layer
         self.d_inner, self.d_state, self.d_conv = cfg.mamba_d_inner, cfg.mamba_d_state, cfg.mamba_d_conv
         self.heads, self.head_dim = cfg.mamba_heads, cfg.mamba_head_dim
+        self.prompt_by_recurrence = self.heads * self.head_dim * self.d_state <= RECURRENCE_MAX_STATE
         self.conv_dim = cfg.mamba_conv_dim
         self.in_proj = nn.Linear(cfg.hidden_size, 2 * self.d_inner + 2 * self.d_state + self.heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.d_conv, groups=self.conv_dim, bias=True)
@@ -611,7 +613,7 @@ class Mamba(nn.Module):
             keep = 0
         else:
             keep = ctx.keep_states
-            if n == 1 or n <= keep or self.heads * self.head_dim * self.d_state <= RECURRENCE_MAX_STATE:
+            if n == 1 or n <= keep or self.prompt_by_recurrence:
                 y = self._short_kernel(zxbcdt, ctx)
                 if y is not None:
                     return apply_linear(y, self.out_proj)
