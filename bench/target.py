@@ -109,11 +109,12 @@ def engine_roles(launcher: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _get_info(url: str) -> Any:
+    import http.client
     import json
     import urllib.request
 
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=5) as resp:  # noqa: S310 - loopback
             return json.loads(resp.read())
-    except (OSError, ValueError, RecursionError):
-        return None
+    except (OSError, http.client.HTTPException, ValueError, RecursionError):
+        return None  # no server, or an answer that is not HTTP (launcher._get_json: a TCP self-connect)

@@ -257,3 +257,33 @@ def test_a_stranger_answering_on_the_port_is_never_ready(setup) -> None:
         with pytest.raises(RuntimeFailure, match=r"not ready after 2s: decode \(foreign: port answered by pid"):
             launcher.wait_ready(2, poll_s=0.05)
         assert launcher.status["prefill"].ready and "router" not in launcher.procs
+
+
+def test_an_answer_that_is_not_http_reads_as_not_up_yet() -> None:
+    """Polling /health on an ephemeral-range port before the server binds it, the kernel may connect the
+    socket to itself (a TCP self-connect): the reply is the request echoed, which urllib rejects with
+    BadStatusLine. It once killed `specctl bench` with a traceback; it is "no server yet"."""
+    import threading
+
+    from specctl.bench.target import _get_info
+    from specctl.engine.serve.launcher import _get_json
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def echo() -> None:
+        srv.settimeout(10)
+        for _ in range(2):
+            conn, _addr = srv.accept()
+            with conn:
+                conn.settimeout(5)
+                conn.sendall(conn.recv(4096))  # what a self-connected socket reads: its own request
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    try:
+        assert _get_json(f"http://127.0.0.1:{port}/health", timeout=5) == ({}, None)
+        assert _get_info(f"http://127.0.0.1:{port}") is None
+    finally:
+        t.join(10)
+        srv.close()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import os
 import signal
@@ -491,12 +492,16 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 def _get_json(url: str, timeout: float = 1.0) -> tuple[dict[str, Any], int | None]:
+    """(JSON body, status) of a GET, or ({}, None) when no HTTP server answered. That includes an answer
+    that is not HTTP: polling a port in the ephemeral range before its server binds it, the kernel can pick
+    that same port as the source and connect the socket to itself (a TCP self-connect), so the "response"
+    is the request echoed ('GET /health HTTP/1.1', BadStatusLine): not up yet, not a crash."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback/configured URL
             return _loads(r.read()), r.status
     except urllib.error.HTTPError as exc:
         return _loads(exc.read()), exc.code
-    except (urllib.error.URLError, OSError, TimeoutError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError):
         return {}, None
 
 
