@@ -414,8 +414,9 @@ def tune_command(
         "deployment with engine: sglang.")] = False,
     decode_only: Annotated[bool, typer.Option(
         "--decode-only", help="Predict decode speed alone: leave out the serving time the trace measured "
-        "beyond the cost model (between verifies: prefill, admission, streaming; and verifies slower than "
-        "profiled on a shared machine), which every config pays per token.")] = False,
+        "beyond the cost model: the time between verifies (prefill, admission, streaming), which every "
+        "config pays per token, and verifies slower than profiled on a shared machine, a factor on every "
+        "config's decode price.")] = False,
     set_values: SetOption = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
 ) -> None:
@@ -429,8 +430,9 @@ def tune_command(
     snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
     SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
     the current config, the best fixed step and no speculation; the predictions include the serving time
-    per token the trace measured beyond the cost model (between verifies: prefill, admission, streaming;
-    and verifies slower than profiled on a shared machine), as a real run pays it, unless --decode-only.
+    the trace measured beyond the cost model, as a real run pays it, unless --decode-only: the time between
+    verifies (prefill, admission, streaming) per token, and the factor by which served verifies ran slower
+    than profiled (a machine shared with the prefill server, the router and the clients).
     A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run
     replayed alone then shows where a fixed step would serve it better (`runs` in --format json). Tune on
     one workload's trace for a config for that workload. Confirm it with `specctl bench --ab`.
@@ -499,9 +501,10 @@ def render_tune(result: Any) -> str:
                  f"{sp['vs_none']:.2f}x no speculation")
     if result.overhead is not None:
         o = result.overhead
-        lines.append(f"(includes {o.per_token * 1e3:.3f} ms per token of serving time the trace measured beyond the "
-                     f"cost model: {o.between * 1e3:.3f} between verifies, {o.excess * 1e3:+.3f} in them; paid by "
-                     "every config; --decode-only leaves it out)")
+        lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at {o.scale:.2f}x "
+                     f"their profiled price ({o.excess * 1e3:+.3f} ms per token), and {o.per_token * 1e3:.3f} ms per "
+                     "token between them; every config's decode price is scaled by the first and pays the second; "
+                     "--decode-only leaves both out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     lines += _render_runs(result.runs)

@@ -98,40 +98,43 @@ def timed(accepted: list[int], step_s: float, gap_s: float, run: str = "r", t0: 
     return out
 
 
-def test_serving_overhead_is_the_time_beyond_the_cost_model_per_token():
+def test_serving_overhead_is_the_time_between_verifies_per_token_and_a_factor_on_their_price():
     cost = cost_model()
     price = cost.step_time(1, K)  # what the cost model says one traced verify costs
     recs = timed([2] * 50, step_s=price, gap_s=0.003)  # 3 tokens per verify, verifies as profiled
     got = serving_overhead(recs, cost)
-    assert got.between == pytest.approx(0.001) and got.excess == pytest.approx(0.0, abs=1e-12)
+    assert got.between == pytest.approx(0.001) and got.scale == pytest.approx(1.0)
+    assert got.excess == pytest.approx(0.0, abs=1e-12)
     # a second run (another engine) counts on its own; an idle pause is not serving time
     other = timed([0] * 20, step_s=price, gap_s=0.001, run="s", t0=5000.0)
     idle = timed([2] * 10, step_s=price, gap_s=0.003, t0=recs[-1].time + 30.0)
     got = serving_overhead(recs + other + idle, cost)
     assert got.between == pytest.approx((49 * 0.003 + 19 * 0.001 + 9 * 0.003) / (49 * 3 + 19 + 9 * 3))
-    # verifies slower than profiled (a machine shared with prefill, router, clients): the excess per token
-    slow = serving_overhead(timed([2] * 50, step_s=price + 0.0006, gap_s=0.0), cost)
-    assert slow.between == pytest.approx(0.0, abs=1e-9) and slow.excess == pytest.approx(0.0002)
-    assert slow.per_token == pytest.approx(0.0002)
+    # verifies slower than profiled (a machine shared with prefill, router, clients): a factor on the price
+    slow = serving_overhead(timed([2] * 50, step_s=1.5 * price, gap_s=0.0), cost)
+    assert slow.between == pytest.approx(0.0, abs=1e-9) and slow.scale == pytest.approx(1.5)
+    assert slow.excess == pytest.approx(0.5 * price / 3) and slow.per_token == pytest.approx(0.0, abs=1e-9)
     fast = serving_overhead(timed([2] * 50, step_s=price / 2, gap_s=0.0), cost)
-    assert fast.excess < 0 and fast.per_token == 0.0  # never a negative overhead
+    assert fast.scale == pytest.approx(0.5) and fast.excess < 0  # profiled on a busier machine
     assert serving_overhead(records([2] * 10), cost) is None  # an older trace: no timings
 
 
 def test_tune_adds_the_serving_overhead_to_every_prediction():
     price = cost_model().step_time(1, K)
-    recs = timed([K] * 300, step_s=price + 0.0008, gap_s=0.004)  # 8 tokens per verify
+    recs = timed([K] * 300, step_s=1.25 * price, gap_s=0.004)  # 8 tokens per verify
     with_ovh = tune(setup(), recs, cost_model())
     decode = tune(TuneSetup(setup().cfg, 3, max_batch_size=8, decode_only=True), recs, cost_model())
-    assert decode.overhead is None and with_ovh.overhead_s_per_token == pytest.approx(0.0006)
-    assert with_ovh.recommended == decode.recommended  # a per-token constant changes no choice
+    assert decode.overhead is None and with_ovh.overhead_s_per_token == pytest.approx(0.0005)
+    assert with_ovh.overhead is not None and with_ovh.overhead.scale == pytest.approx(1.25)
+    assert with_ovh.recommended == decode.recommended  # a per-token constant and a factor change no choice
     for a, b in ((with_ovh.predicted, decode.predicted), (with_ovh.none, decode.none)):
-        # the same work plus 0.6 ms per token
-        assert 1 / a.tokens_per_s == pytest.approx(1 / b.tokens_per_s + 0.0006)
+        # the same decode at 1.25x its price, plus 0.5 ms per token between verifies
+        assert 1 / a.tokens_per_s == pytest.approx(1.25 / b.tokens_per_s + 0.0005)
     assert 1.0 < with_ovh.speedups()["vs_none"] < decode.speedups()["vs_none"]
     doc = with_ovh.to_json()
-    assert doc["serving_overhead_s_per_token"] == pytest.approx(0.0006)
+    assert doc["serving_overhead_s_per_token"] == pytest.approx(0.0005)
     assert doc["serving_overhead"]["between_verifies_s"] == pytest.approx(0.0005)
+    assert doc["serving_overhead"]["verify_scale"] == pytest.approx(1.25)
 
 
 def test_recommendation_validates_and_round_trips_as_sglang_json():

@@ -223,14 +223,17 @@ class Prediction:
     switches: int
     lower_bound_verifies: int = 0
     by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
-    # seconds per output token a real run spends outside its verifies whatever the config (`serving_overhead`)
+    # seconds per output token a real run spends between its verifies whatever the config (`serving_overhead`)
     overhead_s_per_token: float = 0.0
+    # served verifies' time over the cost model's price of them (`serving_overhead`): a shared machine's slowdown
+    decode_scale: float = 1.0
 
     @property
     def predicted_seconds(self) -> float:
-        """Seconds the workload's tokens take at the replayed per-batch-size rates, plus the serving overhead."""
+        """Seconds the workload's tokens take at the replayed per-batch-size rates (scaled to served verifies),
+        plus the serving time between verifies."""
         work = sum(w for _, _, w in self.by_batch.values())
-        return self._decode_seconds(self.by_batch.values()) + self.overhead_s_per_token * work
+        return self.decode_scale * self._decode_seconds(self.by_batch.values()) + self.overhead_s_per_token * work
 
     @staticmethod
     def _decode_seconds(rows: Iterable[tuple[int, float, int]]) -> float:
@@ -245,7 +248,7 @@ class Prediction:
     @property
     def tokens_per_s(self) -> float:
         if not self.by_batch:
-            t = self.seconds + self.overhead_s_per_token * self.tokens
+            t = self.decode_scale * self.seconds + self.overhead_s_per_token * self.tokens
             return self.tokens / t if t > 0 else 0.0
         t = self.predicted_seconds
         return sum(w for _, _, w in self.by_batch.values()) / t if t > 0 else 0.0
@@ -260,6 +263,7 @@ class Prediction:
             "switches": self.switches,
             "lower_bound_verifies": self.lower_bound_verifies,
             "overhead_s_per_token": self.overhead_s_per_token,
+            "decode_scale": self.decode_scale,
         }
 
 
@@ -282,32 +286,36 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 
 @dataclass(frozen=True)
 class ServingOverhead:
-    """Seconds per emitted token a traced run spent beyond the cost model's price of its verifies.
+    """What a traced run spent beyond the cost model's price of its verifies, in the two forms it takes.
 
-    `between`: the wall time between consecutive verifies of one run (colocated prefill of new requests,
-    admitting transferred ones, streaming, scheduling). `excess`: what its verifies took beyond their
-    price: a verify on a machine shared with the prefill server, the router and the clients takes longer
-    than the same step profiled alone (negative when the profile ran on a busier machine). Both come from
-    work every config does the same amount of (the prompts, the output tokens), so `tune` adds the same
-    seconds per token to every prediction; were the serving machine instead uniformly slower than the
-    profiling one, profile on it."""
+    `between`: seconds per emitted token between consecutive verifies of one run (colocated prefill of new
+    requests, admitting transferred ones, streaming, scheduling): work every config does the same amount of
+    (the prompts, the output tokens), so `tune` adds the same seconds per token to every prediction.
+    `scale`: the served verifies' wall time over their price. A verify on a machine shared with the prefill
+    server, the router and the clients runs slower than the same step profiled alone, and by a factor, not
+    by a time per token: traces of tiny-pd at fixed steps 0 and 7 (random, 4 clients, 2 cores) measured
+    their verifies at 1.58x and 1.51x their price, 0.22 and 0.11 ms per token beyond it (docs/adaptive.md).
+    So `tune` multiplies every config's decode price by it (below 1 when the profile ran on a busier machine).
+    `excess`: the same time per token, reported. Neither changes a ranking, only the ratios."""
 
     between: float
+    scale: float
     excess: float
 
     @property
     def per_token(self) -> float:
-        return max(0.0, self.between + self.excess)
+        return max(0.0, self.between)
 
     def to_json(self) -> dict[str, float]:
-        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_excess_s": self.excess}
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_scale": self.scale,
+                "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
-    predicted speed-up is decode-only, above what `bench --ab` measures end to end."""
-    gap = excess = 0.0
+    predicted speed-up is decode-only: a ratio of profiled prices, away from what `bench --ab` measures."""
+    gap = served = price = 0.0
     gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
     for rec in records:
@@ -316,7 +324,8 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         emitted = sum(rec.accepted) + len(rec.accepted)
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
-        excess += rec.draft_s + rec.verify_s - cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        served += rec.draft_s + rec.verify_s
+        price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
@@ -329,7 +338,8 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         gap_tokens += emitted
     if not tokens:
         return None
-    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, excess / tokens)
+    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, served / price if price > 0 else 1.0,
+                           (served - price) / tokens)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -971,11 +981,12 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
             sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
-    # A per-token constant changes no ranking above, only the ratios: add it to what is reported.
+    # A per-token constant and a factor on every decode price change no ranking above, only the ratios: add
+    # them to what is reported.
     ovh = None if setup.decode_only else serving_overhead(records, cost)
 
     def add(p: Prediction) -> Prediction:
-        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token)
+        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=ovh.scale)
 
     best_pred, current, none = add(best_pred), add(current), add(none)
     fixed = {k: add(v) for k, v in fixed.items()}
