@@ -37,6 +37,13 @@ and batch size once, drafting 7 every step; also writes the config it ran to T.j
 costs (`specctl adaptive profile -c tiny-colocated --threads 1`), and tune (`specctl adaptive tune T.json
 --graph-batch-sizes 1,2,4,8 --trace T --cost COST --format json`).
 
+`--tuned-for WORKLOAD=FILE` (repeatable) adds `draft:own-tuned` to that workload's runs: a config tuned on
+a trace of that workload alone (`--workloads code --record-trace Tc`, then tune Tc), what a deployment
+serving only that traffic would run. One config for every run (`--tuned`) has to split the difference
+between code, which wants deep steps, and random text, which wants shallow ones (docs/adaptive.md: SGLang's
+EMA bar climbs from s only when nearly all s drafts are accepted); `*_own_tuned_vs_best_fixed` shows what
+tuning for the traffic gets. The never-right check keeps `--tuned`'s config, whose trace holds that phase.
+
 Targets (issue 13; the checks use draft:tuned when given, else draft:adaptive): code batch 1 >= 1.5x
 none, batch 8 >= 1.2x none; adaptive >= 1.0x the best fixed step on code, random and mixed; never-right
 adaptive >= 0.95x none. Every ratio is the median over the repeats of the two configurations' ratio in the
@@ -47,7 +54,8 @@ best in the other rounds. Prints a table, then a last-line JSON summary.
 
     python benchmarks/spec_bench.py [--steps 1,3,5,7] [--batch-sizes 1,8] [--requests 4] [--max-tokens 96]
                                     [--repeats 1] [--threads 1] [--device cpu] [--clock cpu|wall] [--quick]
-                                    [--tuned TUNE.json] [--record-trace T.jsonl --trace-steps 7]
+                                    [--tuned TUNE.json] [--tuned-for code=TUNE_CODE.json ...]
+                                    [--record-trace T.jsonl --trace-steps 7]
                                     [--drafter draft|ngram] [--ngram 1,4]
 """
 
@@ -150,7 +158,32 @@ def adaptive_block(steps: list[int], fast: bool = False) -> dict[str, Any]:
     return block
 
 
-def make_engine(args: argparse.Namespace, name: str, max_batch: int) -> Engine:
+def read_tuned(path: str) -> tuple[dict[str, Any], int]:
+    """(adaptive block, initial steps) of a `specctl adaptive tune --format json` output (its
+    recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff) or of an SGLang
+    adaptive JSON (its non-bucket keys copied; initial steps: the middle of its candidates)."""
+    doc = json.loads(Path(path).read_text())
+    initial = None
+    if "recommended" in doc:  # a whole `adaptive tune --format json` document
+        initial = doc["recommended"]["initial_steps"]
+        # deployment_adaptive carries specctl-only knobs (zero_backoff) that the SGLang JSON cannot,
+        # and is null-free; sglang_adaptive_config is null when the recommendation needs such a knob.
+        doc = doc["recommended"].get("deployment_adaptive") or doc["recommended"]["sglang_adaptive_config"]
+        if "buckets" in doc:
+            doc = {**{k: v for k, v in doc.items() if k != "buckets"}, **doc["buckets"]}
+    block: dict[str, Any] = {"strategy": "ema", "buckets": {}}
+    for key, entry in doc.items():
+        if key.isdigit():
+            block["buckets"][key] = dict(entry)
+        else:
+            block[key] = entry
+    if initial is None:
+        union = sorted({s for e in block["buckets"].values() for s in e["candidate_steps"]})
+        initial = union[len(union) // 2]
+    return block, int(initial)
+
+
+def make_engine(args: argparse.Namespace, name: str, max_batch: int, kind: str = "") -> Engine:
     base = dict(model_ref=args.target, dtype="float32", device=args.device, page_size=16, max_tokens=16384,
                 max_batch_size=max(max_batch, 1), graph_batch_sizes=(1, 2, 4, 8))
     steps = [int(s) for s in args.steps.split(",")]
@@ -163,6 +196,9 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int) -> Engine:
         spec = {"algorithm": "ngram", "ngram": {"min_match": lo, "max_match": hi}}
     if mode == "tuned":
         spec.update(num_steps=args.tuned_initial, adaptive=args.tuned_block)
+    elif mode == "own-tuned":
+        block, initial = args.own_tuned[kind]
+        spec.update(num_steps=initial, adaptive=block)
     elif mode.startswith("adaptive"):
         spec.update(num_steps=3 if 3 in steps else steps[len(steps) // 2],
                     adaptive=adaptive_block(steps, fast=mode == "adaptive-fast"))
@@ -180,8 +216,13 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int) -> Engine:
     return Engine(cfg)
 
 
-def workload(kind: str, batch: int, args: argparse.Namespace) -> list[list[tuple[str, SamplingParams]]]:
-    """`batch` request streams of `args.requests` requests each."""
+def workload(kind: str, batch: int, args: argparse.Namespace, rep: int = 0) -> list[list[tuple[str, SamplingParams]]]:
+    """`batch` request streams of `args.requests` requests each. The sampled (random) requests draw with seeds
+    of round `rep`: every configuration of a round gets the same seeds, and each round others. Configurations
+    that verify at different steps consume their generators differently, so each run is one draw of the
+    acceptance; with the seeds frozen over the rounds every round repeated the same draw per configuration
+    (a tokens-per-verify gap of 7% between two configs at the same steps on random text at batch 1), and
+    the median over rounds could not average it out."""
     n = batch * args.requests
     code = code_prompts(n, args.prompt_chars, seed=1)
     greedy = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
@@ -189,8 +230,8 @@ def workload(kind: str, batch: int, args: argparse.Namespace) -> list[list[tuple
     noise = random_prompts(n, args.prompt_chars // 2, seed=2)
 
     def rand(i: int) -> tuple[str, SamplingParams]:
-        return noise[i % len(noise)], SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i,
-                                                     ignore_eos=True)
+        return noise[i % len(noise)], SamplingParams(max_tokens=args.max_tokens, temperature=1.0,
+                                                     seed=i + 100_003 * rep, ignore_eos=True)
 
     streams = []
     for b in range(batch):
@@ -314,31 +355,21 @@ def main() -> None:
                     "recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff), or an "
                     "SGLang adaptive JSON (its non-bucket keys are copied, so zero_backoff there applies too): adds "
                     "`draft:tuned` / `never:tuned`, and the checks use it")
+    ap.add_argument("--tuned-for", action="append", metavar="WORKLOAD=FILE",
+                    help="a config tuned on that workload's own trace (the same formats as --tuned): adds "
+                    "`draft:own-tuned` to that workload's runs, judged against its best fixed step (repeatable)")
     ap.add_argument("--record-trace", metavar="FILE", help="instead of benchmarking: run every workload and batch "
                     "size once with the drafter drafting --trace-steps every step, appending the verify trace to "
                     "FILE (the input of `specctl adaptive tune`), and write the adaptive config it ran to FILE.json")
     ap.add_argument("--trace-steps", type=int, default=7)
     args = ap.parse_args()
-    args.tuned_block, args.tuned_initial = None, None
-    if args.tuned:
-        doc = json.loads(Path(args.tuned).read_text())
-        if "recommended" in doc:  # a whole `adaptive tune --format json` document
-            args.tuned_initial = doc["recommended"]["initial_steps"]
-            # deployment_adaptive carries specctl-only knobs (zero_backoff) that the SGLang JSON cannot,
-            # and is null-free; sglang_adaptive_config is null when the recommendation needs such a knob.
-            doc = doc["recommended"].get("deployment_adaptive") or doc["recommended"]["sglang_adaptive_config"]
-            if "buckets" in doc:
-                doc = {**{k: v for k, v in doc.items() if k != "buckets"}, **doc["buckets"]}
-        block: dict[str, Any] = {"strategy": "ema", "buckets": {}}
-        for key, entry in doc.items():
-            if key.isdigit():
-                block["buckets"][key] = dict(entry)
-            else:
-                block[key] = entry
-        args.tuned_block = block
-        if args.tuned_initial is None:
-            union = sorted({s for e in block["buckets"].values() for s in e["candidate_steps"]})
-            args.tuned_initial = union[len(union) // 2]
+    args.tuned_block, args.tuned_initial = read_tuned(args.tuned) if args.tuned else (None, None)
+    args.own_tuned = {}
+    for item in args.tuned_for or []:
+        kind, sep, path = item.partition("=")
+        if not sep or kind not in ("code", "random", "mixed"):
+            ap.error(f"--tuned-for {item!r}: expected WORKLOAD=FILE with WORKLOAD code, random or mixed")
+        args.own_tuned[kind] = read_tuned(path)
     if args.quick:
         args.requests, args.max_tokens = 2, 48
     target_ref, draft_ref = args.target, args.draft
@@ -368,7 +399,8 @@ def main() -> None:
                     plan += [(kind, batch, c) for c in ("none", "never:adaptive", "never:adaptive-fast", "never:1",
                                                         *(["never:tuned"] if args.tuned else []))]
                 continue
-            plan += [(kind, batch, c) for c in ("none", *fixed, f"{d}:adaptive", f"{d}:adaptive-fast", *tuned)]
+            own = [f"{d}:own-tuned"] if kind in args.own_tuned else []
+            plan += [(kind, batch, c) for c in ("none", *fixed, f"{d}:adaptive", f"{d}:adaptive-fast", *tuned, *own)]
 
     results: dict[tuple[str, int, str], list[float]] = {}
     walls: dict[tuple[str, int, str], list[float]] = {}
@@ -377,10 +409,10 @@ def main() -> None:
         for kind, batch, name in plan:
             # A fresh engine per run with the same warm-up, so every configuration (and the adaptive policy)
             # starts from the same state; model loading is outside the timed region.
-            eng = make_engine(args, name, batch)
+            eng = make_engine(args, name, batch, kind)
             eng.generate(["def warm_up(x):\n    return"], SamplingParams(max_tokens=24, ignore_eos=True))
             before = spec_counters(eng)
-            tokens, wall, cpu = run_streams(eng, workload(kind if kind != "never" else "code", batch, args))
+            tokens, wall, cpu = run_streams(eng, workload(kind if kind != "never" else "code", batch, args, rep))
             secs = cpu if args.clock == "cpu" else wall
             results.setdefault((kind, batch, name), []).append(tokens / secs)
             walls.setdefault((kind, batch, name), []).append(tokens / wall)
@@ -446,6 +478,14 @@ def main() -> None:
             held = heldout_vs_best(results, kind, batch, ad, list(fx))
             if held is not None:
                 ratios[f"{tag}_adaptive_vs_heldout_best_fixed"] = round(held, 3)
+            if (kind, batch, f"{d}:own-tuned") in tps:
+                # A config tuned on this workload's own trace: what a deployment serving only it would run.
+                own = ratio(f"{tag}_own_tuned_vs_best_fixed", kind, batch, f"{d}:own-tuned", best)
+                ratio(f"{tag}_own_tuned_vs_none", kind, batch, f"{d}:own-tuned", "none")
+                held = heldout_vs_best(results, kind, batch, f"{d}:own-tuned", list(fx))
+                if held is not None:
+                    ratios[f"{tag}_own_tuned_vs_heldout_best_fixed"] = round(held, 3)
+                checks[f"{tag}_own_tuned_ge_1.0x_best_fixed"] = own >= 1.0
             if (kind, batch, f"{d}:adaptive-fast") in tps:
                 ratio(f"{tag}_adaptive_fast_vs_best_fixed", kind, batch, f"{d}:adaptive-fast", best)
                 ratio(f"{tag}_adaptive_fast_vs_worst_fixed", kind, batch, f"{d}:adaptive-fast", worst)
