@@ -98,7 +98,10 @@ def bench(
     ab_url: Annotated[list[str] | None, typer.Option(
         "--ab-url", metavar="URL", help="With --url: compare against this server too (repeatable).")] = None,
     ab_rounds: Annotated[int, typer.Option("--ab-rounds", min=1, help="Rounds the --ab workload is split into "
-                                           "(the bootstrap interval resamples them).")] = 5,
+                                           "(the bootstrap interval resamples them). Each round starts empty and "
+                                           "drains: keep about 10x --max-concurrency prompts per round, or the "
+                                           "ratio weighs start-up as much as steady serving (the report notes "
+                                           "it).")] = 5,
     trace_out: Annotated[str | None, typer.Option(
         "--trace-out", metavar="FILE", help="With -c: the launched engines append one JSON line per verify "
         "batch to FILE (see `specctl serve --trace-out`).")] = None,

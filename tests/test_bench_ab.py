@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specctl.bench.ab import bootstrap_ratio, parse_ab, port_overrides
+from specctl.bench.ab import FILLED_WARN, bootstrap_ratio, parse_ab, port_overrides
 from specctl.bench.stub_server import StubBehaviour, StubServer
 from specctl.cli.main import app
 from specctl.errors import UsageError
@@ -122,3 +122,39 @@ def test_ab_launches_a_variant_next_to_the_deployment_and_traces_the_base(tmp_pa
     # only the speculative base verifies: its trace drafts 3 every step
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert lines and all(x["trace_steps"] == 3 and x["steps"] == 3 for x in lines)
+
+
+def test_filled_seconds_counts_the_time_at_full_concurrency():
+    from specctl.bench.ab import filled_seconds
+    from specctl.bench.config import LoadPoint
+    from specctl.bench.load import LoadResult
+    from specctl.bench.request import RequestResult
+
+    def req(i: int, sent: float, end: float) -> RequestResult:
+        return RequestResult(index=i, prompt_len=1, output_len=1, scheduled=sent, sent=sent, end=end)
+
+    # two clients, both busy over [1, 4]: request 2 starts as request 0 ends, request 3 as request 2 does
+    load = LoadResult(LoadPoint(max_concurrency=2), [req(0, 0, 3), req(1, 1, 4), req(2, 3, 3.5), req(3, 3.5, 5)],
+                      start=0.0, wall_start=0.0, mono_start=0.0, end=5.0)
+    assert filled_seconds(load, 2) == pytest.approx(3.0)
+    assert filled_seconds(load, 1) == pytest.approx(5.0)
+    assert filled_seconds(load, 3) == 0.0
+
+
+def test_small_rounds_get_a_note_on_their_ramp_up_and_drain(stubs):
+    a, b = stubs
+    small = ["bench", "--url", a.url, "--ab-url", b.url, "--num-prompts", "4", "--ab-rounds", "2",
+             "--random-output-len", "4", "--no-progress"]
+    # 2 prompts per round at --max-concurrency 4: the rounds never fill, and the report says so
+    res = runner.invoke(app, [*small, "--max-concurrency", "4", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    comp = [json.loads(line) for line in res.stdout.splitlines()][-1]
+    assert [row["filled_share"] for row in comp["variants"]] == [0.0, 0.0]
+    assert comp["variants"][0]["prompts_per_round"] == 2
+    res = runner.invoke(app, [*small, "--max-concurrency", "4"])
+    assert res.exit_code == 0, res.output
+    assert "in flight for only part of the measured time (base 0%" in " ".join(res.stdout.split())
+    # one client at a time: always full, no note
+    res = runner.invoke(app, [*small, "--max-concurrency", "1", "--format", "json"])
+    comp = [json.loads(line) for line in res.stdout.splitlines()][-1]
+    assert all(row["filled_share"] >= FILLED_WARN for row in comp["variants"]), comp["variants"]
