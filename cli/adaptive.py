@@ -433,6 +433,8 @@ def tune_command(
     the trace measured beyond the cost model, as a real run pays it, unless --decode-only: the time between
     verifies (prefill, admission, streaming) per token, and the factor by which served verifies ran slower
     than profiled (a machine shared with the prefill server, the router and the clients).
+    The speed-ups over the best fixed step and no speculation come with 95% intervals over resamples of the
+    trace's requests: a short trace of sampled text cannot tell configs a few percent apart, and says so.
     A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run
     replayed alone then shows where a fixed step would serve it better (`runs` in --format json). Tune on
     one workload's trace for a config for that workload. Confirm it with `specctl bench --ab`.
@@ -497,8 +499,18 @@ def render_tune(result: Any) -> str:
     for name, p in rows:
         used = ", ".join(f"{k}: {v}" for k, v in sorted(p.batches_per_steps.items()))
         lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
-    lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
-                 f"{sp['vs_none']:.2f}x no speculation")
+    ci = result.intervals
+    if ci is None:
+        lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
+                     f"{sp['vs_none']:.2f}x no speculation")
+    else:
+        (flo, fhi), (nlo, nhi) = ci["vs_best_fixed"], ci["vs_none"]
+        lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed "
+                     f"[{flo:.2f}, {fhi:.2f}], {sp['vs_none']:.2f}x no speculation [{nlo:.2f}, {nhi:.2f}] "
+                     "(95% intervals over resamples of the trace's requests)")
+        if flo < 1.0 < fhi:
+            lines.append(f"(the trace cannot tell the recommendation from fixed steps {result.best_fixed_steps}: "
+                         "either may serve this traffic better; a longer trace narrows the interval)")
     if result.overhead is not None:
         o = result.overhead
         lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at {o.scale:.2f}x "

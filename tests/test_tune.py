@@ -32,6 +32,7 @@ from specctl.engine.spec.tune import (
     fixed_config,
     replay,
     replay_positions,
+    resample_requests,
     serving_overhead,
     sglang_json,
     trace_depth,
@@ -361,3 +362,38 @@ def test_each_recorded_run_is_reported_against_its_own_best_fixed_step():
     assert [r["run"] for r in res.to_json()["runs"]] == ["code", "never"]
     text = render_tune(res)
     assert "per recorded run" in text and f"best fixed {K}:" in text and "best fixed 0:" in text
+
+
+def requests_trace(per_request: list[list[int]]) -> list[TraceRecord]:
+    """One request after another at batch 1 (rid i makes the verifies per_request[i]), drafting K each."""
+    out: list[TraceRecord] = []
+    for rid, accepted in enumerate(per_request):
+        out += [TraceRecord(line=len(out) + 1, batch_size=1, accepted=(a,), steps=K, drafted=(K,), trace_steps=K,
+                            rids=(rid,)) for a in accepted]
+    return out
+
+
+def test_speedup_intervals_come_from_resampling_the_requests():
+    import random
+
+    same = requests_trace([[K] * 20 for _ in range(12)])  # every request alike: every resample is the trace
+    res = tune(setup(), same, cost_model())
+    assert res.intervals is not None
+    for key, (lo, hi) in res.intervals.items():
+        assert lo == pytest.approx(hi) == pytest.approx(res.speedups()[key]), key
+    # half the requests always right, half never: which ones a resample holds moves the prediction
+    mixed = requests_trace([[K] * 20 if i % 2 else [0] * 60 for i in range(12)])
+    res = tune(setup(), mixed, cost_model())
+    assert res.intervals is not None
+    lo, hi = res.intervals["vs_none"]
+    assert lo < res.speedups()["vs_none"] < hi and hi - lo > 0.05
+    doc = res.to_json()
+    assert doc["speedup_ci95"]["vs_none"] == [lo, hi]
+    # a replicate draws as many requests per run, with replacement, from that run only
+    runs = Runs.of(mixed)
+    rep = resample_requests(runs, random.Random(1))
+    assert rep is not None and len(rep.runs) == 1
+    facts = rep.runs[0][1]
+    assert facts is not None and len(facts.total) == 12 and set(facts.total.values()) <= {160, 60}
+    # a trace without rids (an older one) is replayed verify for verify: no intervals
+    assert tune(setup(), records([K] * 100), cost_model()).intervals is None

@@ -39,6 +39,7 @@ import functools
 import itertools
 import json
 import math
+import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -78,6 +79,9 @@ BACKOFF_MARGIN = 0.01  # the specctl-only knob must predict >= 1% better than th
 GUARD_RATIO = 0.95
 GUARD_COST = 0.02
 FINALISTS = 6  # candidate sets whose knobs are searched
+# Request resamples behind the predicted speed-ups' intervals (`speedup_intervals`), fixed seed.
+BOOTSTRAP = 100
+BOOTSTRAP_SEED = 13
 MIN_BUCKET_RECORDS = 20  # fewer verifies than this in a bucket: too little evidence, keep the user's bucket
 
 
@@ -390,6 +394,23 @@ class Runs:
         return cls(tuple(out))
 
 
+def resample_requests(runs: Runs, rng: random.Random) -> Runs | None:
+    """`runs` with each run's requests drawn again with replacement (as many, in a random order, each run
+    on its own): one bootstrap replicate of the trace. None when a run has no positional facts (no rids)."""
+    out = []
+    for recs, facts in runs.runs:
+        if facts is None:
+            return None
+        rids = list(facts.total)
+        pick = [rng.choice(rids) for _ in rids]
+        out.append((recs, _Facts({i: facts.exact[r] for i, r in enumerate(pick)},
+                                 {i: facts.lower[r] for i, r in enumerate(pick)},
+                                 {i: facts.total[r] for i, r in enumerate(pick)},
+                                 {i: facts.limit[r] for i, r in enumerate(pick)},
+                                 {i: facts.share.get(r, 0.0) for i, r in enumerate(pick)}, facts.width)))
+    return Runs(tuple(out))
+
+
 def replay(
     cfg: AdaptiveConfig,
     records: Sequence[TraceRecord] | Runs,
@@ -683,6 +704,33 @@ def per_run(cfg: AdaptiveConfig, initial_steps: int, runs: Runs, cost: CostModel
     return tuple(out)
 
 
+def speedup_intervals(cfg: AdaptiveConfig, initial_steps: int, best_k: int, runs: Runs, cost: CostModel,
+                      graphs: Sequence[int], adjust: Callable[[Prediction], Prediction] = lambda p: p,
+                      resamples: int = BOOTSTRAP) -> dict[str, tuple[float, float]] | None:
+    """95% percentile intervals of the recommendation's predicted speed-up over the best fixed step and over
+    no speculation, over `resamples` replicates of the trace's requests (`resample_requests`): how much the
+    predictions move with which requests the trace happened to hold. A trace of a few requests of sampled
+    text cannot tell configs within a few percent apart; the interval says so. (The recommendation was
+    chosen on the whole trace, so its own interval leans optimistic.) None without positional facts."""
+    rng = random.Random(BOOTSTRAP_SEED)
+    fixed, none = fixed_config(best_k), fixed_config(0)
+    vs_fixed: list[float] = []
+    vs_none: list[float] = []
+    for _ in range(resamples):
+        rep = resample_requests(runs, rng)
+        if rep is None:
+            return None
+        rec = adjust(replay(cfg, rep, cost, initial_steps=initial_steps, graph_batch_sizes=graphs))
+        vs_fixed.append(_ratio(rec, adjust(replay(fixed, rep, cost, initial_steps=best_k))))
+        vs_none.append(_ratio(rec, adjust(replay(none, rep, cost, initial_steps=0))))
+
+    def band(xs: list[float]) -> tuple[float, float]:
+        xs = sorted(xs)
+        return xs[int(0.025 * (len(xs) - 1))], xs[math.ceil(0.975 * (len(xs) - 1))]
+
+    return {"vs_best_fixed": band(vs_fixed), "vs_none": band(vs_none)}
+
+
 @dataclass(frozen=True)
 class TuneResult:
     recommended: AdaptiveConfig
@@ -700,6 +748,7 @@ class TuneResult:
     sglang_only: bool = False  # the search was restricted to what SGLang can run
     overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
     runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
+    intervals: dict[str, tuple[float, float]] | None = None  # `speedup_intervals` (None: no positional facts)
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -744,6 +793,7 @@ class TuneResult:
             "best_fixed": {"steps": self.best_fixed_steps, **self.best_fixed.to_json()},
             "none": self.none.to_json(),
             "speedup": self.speedups(),
+            "speedup_ci95": {k: list(v) for k, v in self.intervals.items()} if self.intervals is not None else None,
             "allowed_steps": list(self.allowed_steps),
             "evaluated_configs": self.evaluated,
             "serving_overhead_s_per_token": self.overhead_s_per_token,
@@ -993,9 +1043,10 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if sglang_choice is not None:
         sglang_choice = replace(sglang_choice, predicted=add(sglang_choice.predicted))
     breakdown = per_run(rec_cfg, best_init, whole, cost, graphs, allowed, add)
+    intervals = speedup_intervals(rec_cfg, best_init, best_k, whole, cost, graphs, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals)
 
 
 def validate_recommendation(
