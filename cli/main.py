@@ -33,7 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=_completion_wanted(),
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 
 
