@@ -1043,6 +1043,9 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if sglang_choice is not None:
         sglang_choice = replace(sglang_choice, predicted=add(sglang_choice.predicted))
     breakdown = per_run(rec_cfg, best_init, whole, cost, graphs, allowed, add)
+    if progress is not None:
+        progress(f"intervals: replaying the recommendation, steps {best_k} and no speculation on {BOOTSTRAP} "
+                 "resamples of the trace's requests")
     intervals = speedup_intervals(rec_cfg, best_init, best_k, whole, cost, graphs, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
