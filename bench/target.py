@@ -108,13 +108,10 @@ def engine_roles(launcher: Any) -> tuple[tuple[str, str], ...]:
     return tuple((str(name), str(st.url)) for name, st in status.items() if name.partition(".")[0] != "router")
 
 
-def _get_info(url: str) -> Any:
-    import http.client
-    import json
-    import urllib.request
+def _get_info(url: str) -> dict[str, Any] | None:
+    """The server's /server_info, or None when it did not answer one (the launcher's `_get_json`: no server,
+    an error status, or an answer that is not HTTP or not a JSON object)."""
+    from specctl.engine.serve.launcher import _get_json
 
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=5) as resp:  # noqa: S310 - loopback
-            return json.loads(resp.read())
-    except (OSError, http.client.HTTPException, ValueError, RecursionError):
-        return None  # no server, or an answer that is not HTTP (launcher._get_json: a TCP self-connect)
+    body, code = _get_json(url.rstrip("/") + "/server_info", timeout=5)
+    return body if code == 200 and body else None

@@ -499,15 +499,16 @@ def render_tune(result: Any) -> str:
     for name, p in rows:
         used = ", ".join(f"{k}: {v}" for k, v in sorted(p.batches_per_steps.items()))
         lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
-    ci = result.intervals
-    if ci is None:
-        lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed, "
-                     f"{sp['vs_none']:.2f}x no speculation")
-    else:
-        (flo, fhi), (nlo, nhi) = ci["vs_best_fixed"], ci["vs_none"]
-        lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed "
-                     f"[{flo:.2f}, {fhi:.2f}], {sp['vs_none']:.2f}x no speculation [{nlo:.2f}, {nhi:.2f}] "
-                     "(95% intervals over resamples of the trace's requests)")
+    ci = result.intervals or {}
+
+    def band(key: str) -> str:
+        return f" [{ci[key][0]:.2f}, {ci[key][1]:.2f}]" if key in ci else ""
+
+    lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed"
+                 f"{band('vs_best_fixed')}, {sp['vs_none']:.2f}x no speculation{band('vs_none')}"
+                 + (" (95% intervals over resamples of the trace's requests)" if ci else ""))
+    if ci:
+        flo, fhi = ci["vs_best_fixed"]
         if flo < 1.0 < fhi:
             lines.append(f"(the trace cannot tell the recommendation from fixed steps {result.best_fixed_steps}: "
                          "either may serve this traffic better; a longer trace narrows the interval)")

@@ -389,6 +389,9 @@ def test_speedup_intervals_come_from_resampling_the_requests():
     assert lo < res.speedups()["vs_none"] < hi and hi - lo > 0.05
     doc = res.to_json()
     assert doc["speedup_ci95"]["vs_none"] == [lo, hi]
+    from specctl.cli.adaptive import render_tune
+
+    assert f"no speculation [{lo:.2f}, {hi:.2f}] (95% intervals" in " ".join(render_tune(res).split())
     # a replicate draws as many requests per run, with replacement, from that run only
     runs = Runs.of(mixed)
     rep = resample_requests(runs, random.Random(1))

@@ -508,6 +508,6 @@ def _get_json(url: str, timeout: float = 1.0) -> tuple[dict[str, Any], int | Non
 def _loads(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
     return body if isinstance(body, dict) else {}
