@@ -139,6 +139,69 @@ def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
         assert torch.equal(sg.linear(x[:rows], wp, 200, b), alone[:rows]), rows
 
 
+def _paged_case(b: int, n: int, heads: int, kv: int, d: int, ctx: list[int], seed: int
+                ) -> tuple[torch.Tensor, ...]:
+    """Pools of keys and values on shuffled pages of 4 slots, item i's keys at positions 0..ctx[i] + n - 1
+    (padded with slot 0 at a position no query sees), its n queries at the last n positions."""
+    g = torch.Generator().manual_seed(seed)
+    kmax = max(ctx) + n
+    pages = -(-kmax // 4)
+    order = torch.randperm(b * pages + 3, generator=g)
+    keys, values = (torch.randn(4 * (b * pages + 3), kv, d, generator=g) for _ in range(2))
+    slots = torch.zeros(b, kmax, dtype=torch.long)
+    kpos = torch.full((b, kmax), 1 << 40, dtype=torch.long)
+    for i, c in enumerate(ctx):
+        own = (order[i * pages:(i + 1) * pages, None] * 4 + torch.arange(4)).flatten()
+        slots[i, : c + n] = own[: c + n]
+        kpos[i, : c + n] = torch.arange(c + n)
+    qpos = torch.tensor(ctx)[:, None] + torch.arange(n)[None, :]
+    q = torch.randn(b, n, heads, d, generator=g)
+    return q, keys, values, slots, kpos, qpos
+
+
+def _attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                         kpos: torch.Tensor, qpos: torch.Tensor, window: int) -> torch.Tensor:
+    b, n, heads, d = q.shape
+    rep = heads // keys.shape[1]
+    out = torch.zeros(b, n, heads, d, dtype=torch.float64)
+    for i in range(b):
+        k = keys[slots[i]].double().repeat_interleave(rep, dim=1)  # [kmax, heads, d]
+        v = values[slots[i]].double().repeat_interleave(rep, dim=1)
+        for j in range(n):
+            p = int(qpos[i, j])
+            seen = (kpos[i] <= p) & ((kpos[i] > p - window) if window > 0 else True)
+            w = torch.einsum("hd,khd->hk", q[i, j].double(), k[seen]).div(d**0.5).softmax(-1)
+            out[i, j] = torch.einsum("hk,khd->hd", w, v[seen])
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("heads,kv,d", [(8, 4, 32), (3, 1, 64), (2, 1, 64), (4, 4, 16), (16, 2, 128), (6, 2, 24),
+                                        (8, 1, 48)])
+@pytest.mark.parametrize("window", [0, 5])
+def test_paged_attention_is_the_float64_softmax_and_a_query_is_the_same_alone(request, path, heads, kv, d, window):
+    """`attention` over keys on scattered pages, for head sizes on and off the 16-lane blocks, grouped query
+    heads 1-8 per key/value head, key counts around multiples of 16 (1, 15-17, 31-33, 48): float64's
+    softmax attention to float32 rounding; a padding query gets zeros; and every query of a 4-position
+    verify is the bits that query gets as a decode step of its own (what makes a verify's logits a decode's)."""
+    sg: smallgemm.SmallGemm = request.getfixturevalue(path)
+    ctx = [0, 12, 13, 14, 27, 28, 29, 44]
+    q, keys, values, slots, kpos, qpos = _paged_case(len(ctx), 4, heads, kv, d, ctx, seed=heads * 100 + d + window)
+    got = sg.attention(q, keys, values, slots, kpos, qpos, None, window)
+    ref = _attention_reference(q, keys, values, slots, kpos, qpos, window)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    for j in range(4):
+        alone = sg.attention(q[:, j : j + 1].contiguous(), keys, values, slots, kpos, qpos[:, j : j + 1].contiguous(),
+                             None, window)
+        assert torch.equal(alone[:, 0], got[:, j]), j
+    valid = torch.ones(len(ctx), 4, dtype=torch.bool)
+    valid[1:, 2:] = False
+    padded = sg.attention(q, keys, values, slots, kpos, qpos, valid, window)
+    assert torch.equal(padded[valid], got[valid])
+    assert not padded[~valid].any()
+
+
 @needs_cc
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("shape", [(1, 192), (7, 3, 24), (33, 256), (2, 5, 17)])
