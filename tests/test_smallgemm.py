@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine import smallgemm
-from specctl.engine.model import SMALL_MAX_ROWS_AVX512, PackedLinear, _can_pack
+from specctl.engine.model import PackedLinear, _can_pack
 from specctl.engine.model_runner import ForwardItem, ModelRunner
 
 from test_model_hf import VOCAB, write_hf_model  # isort: skip
@@ -133,9 +133,9 @@ def test_a_row_computes_to_the_same_bits_alone_and_in_any_batch(request, path):
     g = torch.Generator().manual_seed(11)
     w, b = torch.randn(200, 96, generator=g), torch.randn(200, generator=g)
     wp = sg.pack(w)
-    x = torch.randn(SMALL_MAX_ROWS_AVX512, 96, generator=g)
+    x = torch.randn(200, 96, generator=g)  # past the AVX-512 path's chunks of 64 rows
     alone = torch.cat([sg.linear(x[i : i + 1], wp, 200, b) for i in range(x.shape[0])])
-    for rows in (2, 4, 5, 8, 9, 32, 40, SMALL_MAX_ROWS_AVX512):
+    for rows in (2, 4, 5, 8, 9, 32, 40, 64, 65, 130, 200):
         assert torch.equal(sg.linear(x[:rows], wp, 200, b), alone[:rows]), rows
 
 
