@@ -47,31 +47,45 @@ static inline __attribute__((always_inline)) void block(int mr, int K, int N, co
             _mm512_mask_storeu_ps(y + m * ldy + n0 + 16 * j, (j == nv - 1) ? tail : (__mmask16)0xFFFF, acc[m][j]);
 }
 
-static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp, const float *bias, float *y,
+/* Rows in chunks of up to MC, and within a chunk each panel of the weight passes over all of the chunk's
+ * blocks of MR rows before the next panel: a panel (K x 64 floats, 48-160 KB here) stays in cache while the
+ * chunk's rows (MC x K floats) do too, so the weight streams in once per chunk, not once per MR rows (a
+ * 32-row verify read a model's weights four times; a Llama's 4 MB lm_head does not fit a core's L2). Each
+ * y element is still its own sum in k order, whatever the blocking. */
+#define MC 64
+static void rows(int M, int K, int N, const float *x, long ldx, const float *wp, const float *bias, float *y,
                  long ldy) {
-    for (int n0 = 0; n0 < N; n0 += PANEL) {
-        int rem = N - n0;
-        int nv = rem >= 16 * NB ? NB : (rem + 15) / 16;
-        int last = rem - 16 * (nv - 1);
-        __mmask16 tail = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
-        /* constant row and vector counts let the compiler keep the accumulators in registers */
-#define BLOCKS(NV)                                                                   \
-    switch (mr) {                                                                    \
-        case 8: block(8, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 7: block(7, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 6: block(6, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 5: block(5, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 4: block(4, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 3: block(3, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        case 2: block(2, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;       \
-        default: block(1, K, N, x, ldx, wp, bias, y, ldy, n0, NV, tail); break;      \
+    for (int c0 = 0; c0 < M; c0 += MC) {
+        const int cm = M - c0 < MC ? M - c0 : MC;
+        for (int n0 = 0; n0 < N; n0 += PANEL) {
+            int rem = N - n0;
+            int nv = rem >= 16 * NB ? NB : (rem + 15) / 16;
+            int last = rem - 16 * (nv - 1);
+            __mmask16 tail = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
+            for (int m0 = c0; m0 < c0 + cm; m0 += MR) {
+                const int mr = c0 + cm - m0 < MR ? c0 + cm - m0 : MR;
+                const float *xm = x + (long)m0 * ldx;
+                float *ym = y + (long)m0 * ldy;
+                /* constant row and vector counts let the compiler keep the accumulators in registers */
+#define BLOCKS(NV)                                                                     \
+    switch (mr) {                                                                      \
+        case 8: block(8, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 7: block(7, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 6: block(6, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 5: block(5, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 4: block(4, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 3: block(3, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        case 2: block(2, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;       \
+        default: block(1, K, N, xm, ldx, wp, bias, ym, ldy, n0, NV, tail); break;      \
     }
-        if (nv == NB) {
-            BLOCKS(NB)
-        } else {
-            BLOCKS(nv)
-        }
+                if (nv == NB) {
+                    BLOCKS(NB)
+                } else {
+                    BLOCKS(nv)
+                }
 #undef BLOCKS
+            }
+        }
     }
 }
 #define ISA 512
@@ -168,6 +182,10 @@ int specctl_sgemm_isa(void) { return ISA; }
 int specctl_sgemm_panel(void) { return PANEL; }
 
 void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *wp, const float *bias, float *y) {
+#if ISA == 512
+    rows(M, K, N, x, ldx, wp, bias, y, N); /* all rows: it blocks them itself */
+    return;
+#endif
     for (int m0 = 0; m0 < M; m0 += MR) {
         int mr = M - m0 < MR ? M - m0 : MR;
         rows(mr, K, N, x + (long)m0 * ldx, ldx, wp, bias, y + (long)m0 * N, N);
