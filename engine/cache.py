@@ -466,12 +466,13 @@ class Group:
     def page_tables(self) -> torch.Tensor:
         """Per-request page tables padded into one [b, max_pages] tensor (built once per forward)."""
         if self._pt is None:
-            tables = [self.cache._pages(r) for r in self.reqs]
-            if len(tables) == 1:
-                self._pt = tables[0][None]
+            if len(self.reqs) == 1:
+                self._pt = self.cache._pages(self.reqs[0])[None]
             else:
-                width = max(t.numel() for t in tables)
-                self._pt = torch.stack([torch.nn.functional.pad(t, (0, width - t.numel())) for t in tables])
+                # One tensor from the padded lists: a pad per request and a stack took ~70 us at batch 32.
+                width = max(max(len(r.pages) for r in self.reqs), 1)
+                self._pt = torch.tensor([r.pages + [0] * (width - len(r.pages)) for r in self.reqs],
+                                        dtype=torch.long, device=self.cache.device)
         return self._pt
 
     def _slots(self, kind: str, pos: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
