@@ -157,6 +157,20 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return ids.clamp_(max=probs.shape[1] - 1)
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(dim=-1)`, by the small-row kernel's `argmax` for float32 CPU logits (the same first
+    maximal index; torch's took ~90 us of a batch-32 step over 4,096 tokens, the kernel ~20), else torch's."""
+    if logits.is_cpu and logits.dtype == torch.float32 and logits.dim() >= 1 and logits.shape[-1] > 0:
+        from specctl.engine import smallgemm
+
+        sg = smallgemm.kernel()
+        if sg is not None:
+            ids = sg.argmax(logits)
+            if ids is not None:  # None: a NaN, which torch ranks highest
+                return ids
+    return logits.argmax(dim=-1)
+
+
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
@@ -164,5 +178,5 @@ def sample(
 ) -> torch.Tensor:
     """Next token per row: `LongTensor [n]` on the logits' device (no host sync here)."""
     if all(p.greedy for p in params):
-        return logits.argmax(dim=-1)
+        return greedy_ids(logits)
     return sample_from_probs(probs_from_logits(logits, params), generators)

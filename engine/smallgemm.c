@@ -298,6 +298,51 @@ static void rmsnorm(int n, const float *x, const float *w, float eps, float *out
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
+/* Row-wise argmax of x [rows, n] (contiguous) into out [rows]: the first index of each row's largest value,
+ * as torch.argmax. Returns 0, or 1 when a row holds a NaN (out is then incomplete: torch ranks NaN above
+ * every number, and the caller asks it). A greedy step of a 4,096-token vocabulary at batch 32 took torch
+ * ~90 us here. */
+int specctl_argmax(int rows, int n, const float *x, long *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (long)r * n;
+        int e = 0, best = 0;
+        float bv = n > 0 ? row[0] : 0.0f;
+#if defined(__AVX512F__)
+        if (n >= 16) {
+            __m512 vmax = _mm512_set1_ps(-INFINITY);
+            __m512i vidx = _mm512_set1_epi32(0), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            const __m512i step = _mm512_set1_epi32(16);
+            __mmask16 nan = 0;
+            for (; e + 16 <= n; e += 16) {
+                const __m512 v = _mm512_loadu_ps(row + e);
+                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                const __mmask16 gt = _mm512_cmp_ps_mask(v, vmax, _CMP_GT_OQ); /* strictly: a lane keeps its first */
+                vmax = _mm512_mask_mov_ps(vmax, gt, v);
+                vidx = _mm512_mask_mov_epi32(vidx, gt, idx);
+                idx = _mm512_add_epi32(idx, step);
+            }
+            if (nan) return 1;
+            bv = _mm512_reduce_max_ps(vmax);
+            const __mmask16 at = _mm512_cmp_ps_mask(vmax, _mm512_set1_ps(bv), _CMP_EQ_OQ);
+            best = _mm512_mask_reduce_min_epi32(at, vidx); /* the lowest index among the lanes holding it */
+            if (bv == -INFINITY) { /* every value so far is -inf: the first one */
+                best = 0;
+            }
+        }
+#endif
+        for (; e < n; e++) {
+            const float v = row[e];
+            if (v != v) return 1;
+            if (v > bv) {
+                bv = v;
+                best = e;
+            }
+        }
+        out[r] = best;
+    }
+    return 0;
+}
+
 /* RMSNorm of `rows` rows of n features (x and out [rows, n], contiguous; w [n]): the models' norms on the
  * serving path (smallgemm.py `rms_norm`). A row's result does not depend on the others. */
 void specctl_rmsnorm(int rows, int n, const float *x, const float *w, float eps, float *out) {

@@ -84,6 +84,9 @@ class SmallGemm:
         self._attn = lib.specctl_paged_attention
         self._attn.argtypes = [_INT] * 6 + [_PTR] * 7 + [_LONG, ctypes.c_float, _PTR]
         self._attn.restype = _INT
+        self._argmax = lib.specctl_argmax
+        self._argmax.argtypes = [_INT, _INT, _PTR, _PTR]
+        self._argmax.restype = _INT
         self._rms = lib.specctl_rmsnorm
         self._rms.argtypes = [_INT, _INT, _PTR, _PTR, ctypes.c_float, _PTR]
         self._rms.restype = None
@@ -191,6 +194,21 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
         return y, xcat, states
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x.argmax(dim=-1) for a float32 CPU tensor (the first index of each row's largest value, as torch),
+        or None when x holds a NaN (torch ranks NaN highest: ask it then)."""
+        if x.dtype != torch.float32 or not x.is_cpu or x.dim() < 1:
+            raise ValueError(f"smallgemm: argmax of {x.dtype} {tuple(x.shape)} on {x.device}: not a float32 CPU tensor")
+        n = x.shape[-1]
+        x = x.contiguous()
+        out = torch.empty(x.shape[:-1], dtype=torch.long)
+        rows = out.numel()
+        if n == 0:
+            raise ValueError("smallgemm: argmax over an empty last dimension")
+        if rows and self._argmax(rows, n, x.data_ptr(), out.data_ptr()) != 0:
+            return None
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of x (float32, CPU): x / sqrt(mean(x^2) + eps) * weight, weight

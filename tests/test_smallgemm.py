@@ -473,3 +473,32 @@ def test_a_prompt_by_the_kernel_is_torchs_and_rolls_back_like_it(request, tmp_pa
     with pytest.raises(ValueError, match="keeps 1 .. 3 states"):
         k.mamba_short(torch.zeros(1, 2, 3), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1, 1), [0], [2],
                       fast.model.model.layers[0].mixer._short_consts(), keep=4)
+
+
+@needs_cc
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+def test_argmax_is_torchs_first_maximal_index_and_leaves_nan_to_torch(request, path):
+    """The kernel's row-wise argmax gives torch's index for vocabularies around the 16-lane blocks, with ties
+    (the first maximal index wins, also across lanes and the scalar tail), rows of -inf and +inf; a NaN makes
+    it return None, and `sampling.greedy_ids` then asks torch (which ranks NaN highest)."""
+    from specctl.engine.sampling import greedy_ids
+
+    sg: smallgemm.SmallGemm = request.getfixturevalue(path)
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 7, 15, 16, 17, 33, 260, 4096):
+        x = torch.randn(9, n, generator=g)
+        x[1] = x[1].round()  # many ties
+        x[2] = -torch.inf
+        x[3, n // 2] = torch.inf
+        if n > 20:
+            x[4, 3] = x[4, 19] = x[4, n - 1] = 50.0  # a tie across lanes and in the tail
+            x[5, n - 1] = x[5, n - 2] = 60.0  # a tie in the tail only
+        got = sg.argmax(x)
+        assert got is not None and torch.equal(got, x.argmax(dim=-1)), n
+        assert torch.equal(sg.argmax(x.view(3, 3, n)), x.view(3, 3, n).argmax(dim=-1))  # leading dims
+    y = torch.randn(4, 40, generator=g)
+    y[2, 30] = torch.nan
+    assert sg.argmax(y) is None
+    assert torch.equal(greedy_ids(y), y.argmax(dim=-1))
+    with pytest.raises(ValueError, match="float32"):
+        sg.argmax(y.double())

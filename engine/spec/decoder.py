@@ -44,7 +44,7 @@ from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
-from specctl.engine.sampling import probs_from_logits, sample
+from specctl.engine.sampling import greedy_ids, probs_from_logits, sample
 from specctl.engine.sequence import Sequence
 from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.spec.trace import TraceWriter
@@ -244,7 +244,7 @@ class SpeculativeDecoder:
         adjusted = adjust_verify_logits(seqs, target_logits, draft_tokens, num_drafts)
         if all(s.params.greedy for s in seqs):
             # greedy: one host copy of the argmax, then the acceptance rule on lists (verify.greedy_accept)
-            acc, new_tokens = greedy_accept(drafts, nd, adjusted.argmax(dim=-1).tolist())
+            acc, new_tokens = greedy_accept(drafts, nd, greedy_ids(adjusted).tolist())
         else:
             acc, new_tokens = self._verify(seqs, state, drafts, nd, adjusted)
 
@@ -320,7 +320,7 @@ class SpeculativeDecoder:
         if greedy:
             gi = torch.as_tensor(greedy, device=target_logits.device)
             ga, gt = greedy_accept([drafts[i] for i in greedy], [nd[i] for i in greedy],
-                                   target_logits[gi].argmax(dim=-1).tolist())
+                                   greedy_ids(target_logits[gi]).tolist())
             for j, i in enumerate(greedy):
                 acc[i], new_tokens[i] = ga[j], gt[j]
         whole = len(sampled) == b
