@@ -93,6 +93,13 @@ path (9ac9f20): 2.44x at 1 (257 vs 105), 1.16x at 8 (680 vs 583), 0.94x at 32 (1
 0.84-0.99). The attention's dot product there still kept its partial sums in memory; with its AVX2 path
 (the next commit), in the next run: 2.37x at 1 (247 vs 103), 1.43x at 8 (836 vs 591), 1.13x at 32 (1666 vs
 1411; repeats 0.99-1.33). 880 requests identical in both.
+On an AMD EPYC with AVX-512 (Zen 5, 2026-12-02): at 2b3aca1, with another job on the second core in some
+repeats, b32 repeats of 0.98x when quiet; at f9d4b3b (attention takes a key/value head's query heads
+together, sixteen keys at a time): 2.28x at 1 (1240 vs 554), 1.58x at 8 (3910 vs 2595), 1.17x at 32 (6080 vs
+5222; repeats 1.09-1.55); at c644bdb (the kernel streams each weight once per 64 rows): 2.44x, 1.73x, 1.28x
+(6219 vs 4868; repeats 1.08-2.12); at 2f0500f (page tables in one tensor, greedy argmax in the kernel), in a
+slower phase for both sides: 2.43x at 1 (828 vs 296), 1.88x at 8 (2920 vs 1738), 1.46x at 32 (5276 vs 3618;
+repeats 1.05-1.54). 880 requests identical in every run.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).

@@ -8,8 +8,9 @@ batch by the share of requests that sample — traces record it) while it pins t
 (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed
 over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
 drift on a shared machine hits every point alike;
-a point's cost is the median over all its timed steps. Requests that finish are replaced before the
-next timing (a step always runs the full batch). `clock="cpu"` times with this process's CPU time
+a point's cost is the median over all its timed steps. Each point starts from that many fresh requests
+(prefilled, then one untimed step), long enough not to finish within it, so every step runs the full batch
+and every point sees the same context lengths. `clock="cpu"` times with this process's CPU time
 instead of wall time: on a shared machine other jobs barely disturb it, and with one torch thread on a
 CPU device it equals wall time on an idle machine. The result is a `specctl.engine.spec.tune.CostModel`.
 """
@@ -100,38 +101,38 @@ def _measure(
 
     decoder: Any = engine.decoder
     kmax = max(steps)
-    tokens_per_round = iters * (kmax + 1) + 8
-    # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
-    params = SamplingParams(max_tokens=rounds * len(steps) * tokens_per_round + 64, ignore_eos=True,
+    # Each point starts from fresh requests, so every point is timed over the same context lengths. Requests
+    # that kept decoding across the whole table grew by ~170 tokens a round (at steps up to 7), and the
+    # points later in a round (the deeper steps) ran at longer contexts than the earlier ones: at batch 8 the
+    # table priced a plain step 25-40% above what the same engine's plain steps took in spec_bench's runs,
+    # and a steps-3 step at 2.2x a plain one where those runs measured 2.7-2.9x.
+    params = SamplingParams(max_tokens=(iters + 2) * (kmax + 1) + 8, ignore_eos=True,
                             temperature=temperature, seed=0 if temperature > 0 else None)
     samples: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
+    rids: list[int] = []
+
+    def drain() -> None:
+        for r in rids:
+            engine.abort(r)
+        rids.clear()
+        while engine.has_unfinished():
+            engine.step()
+
     for b in batch_sizes:
-        rids: list[int] = []
-
-        def refill(rids: list[int] = rids, b: int = b) -> None:
-            live = [r for r in rids if r in engine._seqs]
-            rids[:] = live
-            while len(rids) < b:
-                rids.append(engine.add_request(_PROMPT, params))
-            # step until every request is decoding (prefilled, first token out)
-            while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
-                engine.step()
-
         for _ in range(rounds):
             for k in steps:
                 decoder.pin_steps(k)
-                refill()
+                drain()
+                rids.extend(engine.add_request(_PROMPT, params) for _ in range(b))
+                # step until every request is decoding (prefilled, first token out)
+                while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
+                    engine.step()
                 engine.step()  # warm this step's path
-                refill()
                 for _ in range(iters):
                     t0 = now()
                     engine.step()
                     samples[b][k].append(now() - t0)
-                    refill()
-        for r in list(rids):
-            engine.abort(r)
-        while engine.has_unfinished():
-            engine.step()
+        drain()
         if progress is not None:
             row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}: {row}")
