@@ -106,6 +106,7 @@ def _measure(
     # points later in a round (the deeper steps) ran at longer contexts than the earlier ones: at batch 8 the
     # table priced a plain step 25-40% above what the same engine's plain steps took in spec_bench's runs,
     # and a steps-3 step at 2.2x a plain one where those runs measured 2.7-2.9x.
+    # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
     params = SamplingParams(max_tokens=(iters + 2) * (kmax + 1) + 8, ignore_eos=True,
                             temperature=temperature, seed=0 if temperature > 0 else None)
     samples: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
