@@ -683,17 +683,8 @@ int specctl_mamba_short(int b, int n, int d_inner, int conv_dim, int H, int P, i
     return 0;
 }
 
-/* ---- attention of a decode step or a verify over the paged key/value pools (smallgemm.py `attention`) ---
- *
- * Query j of item i (position qpos[i, j]; a padding query, qvalid[i, j] == 0, gets zeros) attends, per head
- * h (key/value head h / (H / KV)), to the keys k < kmax of its item with kpos[i, k] <= qpos and, when window
- * > 0, kpos > qpos - window; key k sits at slot slots[i, k] of kstore / vstore [slots, KV, d]. Softmax of
- * q . k * scale, then the weighted sum of the values; out [b, L, H, d]. A query's result does not depend on
- * the others, so a verify's rows are the decode steps' bits. With AVX-512 and head_dim a multiple of 16 (up to
- * 256) the query heads of one key/value head go together (`attend_group16`): scores sixteen keys at a time
- * and one pass over the values for all of them. A batch-32 decode step of a random Llama (head_dim 32, 8 heads
- * over 4 key/value heads, ~100 cached positions) took 565 us per layer that way before, 294-373 us now, its
- * keys and values mostly out of cache (warm: 133-174 -> 93-99 us). Returns 0, or -1 if scratch fails. */
+/* The AVX-512 path of the paged attention below: a key/value head's query heads together, sixteen keys at a
+ * time. */
 #if defined(__AVX512F__)
 /* Lane s of the result = the sum of v[s]'s 16 lanes: sixteen dot products' partial sums reduced together
  * (45 shuffles and adds where sixteen separate reductions take ~130, each waiting on the last). */
@@ -793,6 +784,17 @@ static void attend_group16(int n, int d, int rep, const float *q, const float *k
 }
 #endif
 
+/* ---- attention of a decode step or a verify over the paged key/value pools (smallgemm.py `attention`) ---
+ *
+ * Query j of item i (position qpos[i, j]; a padding query, qvalid[i, j] == 0, gets zeros) attends, per head
+ * h (key/value head h / (H / KV)), to the keys k < kmax of its item with kpos[i, k] <= qpos and, when window
+ * > 0, kpos > qpos - window; key k sits at slot slots[i, k] of kstore / vstore [slots, KV, d]. Softmax of
+ * q . k * scale, then the weighted sum of the values; out [b, L, H, d]. A query's result does not depend on
+ * the others, so a verify's rows are the decode steps' bits. With AVX-512 and head_dim a multiple of 16 (up to
+ * 256) the query heads of one key/value head go together (`attend_group16`): scores sixteen keys at a time
+ * and one pass over the values for all of them. A batch-32 decode step of a random Llama (head_dim 32, 8 heads
+ * over 4 key/value heads, ~100 cached positions) took 565 us per layer that way before, 294-373 us now, its
+ * keys and values mostly out of cache (warm: 133-174 -> 93-99 us). Returns 0, or -1 if scratch fails. */
 int specctl_paged_attention(int b, int L, int H, int KV, int d, int kmax, const float *q, const float *kstore,
                             const float *vstore, const long *slots, const long *kpos, const long *qpos,
                             const unsigned char *qvalid, long window, float scale, float *out) {
