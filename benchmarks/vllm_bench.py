@@ -99,7 +99,9 @@ together, sixteen keys at a time): 2.28x at 1 (1240 vs 554), 1.58x at 8 (3910 vs
 5222; repeats 1.09-1.55); at c644bdb (the kernel streams each weight once per 64 rows): 2.44x, 1.73x, 1.28x
 (6219 vs 4868; repeats 1.08-2.12); at 2f0500f (page tables in one tensor, greedy argmax in the kernel), in a
 slower phase for both sides: 2.43x at 1 (828 vs 296), 1.88x at 8 (2920 vs 1738), 1.46x at 32 (5276 vs 3618;
-repeats 1.05-1.54). 880 requests identical in every run.
+repeats 1.05-1.54), then 2.35x, 1.47x, 1.41x (6376 vs 4875); at 73e61bd, a fast phase for both: 2.65x at 1
+(1351 vs 527), 1.59x at 8 (4900 vs 3089), 1.24x at 32 (7326 vs 5439; repeats 1.19-1.44). 880 requests
+identical in every run.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
