@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specctl.engine import smallgemm
 from specctl.errors import InvalidInput
 
 # Below this temperature a row is treated as greedy (dividing by ~0 would overflow).
@@ -161,8 +162,6 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(dim=-1)`, by the small-row kernel's `argmax` for float32 CPU logits (the same first
     maximal index; torch's took ~90 us of a batch-32 step over 4,096 tokens, the kernel ~20), else torch's."""
     if logits.is_cpu and logits.dtype == torch.float32 and logits.dim() >= 1 and logits.shape[-1] > 0:
-        from specctl.engine import smallgemm
-
         sg = smallgemm.kernel()
         if sg is not None:
             ids = sg.argmax(logits)
