@@ -832,11 +832,15 @@ class _LonePlan:
             # no prompt among them: the kept rows are every row, in order (short spans are consecutive rows)
             self.all_short = not self.long
 
+    def write(self, k: torch.Tensor, v: torch.Tensor, kpool: torch.Tensor, vpool: torch.Tensor) -> None:
+        """Cache k/v [T, KV, d] of the flat rows at their slots."""
+        kpool.index_copy_(0, self.dst, k)
+        vpool.index_copy_(0, self.dst, v)
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kpool: torch.Tensor,
                   vpool: torch.Tensor) -> torch.Tensor:
         """q [T, H, d], k/v [T, KV, d] of the flat rows -> attention output [T, H, d]."""
-        kpool.index_copy_(0, self.dst, k)
-        vpool.index_copy_(0, self.dst, v)
+        self.write(k, v, kpool, vpool)
         hq, d = q.shape[1], q.shape[2]
         out: torch.Tensor | None = None
         if self.n_short:
@@ -974,6 +978,32 @@ class HybridForCausalLM(nn.Module):
         what it drops is the plumbing of a general padded batch (item checks, page tables, per-kind slot
         and mask building): a tiny model's step is mostly that. One request reads its keys as a view;
         one token per request (every draft step after the first) reads them with one gather per layer."""
+        hidden = self._lone(input_ids, spans, pools, bases, keys_only=False)
+        assert hidden is not None
+        return hidden
+
+    def cache_lone(
+        self,
+        input_ids: torch.Tensor,
+        spans: Sequence[tuple[int, int]],
+        pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        bases: Sequence[int],
+    ) -> None:
+        """`forward_lone` for a caller that only needs the tokens cached (a prompt, before a draft chain
+        starts from its last token): the last layer stops once it has written its keys and values, since
+        its attention, output projection and MLP feed only the hidden states such a caller drops. For a
+        one-layer draft that is most of the pass. The cached keys and values are those `forward_lone`
+        writes."""
+        self._lone(input_ids, spans, pools, bases, keys_only=True)
+
+    def _lone(
+        self,
+        input_ids: torch.Tensor,
+        spans: Sequence[tuple[int, int]],
+        pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        bases: Sequence[int],
+        keys_only: bool,
+    ) -> torch.Tensor | None:
         assert self._lone_layers, "forward_lone needs fuse_for_inference on a full-attention-only model"
         cfg = self.config
         dev = input_ids.device
@@ -992,11 +1022,20 @@ class HybridForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
         t = x.shape[0]
         eps, dims = cfg.rms_norm_eps, (cfg.hidden_size,)
-        for (w1, qkv_proj, o_proj, w2, gate_up, down), (kpool, vpool) in zip(self._lone_layers, pools, strict=True):
+        last = len(self._lone_layers) - 1
+        for i, ((w1, qkv_proj, o_proj, w2, gate_up, down), (kpool, vpool)) in enumerate(
+                zip(self._lone_layers, pools, strict=True)):
             qkv = qkv_proj(F.rms_norm(x, dims, w1, eps))
             qk = qkv[:, : nq + nk].view(t, hq + hkv, d)
             qk = rotary(qk, (cos, sin))
             v = qkv[:, nq + nk :].view(t, hkv, d)
+            if keys_only and i == last:
+                if b == 1:
+                    kpool.narrow(0, bases[0] + spans[0][0], t).copy_(qk[:, hq:])
+                    vpool.narrow(0, bases[0] + spans[0][0], t).copy_(v)
+                else:
+                    plan.write(qk[:, hq:], v, kpool, vpool)
+                return None
             if b == 1:
                 keys, vals = kpool.narrow(0, bases[0], ends[0]), vpool.narrow(0, bases[0], ends[0])
                 keys[spans[0][0] :].copy_(qk[:, hq:])
@@ -1062,8 +1101,8 @@ class HybridForCausalLM(nn.Module):
         if long:
             prefix = torch.tensor([t for i in long for t in feeds[i][:-1]], dtype=torch.long)
             with torch.no_grad():
-                self.forward_lone(prefix, [(starts[i], len(feeds[i]) - 1) for i in long], pools,
-                                  [bases[i] for i in long])
+                self.cache_lone(prefix, [(starts[i], len(feeds[i]) - 1) for i in long], pools,
+                                [bases[i] for i in long])
             starts = [s + len(f) - 1 if len(f) > LONE_SHORT else s for s, f in zip(starts, feeds, strict=True)]
             feeds = [f[-1:] if len(f) > LONE_SHORT else f for f in feeds]
         return sg.lone_chains(model, layers, bases, starts, feeds, steps, logits_out)

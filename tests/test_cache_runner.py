@@ -253,10 +253,12 @@ def test_draft_chain_declines_hybrid_models_and_scattered_pages(model_dir, full_
 def test_draft_chain_batched_equals_each_request_alone(full_dir):
     """Requests with different cached lengths, catch-ups and budgets chained in one call propose what each
     proposes through `forward` alone, and leave the same caches."""
-    # request 4 is new: its whole prompt is its catch-up (a long span, attended alone)
-    prompts = {1: tokens(13, 10), 2: tokens(6, 11), 3: tokens(21, 12), 4: []}
-    feeds = {1: tokens(1, 13), 2: tokens(2, 14), 3: tokens(1, 15), 4: tokens(LONE_SHORT + 3, 16)}
-    budgets = {1: 3, 2: 1, 3: 4, 4: 2}
+    # requests 4 and 5 are new: each one's whole prompt is its catch-up (long spans, attended alone; cached
+    # together by one `cache_lone`, whose last layer only writes keys and values)
+    prompts = {1: tokens(13, 10), 2: tokens(6, 11), 3: tokens(21, 12), 4: [], 5: []}
+    feeds = {1: tokens(1, 13), 2: tokens(2, 14), 3: tokens(1, 15), 4: tokens(LONE_SHORT + 3, 16),
+             5: tokens(LONE_SHORT + 9, 17)}
+    budgets = {1: 3, 2: 1, 3: 4, 4: 2, 5: 3}
     a, b = make_runner(full_dir), make_runner(full_dir)
     for r in (a, b):
         for rid, p in prompts.items():
