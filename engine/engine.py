@@ -365,19 +365,17 @@ class Engine:
 
         chunks: list[PrefillChunk] = batch.prefill
         items = [ForwardItem(c.seq.rid, c.seq.token_ids(c.start, c.end), c.start) for c in chunks]
-        logits = self.runner.forward(items)
+        logits = self.runner.forward(items, last_only=True)  # [len(chunks), vocab]: only last positions sample
         self._counters["prefill_tokens"] += sum(c.end - c.start for c in chunks)
         # Requests whose prompt is now fully cached and that have no token yet sample their first one
         # from the logits of the prompt's last position (a recompute after preemption samples nothing).
         rows, firsts = [], []
-        offset = 0
-        for c in chunks:
-            offset += c.end - c.start
+        for i, c in enumerate(chunks):
             c.seq.num_cached = c.end
             if c.completes:
                 c.seq.status = SequenceStatus.RUNNING
                 if not c.seq.output_ids:
-                    rows.append(offset - 1)
+                    rows.append(i)
                     firsts.append(c.seq)
         if not firsts:
             return

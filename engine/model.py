@@ -409,8 +409,11 @@ class Attention(nn.Module):
         self.o_proj.packed = PackedLinear(self.o_proj.weight, None)  # type: ignore[assignment]
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
+        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """[b, n, hidden] -> [b, n, hidden]; with `rows` (flat indices into b * n) only those rows' outputs,
+        [len(rows), hidden] (every position is still cached and attended)."""
         b, n, _ = x.shape
         if self.qkv is not None:
             nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -428,6 +431,8 @@ class Attention(nn.Module):
         else:
             mask = attention_mask(positions, positions, self.window)
             o = sdpa(q, k, v, mask)
+        if rows is not None:
+            return apply_linear(o.reshape(b * n, self.num_heads * self.head_dim).index_select(0, rows), self.o_proj)
         return apply_linear(o.reshape(b, n, self.num_heads * self.head_dim), self.o_proj)
 
 
@@ -563,6 +568,11 @@ def ssd_step(
     return y, h
 
 
+def _take_rows(y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """y [b, n, f] itself, or its flat rows `rows` [len(rows), f]."""
+    return y if rows is None else y.reshape(-1, y.shape[-1]).index_select(0, rows)
+
+
 class GatedRMSNorm(nn.Module):
     """Mamba-2's output norm: RMSNorm(y * silu(z))."""
 
@@ -603,7 +613,9 @@ class Mamba(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         self.D.fill_(1.0)
 
-    def forward(self, x: torch.Tensor, ctx: CacheContext | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: CacheContext | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, n, hidden] -> [b, n, hidden]; with `rows` (flat indices into b * n) only those rows' outputs,
+        [len(rows), hidden] (the state still advances over every position)."""
         b, n, _ = x.shape
         zxbcdt = apply_linear(x, self.in_proj)
         if ctx is None:
@@ -616,7 +628,7 @@ class Mamba(nn.Module):
             if n == 1 or n <= keep or self.prompt_by_recurrence:
                 y = self._short_kernel(zxbcdt, ctx)
                 if y is not None:
-                    return apply_linear(y, self.out_proj)
+                    return apply_linear(_take_rows(y, rows), self.out_proj)
             conv_state, h0 = ctx.mamba_state(self.layer)
             valid = ctx.valid
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
@@ -645,7 +657,7 @@ class Mamba(nn.Module):
             ctx.mamba_commit(self.layer, xcat.transpose(1, 2), tail if tail is not None else h[:, None])
         y = y + self.D.float()[:, None] * xh
         y = self.norm(y.reshape(b, n, self.d_inner).to(x.dtype), z)
-        return apply_linear(y, self.out_proj)
+        return apply_linear(_take_rows(y, rows), self.out_proj)
 
     def _short_kernel(self, zxbcdt: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
         """A decode step's, a verify's or (a small state: RECURRENCE_MAX_STATE) a prompt's conv, scan and gated
@@ -737,13 +749,22 @@ class DecoderLayer(nn.Module):
                         self.mlp.forward)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None
+        self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, ctx: CacheContext | None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """x [b, n, hidden] -> [b, n, hidden]. With `rows` (flat indices into b * n; the last layer of a
+        forward whose caller reads only those positions, as a prompt's last): [len(rows), hidden], every
+        position cached but the output projection, residual and MLP only for those rows (a prompt's
+        other rows would go through them only to be dropped)."""
         if self.serving is not None:
             norm1, mix, norm2, mlp = self.serving
         else:
             norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
             mix = self.mixer if self.kind == "mamba" else self.self_attn
+        if rows is not None:
+            h = mix(norm1(x), ctx, rows) if self.kind == "mamba" else mix(norm1(x), positions, rope, ctx, rows)
+            x = x.reshape(-1, x.shape[-1]).index_select(0, rows) + h
+            return x + mlp(norm2(x))
         h = mix(norm1(x), ctx) if self.kind == "mamba" else mix(norm1(x), positions, rope, ctx)
         x = x + h
         rows = ctx.valid_rows if ctx is not None else None
@@ -1108,14 +1129,20 @@ class HybridForCausalLM(nn.Module):
         return sg.lone_chains(model, layers, bases, starts, feeds, steps, logits_out)
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm)."""
+        """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm); with `rows`
+        (flat indices into b * L) those rows' only, [len(rows), hidden]: every position is still cached,
+        but the last layer's output projection and MLP run for those rows alone (`DecoderLayer.forward`)."""
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
         bound = ctx.max_position + 1 if ctx is not None else input_ids.shape[1]
         rope = rope_cos_sin(positions, self._rope(bound, positions.device))
-        for layer in self._serving_layers or self.model.layers:
+        layers = self._serving_layers or tuple(self.model.layers)
+        for layer in layers[:-1] if rows is not None else layers:
             x = layer(x, positions, rope, ctx)
+        if rows is not None:
+            x = layers[-1](x, positions, rope, ctx, rows)
         return self.model.norm(x)
 
     def _rope(self, bound: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,8 +111,11 @@ class ModelRunner:
 
     # ---- forward ---------------------------------------------------------------------------------
 
-    def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
-        """Logits [sum(len(token_ids)), vocab] (float32, on self.device) for every input position."""
+    def forward(self, items: Sequence[ForwardItem], last_only: bool = False) -> torch.Tensor:
+        """Logits [sum(len(token_ids)), vocab] (float32, on self.device) for every input position; with
+        `last_only`, [len(items), vocab] for each item's last position (a prompt's: what a prefill samples
+        from). Every position is cached either way; `last_only` spares the last layer's output projection
+        and MLP and the lm_head on the rows nobody reads (`HybridForCausalLM.forward_hidden`'s `rows`)."""
         if not items:
             return torch.empty(0, self.config.vocab_size, device=self.device)
         seen: set[int] = set()
@@ -141,6 +144,15 @@ class ModelRunner:
                 # one host-to-tensor copy of the padded ids (per-row writes cost microseconds each)
                 ids = torch.tensor([[*it.token_ids, *[0] * (lmax - n)] for it, n in zip(its, lens, strict=True)],
                                    dtype=torch.long, device=self.device)
+                if last_only:
+                    rows = torch.tensor([r * lmax + n - 1 for r, n in enumerate(lens)], device=self.device)
+                    hidden = self.model.forward_hidden(ids, ctx.positions, ctx, rows)  # [len(g), hidden]
+                    if len(groups) == 1:
+                        flat = hidden
+                        break
+                    for r, i in enumerate(g):
+                        hidden_rows[i] = hidden[r : r + 1]
+                    continue
                 hidden = self.model.forward_hidden(ids, ctx.positions, ctx)
                 if len(groups) == 1 and min(lens) == lmax:
                     flat = hidden.reshape(-1, hidden.shape[-1])  # no padding: every row is a real position

@@ -53,6 +53,32 @@ def test_verify_then_truncate_equals_feeding_only_accepted(model_dir, accepted):
     torch.testing.assert_close(torch.cat(la), torch.cat(lb), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kinds", [KINDS, ("mamba", "swa", "full", "swa")])  # the last layer mamba, then swa
+def test_last_only_gives_each_items_last_logits_and_caches_every_position(tmp_path, kinds):
+    """`forward(items, last_only=True)` (a prefill: the last layer's output projection and MLP and the
+    lm_head run for each item's last position alone) gives the logits `forward` gives those positions,
+    and leaves the caches it leaves: a long prompt grouped alone, short items padded together, a chunk
+    continuing a cached prefix."""
+    path = write_random_model(tmp_path / "m", layer_kinds=kinds, sliding_window=WINDOW)
+    a, b = make_runner(path), make_runner(path)
+    for r in (a, b):
+        for rid in (1, 2, 3, 4):
+            r.allocate(rid, 64)
+        r.forward([ForwardItem(4, tokens(9, 20), 0)])
+    items = [ForwardItem(1, tokens(23, 21), 0), ForwardItem(2, tokens(2, 22), 0), ForwardItem(3, tokens(4, 23), 0),
+             ForwardItem(4, tokens(11, 24), 9)]
+    got = a.forward(items, last_only=True)
+    full = b.forward(items)
+    ends = torch.tensor([len(it.token_ids) for it in items]).cumsum(0) - 1
+    assert got.shape == (len(items), full.shape[1])
+    torch.testing.assert_close(got, full[ends], rtol=1e-5, atol=1e-5)
+    nxt = [ForwardItem(it.rid, [7], a.cached_len(it.rid)) for it in items]
+    assert [a.cached_len(it.rid) for it in items] == [b.cached_len(it.rid) for it in items] == [23, 2, 4, 20]
+    torch.testing.assert_close(a.forward(nxt), b.forward(nxt), rtol=1e-5, atol=1e-5)
+    one = a.forward([ForwardItem(1, [9, 8, 7], 24)], last_only=True)  # one item, one group: no gather
+    torch.testing.assert_close(one, b.forward([ForwardItem(1, [9, 8, 7], 24)])[-1:], rtol=1e-5, atol=1e-5)
+
+
 def test_truncate_in_a_batched_verify_and_repeated_rollbacks(model_dir):
     a, b = make_runner(model_dir), make_runner(model_dir)
     prompts = {1: tokens(9, 4), 2: tokens(3, 5)}

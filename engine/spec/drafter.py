@@ -246,7 +246,7 @@ class ModelDrafter:
         if cached > length:
             self.runner.truncate(seq.rid, length)
         elif cached < length:
-            self.runner.forward([ForwardItem(seq.rid, seq.token_ids(cached, length), cached)])
+            self.runner.forward([ForwardItem(seq.rid, seq.token_ids(cached, length), cached)], last_only=True)
         tensors = self.runner.export_request(seq.rid)
         self.release(seq.rid)
         return tensors, length
