@@ -20,13 +20,19 @@
 #include <immintrin.h>
 
 #define NB (PANEL / 16) /* vectors of 16 floats per panel */
-#define MR 8 /* rows per block: 8 x 4 accumulators (some spill; still the fastest of 4-12 rows x 2-4 vectors) */
+/* Rows per block: 6, whose 6 x 4 accumulators, 4 weight vectors and a broadcast fit the 32 registers (8 x 4
+ * spilled: 20-25% slower at 32-64 rows), a last 7 or 8 rows split 4 + 3 or 4 + 4 (a block of one or two rows
+ * loads a weight vector per one or two multiply-adds). But a call of at most 8 rows (a decode step at batch
+ * 8) is one block, spills and all: two blocks would read each panel twice, and a weight streamed from memory
+ * (a Llama's 4 MB lm_head) pays that second pass in full (20% slower). */
+#define MR 6
+#define MR_TAIL 8
 
 static inline __attribute__((always_inline)) void block(int mr, int K, int N, const float *x, long ldx,
                                                          const float *wp, const float *bias, float *y,
                                                          long ldy, int n0, int nv, __mmask16 tail) {
     (void)N;
-    __m512 acc[MR][NB];
+    __m512 acc[MR_TAIL][NB];
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < nv; j++) {
             __mmask16 mk = (j == nv - 1) ? tail : (__mmask16)0xFFFF;
@@ -62,8 +68,9 @@ static void rows(int M, int K, int N, const float *x, long ldx, const float *wp,
             int nv = rem >= 16 * NB ? NB : (rem + 15) / 16;
             int last = rem - 16 * (nv - 1);
             __mmask16 tail = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
-            for (int m0 = c0; m0 < c0 + cm; m0 += MR) {
-                const int mr = c0 + cm - m0 < MR ? c0 + cm - m0 : MR;
+            for (int m0 = c0, mr; m0 < c0 + cm; m0 += mr) {
+                const int left = c0 + cm - m0;
+                mr = cm <= MR_TAIL ? cm : left <= MR ? left : left < MR + 3 ? (left + 1) / 2 : MR;
                 const float *xm = x + (long)m0 * ldx;
                 float *ym = y + (long)m0 * ldy;
                 /* constant row and vector counts let the compiler keep the accumulators in registers */
