@@ -465,6 +465,23 @@ class Group:
         return self.cache.rollback_tokens
 
     @property
+    def fused_max_len(self) -> int:
+        return KERNEL_ATTENTION_MAX_LEN
+
+    def full_plan(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor,
+                                 torch.Tensor] | None:
+        c = self.cache
+        if c.swa_index or c.mamba_index or len(c.full_index) != c.kv.shape[0] or c.device.type != "cpu":
+            return None
+        slots, kpos = self._keys("full", "full", [0] * len(self.ends_list), self.ends_list)
+        if self.all_valid:
+            dst = self._slots("full", self.positions).reshape(-1)
+        else:  # padding rows: a real slot to look up (their own item's first), then -1: no write
+            pos = torch.where(self._valid, self.positions, torch.zeros_like(self.positions))
+            dst = torch.where(self._valid, self._slots("full", pos), torch.full_like(pos, -1)).reshape(-1)
+        return c.kv_pools(), dst, slots, kpos
+
+    @property
     def max_position(self) -> int:
         return max(self.ends_list) - 1
 

@@ -211,6 +211,29 @@ class CacheContext(Protocol):
         """The largest position of any token in this forward."""
         ...
 
+    @property
+    def positions(self) -> torch.Tensor:
+        """[b, L] the position of every row (padding rows continue their item's positions)."""
+        ...
+
+    @property
+    def all_valid(self) -> bool:
+        """Every row of the group is a real token (no padding)."""
+        ...
+
+    @property
+    def fused_max_len(self) -> int:
+        """The longest item a whole-model kernel call (`HybridForCausalLM._fused_layers`) may take."""
+        ...
+
+    def full_plan(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor,
+                                 torch.Tensor] | None:
+        """For a model whose layers are all full attention, what a kernel that runs them all needs: (per layer
+        its (keys, values) pools [slots, KV, d], each row's slot to write [b * L] (-1 at padding), the
+        items' key slots [b, K] and key positions [b, K] as `attention` reads them); None where the
+        cache cannot hand them out (then the layers go one by one through `attention`)."""
+        ...
+
 
 def _can_pack(weight: torch.Tensor) -> bool:
     return (
@@ -1073,6 +1096,68 @@ class HybridForCausalLM(nn.Module):
             x = x[plan.last]
         return F.rms_norm(x, dims, self.model.norm.weight, eps)
 
+    def _kernel_model(self, pools: Sequence[tuple[torch.Tensor, torch.Tensor]], bound: int
+                      ) -> tuple[smallgemm.LoneModel, list[smallgemm.LoneLayer]] | None:
+        """This full-attention model's weights as the small-row kernel's fused loops take them (`lone_chains`,
+        `full_layers`), with per layer the (keys, values) pools of `pools` and rope tables covering positions
+        < bound; None where they do not apply (no kernel, a model with swa or mamba layers, a weight
+        without the kernel's copy, pools not contiguous float32 on the CPU)."""
+        lm = getattr(self.lm_head, "packed", None)
+        if not self._lone_layers or not isinstance(lm, PackedLinear):
+            return None
+        lm_w = lm.small_weight()
+        if lm_w is None:
+            return None
+        cfg = self.config
+        layers: list[smallgemm.LoneLayer] = []
+        for (w1, qkv, o, w2, gu, down), (keys, values) in zip(self._lone_layers, pools, strict=True):
+            lins = (qkv, o, gu, down)
+            if not all(isinstance(f, PackedLinear) for f in lins):
+                return None
+            packed = [f.small_weight() for f in lins]
+            if any(w is None for w in packed) or not all(
+                    t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in (keys, values)):
+                return None
+            wq, wo, wgu, wd = packed
+            assert wq is not None and wo is not None and wgu is not None and wd is not None
+            layers.append(smallgemm.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
+        cos_t, sin_t = self._rope(bound, torch.device("cpu"))
+        model = smallgemm.LoneModel(
+            hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
+            embed=self.model.embed_tokens.weight.detach(), final_norm=self.model.norm.weight.detach(),
+            lm_head=lm_w, cos=cos_t, sin=sin_t)
+        return model, layers
+
+    def _fused_layers(self, input_ids: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
+        """A decode step's or a verify's layers in one call of the small-row kernel (`SmallGemm.full_layers`)
+        for a full-attention model: the output of its last layer [b, L, hidden], the cache written as the
+        layer-by-layer path writes it; None where it does not apply (not float32 on the CPU, no kernel, more
+        rows than the kernel's matmuls take, a longer forward than the kernel's attention takes, swa or
+        mamba layers), and nothing is written then. The same function as the layer-by-layer path (its
+        matmuls, norms and attention are these kernels), to float32 rounding: rope and silu round as C does."""
+        sg = smallgemm.kernel()
+        b, n = input_ids.shape
+        if (sg is None or not self._lone_layers or not input_ids.is_cpu or n > ctx.fused_max_len
+                or b * n > (small_max_rows(sg) if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED)):
+            return None
+        plan = ctx.full_plan()
+        if plan is None:
+            return None
+        pools, dst, slots, kpos = plan
+        bound = ctx.max_position + 1
+        kernel_model = self._kernel_model(pools, bound)
+        if kernel_model is None:
+            return None
+        model, layers = kernel_model
+        valid = None if ctx.all_valid else ctx.valid
+        pos = ctx.positions if valid is None else torch.where(valid, ctx.positions, 0)  # padding: any table row
+        flat = pos.reshape(-1)
+        x = F.embedding(input_ids, self.model.embed_tokens.weight).contiguous()
+        sg.full_layers(model, layers, x, model.cos.index_select(0, flat), model.sin.index_select(0, flat), dst,
+                       slots, kpos, ctx.positions, valid)
+        return x
+
     def lone_chain(
         self,
         pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -1092,32 +1177,13 @@ class HybridForCausalLM(nn.Module):
         token by token, so a feed longer than LONE_SHORT tokens (a new request's prompt) is cached by one
         batched `forward_lone` first, all of it but its last token."""
         sg = smallgemm.kernel()
-        lm = getattr(self.lm_head, "packed", None)
-        if sg is None or not self._lone_layers or not isinstance(lm, PackedLinear) or not all(feeds) or min(steps) < 1:
+        if sg is None or not all(feeds) or min(steps) < 1:
             return None
-        lm_w = lm.small_weight()
-        if lm_w is None:
-            return None
-        cfg = self.config
-        layers: list[smallgemm.LoneLayer] = []
-        for (w1, qkv, o, w2, gu, down), (keys, values) in zip(self._lone_layers, pools, strict=True):
-            lins = (qkv, o, gu, down)
-            if not all(isinstance(f, PackedLinear) for f in lins):
-                return None
-            packed = [f.small_weight() for f in lins]
-            if any(w is None for w in packed) or not all(
-                    t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in (keys, values)):
-                return None
-            wq, wo, wgu, wd = packed
-            assert wq is not None and wo is not None and wgu is not None and wd is not None
-            layers.append(smallgemm.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
         ends = [s + len(f) + k for s, f, k in zip(starts, feeds, steps, strict=True)]
-        cos_t, sin_t = self._rope(max(ends), torch.device("cpu"))
-        model = smallgemm.LoneModel(
-            hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
-            embed=self.model.embed_tokens.weight.detach(), final_norm=self.model.norm.weight.detach(),
-            lm_head=lm_w, cos=cos_t, sin=sin_t)
+        kernel_model = self._kernel_model(pools, max(ends))
+        if kernel_model is None:
+            return None
+        model, layers = kernel_model
         long = [i for i, f in enumerate(feeds) if len(f) > LONE_SHORT]
         if long:
             prefix = torch.tensor([t for i in long for t in feeds[i][:-1]], dtype=torch.long)
@@ -1135,6 +1201,10 @@ class HybridForCausalLM(nn.Module):
         """input_ids/positions [b, L] -> final hidden states [b, L, hidden] (after the last norm); with `rows`
         (flat indices into b * L) those rows' only, [len(rows), hidden]: every position is still cached,
         but the last layer's output projection and MLP run for those rows alone (`DecoderLayer.forward`)."""
+        fused = self._fused_layers(input_ids, ctx) if ctx is not None and self._lone_layers else None
+        if fused is not None:
+            x = fused if rows is None else fused.reshape(-1, fused.shape[-1]).index_select(0, rows)
+            return self.model.norm(x)
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
         bound = ctx.max_position + 1 if ctx is not None else input_ids.shape[1]
         rope = rope_cos_sin(positions, self._rope(bound, positions.device))

@@ -76,6 +76,10 @@ class SmallGemm:
                                 ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT),
                                 ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR]
         self._chain.restype = _INT
+        self._full = lib.specctl_full_layers
+        full: list[Any] = [_INT, ctypes.POINTER(_LoneLayer)] + [_INT] * 5 + [ctypes.c_float, _INT, _INT]
+        self._full.argtypes = full + [_PTR] * 4 + [_INT] + [_PTR] * 4
+        self._full.restype = _INT
         self._mamba = lib.specctl_mamba_short
         ints: list[Any] = [_INT] * 8
         ptrs: list[Any] = [_PTR, _PTR, _PTR, ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT)] + [_PTR] * 6
@@ -155,6 +159,41 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
+
+    def full_layers(self, model: LoneModel, layers: Sequence[LoneLayer], x: torch.Tensor, cos_rows: torch.Tensor,
+                    sin_rows: torch.Tensor, dst: torch.Tensor, slots: torch.Tensor, kpos: torch.Tensor,
+                    qpos: torch.Tensor, qvalid: torch.Tensor | None) -> None:
+        """Every layer of a full-attention model over a decode step's or a verify's rows, in one call (the
+        layers of `lone_chains`, with the cache's paged pools): x [b, L, hidden] (float32, contiguous) goes
+        in as the embeddings and comes out, in place, as the last layer's output (before the final norm).
+        Row j of the b * L writes its key and value at slot dst[j] of every layer's pools (-1: padding, no
+        write), then attends as `attention` does: item i's keys at slots[i] [K], positions kpos[i], its
+        queries at qpos [b, L], qvalid [b, L] False at padding (None: all real). cos_rows / sin_rows [b * L,
+        head_dim] are the rope tables' rows at the rows' positions."""
+        b, n, hidden = x.shape
+        d = model.head_dim
+        ok = (x.dtype == torch.float32 and x.is_contiguous() and hidden == model.hidden
+              and tuple(cos_rows.shape) == tuple(sin_rows.shape) == (b * n, d) and tuple(dst.shape) == (b * n,)
+              and slots.dim() == 2 and slots.shape == kpos.shape and slots.shape[0] == b
+              and tuple(qpos.shape) == (b, n) and (qvalid is None or tuple(qvalid.shape) == (b, n))
+              and all(t.dtype == torch.long for t in (dst, slots, kpos, qpos)))
+        if not ok:
+            raise ValueError(f"smallgemm: full_layers got x {tuple(x.shape)}, rope rows {tuple(cos_rows.shape)}, "
+                             f"dst {tuple(dst.shape)}, slots {tuple(slots.shape)}, positions {tuple(qpos.shape)}: "
+                             "they do not fit")
+        arr = (_LoneLayer * len(layers))()
+        for i, layer in enumerate(layers):
+            arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
+                layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
+                layer.keys, layer.values)))
+        cos_rows, sin_rows = cos_rows.contiguous(), sin_rows.contiguous()
+        dst, slots, kpos, qpos = dst.contiguous(), slots.contiguous(), kpos.contiguous(), qpos.contiguous()
+        valid = None if qvalid is None else qvalid.to(torch.uint8).contiguous()
+        rc = self._full(len(layers), arr, hidden, model.heads, model.kv_heads, d, model.intermediate, model.eps,
+                        b, n, x.data_ptr(), cos_rows.data_ptr(), sin_rows.data_ptr(), dst.data_ptr(), slots.shape[1],
+                        slots.data_ptr(), kpos.data_ptr(), qpos.data_ptr(), None if valid is None else valid.data_ptr())
+        if rc != 0:
+            raise RuntimeError("smallgemm: full_layers could not run (scratch allocation or shapes)")
 
     def mamba_short(self, zxbcdt: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
                     slots: Sequence[int], lens: Sequence[int], k: MambaConsts, keep: int | None = None

@@ -325,6 +325,54 @@ def test_the_fused_draft_chain_is_transformers_greedy(tmp_path, monkeypatch, arc
 
 
 @needs_cc
+@pytest.mark.parametrize("arch", ["llama3-rope", "qwen2-full"])
+def test_a_full_attention_models_steps_run_whole_in_the_kernel_as_layer_by_layer(tmp_path, arch):
+    """A decode step's or a verify's forward of a full-attention model runs all its layers in one kernel call
+    (`SmallGemm.full_layers`): the logits the layer-by-layer path gives to float32 rounding, the same caches
+    (the steps after, rollbacks included, agree; a padding row writes nothing), and each request's rows the
+    bits it gets alone (a verify's logits are its decode steps')."""
+    from specctl.engine.model import HybridForCausalLM
+
+    write_hf_model(tmp_path / arch, arch)
+    fused, plain, alone = (ModelRunner(str(tmp_path / arch), page_size=4, max_tokens=512, max_requests=4,
+                                       max_draft_tokens=5) for _ in range(3))
+    calls: list[bool] = []
+    run = HybridForCausalLM._fused_layers
+
+    def counted(ids: torch.Tensor, ctx: Any) -> torch.Tensor | None:
+        out = run(fused.model, ids, ctx)
+        calls.append(out is not None)
+        return out
+
+    fused.model._fused_layers = counted  # type: ignore[method-assign]
+    plain.model._fused_layers = lambda ids, ctx: None  # type: ignore[method-assign]
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (9, 21, 4, 14)]
+    for r in (fused, plain, alone):
+        for rid, p in enumerate(prompts):
+            r.allocate(rid, 64)
+            r.forward([ForwardItem(rid, p, 0)])
+    calls.clear()
+    rounds = [([3, 1, 5, 2], None), ([1, 1, 1, 1], None), ([4, 2, 1, 6], [1, 0, 0, 3])]  # (fed, accepted after)
+    for fed, keep in rounds:
+        items = [ForwardItem(rid, torch.randint(3, VOCAB, (n,), generator=gen).tolist(), fused.cached_len(rid))
+                 for rid, n in enumerate(fed)]
+        got, want = fused.forward(items), plain.forward(items)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[: fed[0]], alone.forward([items[0]]))  # the same request alone: the same bits
+        for r in (plain, alone):
+            for it in items[1:] if r is alone else []:
+                r.forward([it])  # keep `alone`'s other requests in step
+        if keep is not None:  # a verify rolled back to what was accepted
+            for r in (fused, plain, alone):
+                for it, k in zip(items, keep, strict=True):
+                    r.truncate(it.rid, it.start_pos + k + 1)
+    assert calls == [True] * len(rounds)
+    nxt = [ForwardItem(rid, [5], fused.cached_len(rid)) for rid in range(len(prompts))]
+    torch.testing.assert_close(fused.forward(nxt), plain.forward(nxt), rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 # 64: the vector paths' whole chunks; 48 and 80: the weighted sum's partial chunk of 16-feature vectors (48 alone,
 # 80 after a whole one); 24: the tails and fallbacks
