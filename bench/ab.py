@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ from specctl.bench.config import BenchConfig
 from specctl.bench.load import LoadResult
 from specctl.bench.record import json_safe
 from specctl.bench.runner import PointRun, ProgressSink, Provenance, build_record, run_bench
+from specctl.engine.serve.ports import free_port
 from specctl.errors import UsageError
 
 AB_BOOTSTRAP = 2000
@@ -64,12 +64,6 @@ def parse_ab(values: Sequence[str]) -> list[tuple[str, ...]]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def port_overrides(raw: Any) -> list[str]:
     """`roles.R.KEY=PORT` with a free port for every `port` / `*_port` field of every role, so a copy of
     the deployment can run next to the original."""
@@ -83,9 +77,7 @@ def port_overrides(raw: Any) -> list[str]:
             continue
         for key, value in body.items():
             if (key == "port" or key.endswith("_port")) and isinstance(value, int) and not isinstance(value, bool):
-                port = free_port()
-                while port in taken:
-                    port = free_port()
+                port = free_port(taken=taken)  # below the ephemeral range: see engine/serve/ports.py
                 taken.add(port)
                 out.append(f"roles.{role}.{key}={port}")
     return out

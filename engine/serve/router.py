@@ -21,6 +21,7 @@ import subprocess
 import sys
 from typing import Any
 
+from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
 
 SHUTDOWN_GRACE_S = 2
@@ -67,17 +68,9 @@ def router_argv(deployment: Any, *, python: str = sys.executable) -> list[str]:
         "--log-level", os.environ.get("SPECCTL_ROUTER_LOG_LEVEL", "warn"),
         # Its Prometheus exporter would bind 0.0.0.0:29000, shared by every deployment on the host.
         "--prometheus-host", str(router.get("host") or "127.0.0.1"),
-        "--prometheus-port", str(router.get("metrics_port") or _free_port(str(router.get("host") or "127.0.0.1"))),
+        "--prometheus-port", str(router.get("metrics_port") or free_port(str(router.get("host") or "127.0.0.1"))),
     ]
     return argv
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def router_env(base: dict[str, str] | None = None) -> dict[str, str]:
