@@ -102,6 +102,13 @@ slower phase for both sides: 2.43x at 1 (828 vs 296), 1.88x at 8 (2920 vs 1738),
 repeats 1.05-1.54), then 2.35x, 1.47x, 1.41x (6376 vs 4875); at 73e61bd, a fast phase for both: 2.65x at 1
 (1351 vs 527), 1.59x at 8 (4900 vs 3089), 1.24x at 32 (7326 vs 5439; repeats 1.19-1.44). 880 requests
 identical in every run.
+On a Xeon with AMX (2026-12-02, sixth session): at f773538 (the matmul's blocks of 6 rows): 1.64x at 1 (638
+vs 389), 1.39x at 8 (3034 vs 2182), 1.25x at 32 (4943 vs 3971; repeats 1.12-1.34), 880 identical. At
+ebeccc4, where a full-attention model's decode step or verify runs all its layers in one kernel call
+(`specctl_full_layers`): 2.51x at 1 (887 vs 353), 2.18x at 8 (4371 vs 1953), 1.83x at 32 (6633 vs 3580;
+repeats 1.67-1.98). 879 of 880 identical: one batch-32 request took the other token at position 124, where
+the two leading logits differ by 3e-7 in float64 (the kernel's rope and silu round as C does, not as
+torch; either token is right within float32).
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).

@@ -1100,8 +1100,8 @@ class HybridForCausalLM(nn.Module):
                       ) -> tuple[smallgemm.LoneModel, list[smallgemm.LoneLayer]] | None:
         """This full-attention model's weights as the small-row kernel's fused loops take them (`lone_chains`,
         `full_layers`), with per layer the (keys, values) pools of `pools` and rope tables covering positions
-        < bound; None where they do not apply (no kernel, a model with swa or mamba layers, a weight
-        without the kernel's copy, pools not contiguous float32 on the CPU)."""
+        < bound; None where they do not apply (a model with swa or mamba layers, a weight without the
+        kernel's copy, pools not contiguous float32 on the CPU)."""
         lm = getattr(self.lm_head, "packed", None)
         if not self._lone_layers or not isinstance(lm, PackedLinear):
             return None
@@ -1175,7 +1175,7 @@ class HybridForCausalLM(nn.Module):
         here, a weight without the kernel's copy, pools not contiguous float32 on the CPU); then
         `forward_lone` per step. The same function as that loop, to float32 rounding. The fused loop feeds
         token by token, so a feed longer than LONE_SHORT tokens (a new request's prompt) is cached by one
-        batched `forward_lone` first, all of it but its last token."""
+        batched `cache_lone` first, all of it but its last token."""
         sg = smallgemm.kernel()
         if sg is None or not all(feeds) or min(steps) < 1:
             return None

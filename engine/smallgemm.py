@@ -140,11 +140,7 @@ class SmallGemm:
         if logits_out is not None and (logits_out.dtype != torch.float32 or not logits_out.is_contiguous()
                                        or tuple(logits_out.shape) != (n, width, model.vocab)):
             raise ValueError(f"smallgemm: logits_out must be contiguous float32 [{n}, {width}, {model.vocab}]")
-        arr = (_LoneLayer * len(layers))()
-        for i, layer in enumerate(layers):
-            arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
-                layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
-                layer.keys, layer.values)))
+        arr = _layer_array(layers)
         offsets = [0]
         for feed in feeds:
             offsets.append(offsets[-1] + len(feed))
@@ -181,11 +177,7 @@ class SmallGemm:
             raise ValueError(f"smallgemm: full_layers got x {tuple(x.shape)}, rope rows {tuple(cos_rows.shape)}, "
                              f"dst {tuple(dst.shape)}, slots {tuple(slots.shape)}, positions {tuple(qpos.shape)}: "
                              "they do not fit")
-        arr = (_LoneLayer * len(layers))()
-        for i, layer in enumerate(layers):
-            arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
-                layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
-                layer.keys, layer.values)))
+        arr = _layer_array(layers)
         cos_rows, sin_rows = cos_rows.contiguous(), sin_rows.contiguous()
         dst, slots, kpos, qpos = dst.contiguous(), slots.contiguous(), kpos.contiguous(), qpos.contiguous()
         valid = None if qvalid is None else qvalid.to(torch.uint8).contiguous()
@@ -331,6 +323,16 @@ class LoneLayer:
     down: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
+
+
+def _layer_array(layers: Sequence[LoneLayer]) -> ctypes.Array[_LoneLayer]:
+    """The layers as the C side's `lone_layer` array (pointers to the tensors' data)."""
+    arr = (_LoneLayer * len(layers))()
+    for i, layer in enumerate(layers):
+        arr[i] = _LoneLayer(*(None if t is None else t.data_ptr() for t in (
+            layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
+            layer.keys, layer.values)))
+    return arr
 
 
 @dataclass(frozen=True)
