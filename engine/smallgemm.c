@@ -493,6 +493,11 @@ static void rope(int heads, int d, float *x, const float *cos_p, const float *si
  * takes steps = 1 and draws the next token itself). A row's results are the bits it gets alone: the
  * kernel's sums do not depend on the row count. Returns 0, or -1 if the scratch allocation fails or a
  * head is wider than 1024. */
+#if defined(__AVX512F__)
+static void attend_group16(int n, int d, int rep, const float *q, const float *k, const float *v, const long *rows,
+                           float scale, float *sc, long ldw, float *out);
+#endif
+
 int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
                         int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
                         const float *cos_t, const float *sin_t, int n_req, const long *base, const int *start,
@@ -507,19 +512,23 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
         if (n_feed + steps[r] - 1 > iters) iters = n_feed + steps[r] - 1;
     }
     const size_t R = (size_t)n_req;
-    float *buf = malloc(sizeof(float) * (R * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab) + (size_t)maxlen));
+    const int rep = hq / hkv;
+    float *buf = malloc(sizeof(float) * (R * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab) +
+                                         (size_t)maxlen * (size_t)rep));
     int *idx = malloc(sizeof(int) * 3 * R);
-    if (!buf || !idx) {
+    long *krows = malloc(sizeof(long) * (size_t)(maxlen > 0 ? maxlen : 1)); /* key s of a request: s * nk */
+    if (!buf || !idx || !krows) {
         free(buf);
         free(idx);
+        free(krows);
         return -1;
     }
+    for (int s = 0; s < maxlen; s++) krows[s] = (long)s * nk;
     float *x = buf, *h = x + R * hidden, *t = h + R * hidden, *xn = t + R * hidden, *qkv = xn + R * hidden;
     float *o = qkv + R * nqkv, *gu = o + R * nq, *act = gu + R * 2 * inter, *logits = act + R * inter;
     float *scores = logits + R * vocab;
     int *rows_of = idx, *chosen = idx + R, *pos = idx + 2 * R; /* active row -> request; per request */
     const float scale = 1.0f / sqrtf((float)d);
-    const int rep = hq / hkv;
     for (int r = 0; r < n_req; r++) chosen[r] = 0;
     for (int i = 0; i < iters; i++) {
         int m = 0; /* the requests still going at step i, as rows 0..m-1 */
@@ -542,6 +551,15 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
                 rope(hq + hkv, d, row, cos_t + (long)p * d, sin_t + (long)p * d); /* q and k side by side */
                 memcpy(L->kpool + (b + p) * nk, row + nq, sizeof(float) * (size_t)nk);
                 memcpy(L->vpool + (b + p) * nk, row + nq + nk, sizeof(float) * (size_t)nk);
+#if defined(__AVX512F__)
+                if (d % 16 == 0 && d <= 256) { /* a key/value head's query heads together, as the paged one */
+                    for (int g = 0; g < hkv; g++)
+                        attend_group16(p + 1, d, rep, row + (long)g * rep * d, L->kpool + b * nk + (long)g * d,
+                                       L->vpool + b * nk + (long)g * d, krows, scale, scores, maxlen,
+                                       oj + (long)g * rep * d);
+                    continue;
+                }
+#endif
                 for (int hh = 0; hh < hq; hh++) {
                     const long g = b * nk + (long)(hh / rep) * d;
                     attend_head(p + 1, d, row + hh * d, L->kpool + g, L->vpool + g, nk, NULL, scale, scores,
@@ -583,6 +601,7 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
     }
     free(buf);
     free(idx);
+    free(krows);
     return 0;
 }
 
