@@ -373,6 +373,25 @@ def test_a_full_attention_models_steps_run_whole_in_the_kernel_as_layer_by_layer
 
 
 @needs_cc
+def test_the_whole_model_call_follows_an_in_place_weight_update(tmp_path):
+    """The kernel's view of the weights is kept between steps (`_kernel_model`), but an in-place update of a
+    weight (a reload, a fine-tune step) shows in the next step, as on the layer-by-layer path."""
+    write_hf_model(tmp_path / "m", "llama")
+    fused, plain = (ModelRunner(str(tmp_path / "m"), page_size=4, max_tokens=256, max_requests=2) for _ in range(2))
+    plain.model._fused_layers = lambda ids, ctx: None  # type: ignore[method-assign]
+    prompt = torch.randint(3, VOCAB, (11,), generator=torch.Generator().manual_seed(5)).tolist()
+    for r in (fused, plain):
+        r.allocate(1, 32)
+        r.forward([ForwardItem(1, prompt, 0)])
+        r.forward([ForwardItem(1, [4], 11)])  # a step: builds and keeps the kernel's view
+        with torch.no_grad():
+            r.model.model.layers[1].mlp.down_proj.weight.mul_(-0.5)
+            r.model.lm_head.weight.add_(0.25)
+    step = [ForwardItem(1, [9, 8], 12)]
+    torch.testing.assert_close(fused.forward(step), plain.forward(step), rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 # 64: the vector paths' whole chunks; 48 and 80: the weighted sum's partial chunk of 16-feature vectors (48 alone,
 # 80 after a whole one); 24: the tails and fallbacks
