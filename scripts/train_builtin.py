@@ -24,6 +24,12 @@ model directory gets the model's config.json and tokenizer files too, so it is a
     python scripts/train_builtin.py --model tiny-draft --distill-from tiny-hybrid --init-from tiny-draft \
         --distill-alpha 1.0 --lr 1e-3 --warmup 50 --steps 4000 --max-seconds 1200 --out-dir /tmp/distill-draft
     python scripts/train_builtin.py --model tiny-hybrid --evaluate --against-dir /tmp/distill-draft
+
+`--teacher-windows N` (with `--distill-from`) first has the teacher write N windows of its own: train-split
+prompts continued through specctl's engine, half greedy, half sampled at temperature 1; `--teacher-mix F`
+of every batch is then drawn from them. A draft distilled on the corpus alone learns the target's next
+byte on human text, while speculation asks it on the target's own continuations (the MODEL_CARD's
+figures: the shipped draft's second and third stages).
 """
 
 from __future__ import annotations
@@ -136,6 +142,46 @@ def distill_kl(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tens
         log_target=True,
         reduction="batchmean",
     )
+
+
+def teacher_windows(
+    teacher_ref: str, data: torch.Tensor, n: int, seq: int, seed: int, threads: int
+) -> tuple[torch.Tensor, dict]:
+    """`n` windows of `seq + 1` ids, each a prompt cut from `data` (32 to 160 ids at --seq 256; at most 5/8 of a
+    window) continued by the teacher through specctl's own engine: half greedy, half sampled at temperature 1
+    (seeded). Speculative acceptance is agreement on the contexts the target itself produces (its own
+    continuations of a prompt), which the corpus holds only in part: a greedy target repeats names,
+    indentation and whole lines its own way (DistillSpec, Zhou et al. 2023, trains on teacher- or
+    student-generated text for this). Returns ([n, seq + 1] int16, stats)."""
+    from specctl.engine.config import EngineConfig
+    from specctl.engine.engine import Engine
+    from specctl.engine.sampling import SamplingParams
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(seed + 7)
+    eng = Engine(EngineConfig(model_ref=teacher_ref, dtype="float32", device="cpu", page_size=16,  # type: ignore[arg-type]
+                              max_tokens=65536, max_batch_size=64, speculative={"algorithm": "none"}))
+    prompts: list[list[int]] = []
+    params: list[SamplingParams] = []
+    hi = max(1, min(160, 5 * seq // 8))  # prompt lengths lo..hi; at --seq 256, 32..160
+    lo = min(32, hi // 2) or 1
+    for i in range(n):
+        plen = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        start = int(torch.randint(0, len(data) - plen - 1, (1,), generator=g))
+        prompts.append(data[start : start + plen].long().tolist())
+        temp = 0.0 if i % 2 == 0 else 1.0
+        params.append(SamplingParams(max_tokens=seq + 1 - plen, temperature=temp, seed=seed * 1_000_003 + i,
+                                     ignore_eos=True))
+    out = torch.empty(n, seq + 1, dtype=torch.int16)
+    t0 = time.time()
+    for first in range(0, n, 64):
+        for j, r in enumerate(eng.generate(prompts[first : first + 64], params[first : first + 64])):
+            ids = prompts[first + j] + r.token_ids
+            out[first + j] = torch.tensor(ids[: seq + 1], dtype=torch.int16)
+        print(f"teacher windows: {min(first + 64, n)}/{n} in {time.time() - t0:.0f}s", flush=True)
+    stats = {"windows": n, "seq": seq, "prompt_ids": [lo, hi], "greedy_fraction": 0.5, "sampled_temperature": 1.0,
+             "seconds": round(time.time() - t0, 1)}
+    return out, stats
 
 
 def train_step(
@@ -283,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init-from", default=None, metavar="MODEL",
                     help="start from this model's weights (builtin name or directory; same config) instead of a "
                          "fresh init: fine-tuning")
+    ap.add_argument("--teacher-windows", type=int, default=0, metavar="N",
+                    help="with --distill-from: generate N windows with the teacher (its own continuations of "
+                         "train-split prompts, half greedy, half sampled) and mix them into every batch")
+    ap.add_argument("--teacher-mix", type=float, default=0.5, metavar="F",
+                    help="with --teacher-windows: the fraction of each batch's windows taken from them")
     ap.add_argument("--windows", type=int, default=64, help="with --evaluate: held-out windows of --seq bytes")
     ap.add_argument("--prompt", default="def fibonacci(n):")
     ap.add_argument("--max-new", type=int, default=200)
@@ -290,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if not 0.0 <= args.distill_alpha <= 1.0:
         ap.error(f"--distill-alpha must be in [0, 1], got {args.distill_alpha}")
+    if args.teacher_windows and not args.distill_from:
+        ap.error("--teacher-windows needs --distill-from (the teacher generates them)")
+    if not 0.0 <= args.teacher_mix <= 1.0:
+        ap.error(f"--teacher-mix must be in [0, 1], got {args.teacher_mix}")
     if args.against and args.against_dir:
         ap.error("give --against or --against-dir, not both")
     torch.set_num_threads(args.threads)
@@ -340,6 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     train, held, stats = load_corpus()
     print(f"{args.model}: {n_params} params, corpus {stats}", flush=True)
+    gen: torch.Tensor | None = None
+    n_gen = 0
+    if args.teacher_windows and distill is not None:
+        gen, distill["teacher_windows"] = teacher_windows(
+            distill["teacher"], train, args.teacher_windows, args.seq, args.seed, args.threads)
+        distill["teacher_mix"] = args.teacher_mix
+        n_gen = round(args.batch * args.teacher_mix)
+        torch.set_num_threads(args.threads)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -387,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        x = batch(train, args.batch, args.seq, g)
+        x = batch(train, args.batch - n_gen, args.seq, g)
+        if gen is not None and n_gen:
+            x = torch.cat((x, gen[torch.randint(0, len(gen), (n_gen,), generator=g)].long()))
         parts = train_step(model, x, opt, teacher, args.distill_alpha)
         lv = parts["loss"]
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv

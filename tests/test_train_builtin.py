@@ -125,3 +125,39 @@ def test_distill_alpha_outside_0_1_is_a_usage_error(capsys):
     else:
         raise AssertionError("no usage error")
     assert "--distill-alpha" in capsys.readouterr().err
+
+
+def test_teacher_windows_are_the_teachers_own_continuations(tmp_path):
+    """Even windows are greedy: past the prompt every id is the teacher's argmax of what precedes it (by the
+    model's own full forward, within float noise); odd windows are sampled, seeded, so a rerun repeats them."""
+    teacher_dir = write_random_model(tmp_path / "teacher", layer_kinds=("swa", "full"), seed=1)
+    data = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(3)).to(torch.int16)
+    win, stats = tb.teacher_windows(str(teacher_dir), data, 4, 40, seed=0, threads=1)
+    assert win.shape == (4, 41) and win.dtype == torch.int16 and stats["windows"] == 4
+    lo, hi = stats["prompt_ids"]
+    teacher = load_model(str(teacher_dir))
+    corpus = data.tolist()
+    for i in range(4):
+        ids = win[i].long().tolist()
+        plen = next(n for n in range(hi, lo - 1, -1)
+                    if any(corpus[s : s + n] == ids[:n] for s in range(len(corpus) - n)))
+        assert lo <= plen <= hi
+        if i % 2:
+            continue
+        with torch.no_grad():
+            logits = teacher(win[i : i + 1, :-1].long())[0]
+        for pos in range(plen - 1, 40):
+            chosen, best = logits[pos, ids[pos + 1]].item(), logits[pos].max().item()
+            assert chosen >= best - 1e-4, (i, pos)
+    again, _ = tb.teacher_windows(str(teacher_dir), data, 4, 40, seed=0, threads=1)
+    assert torch.equal(win, again)
+
+
+def test_teacher_windows_need_a_teacher(capsys):
+    try:
+        tb.main(["--model", "tiny-draft", "--teacher-windows", "8"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("no usage error")
+    assert "--distill-from" in capsys.readouterr().err
