@@ -23,7 +23,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
 from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV, read_trace
-from specctl.engine.spec.tune import CostModel, Unanswerable, fixed_config, replay, replay_positions
+from specctl.engine.spec.tune import CostModel, Runs, Unanswerable, fixed_config, replay, replay_positions
 from specctl.errors import InvalidInput
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "class Parser:\n    def __init__(self, ", "for i in range(10):\n"]
@@ -36,6 +36,11 @@ def config(steps: int, algorithm: str = "draft", **kw: object) -> EngineConfig:
         spec = {"algorithm": "ngram", "num_steps": steps}
     return EngineConfig(model_ref="builtin:tiny-hybrid", device="cpu", max_batch_size=4, max_tokens=4096,
                         speculative=spec, **kw)  # type: ignore[arg-type]
+
+
+def bound_only(runs: Runs) -> Runs:
+    """`runs` with every unknown match counted as a miss (the replay's lower bound, before `_censored`)."""
+    return Runs(tuple((recs, facts._replace(cont=0.0) if facts is not None else None) for recs, facts in runs.runs))
 
 
 def run_one_at_a_time(cfg: EngineConfig) -> tuple[Engine, list[list[int]], list[list[int]]]:
@@ -98,15 +103,18 @@ def test_counterfactual_replay_equals_a_real_run_at_fixed_steps(deep_trace, k):
         with pytest.raises(Unanswerable):
             replay_positions(recs, k)
     # tune's replay walks the same positions (the trace is one single-stream run): as many verifies and
-    # tokens as the real run at k, where the trace determines them (a lower bound elsewhere)
+    # tokens as the real run at k, where the trace determines them (estimated elsewhere: `_censored`); with the
+    # unknown matches counted as misses (cont 0) it never undercounts the verifies
     cm = CostModel({1: {s: 1e-3 * (1 + 0.2 * s) for s in range(8)}})
     pred = replay(fixed_config(k), recs, cm, initial_steps=k)
+    bound = replay(fixed_config(k), bound_only(Runs.of(recs)), cm, initial_steps=k)
     real_verifies = sum(len(r) for r in real_accepted)
     real_tokens = sum(a + 1 for r in real_accepted for a in r)
     if pred.lower_bound_verifies == 0:
         assert (pred.verifies, pred.tokens) == (real_verifies, real_tokens)
+        assert (bound.verifies, bound.tokens) == (real_verifies, real_tokens)
     else:
-        assert pred.verifies >= real_verifies and pred.tokens == real_tokens
+        assert pred.tokens == bound.tokens == real_tokens and bound.verifies >= real_verifies
 
 
 def test_trace_steps_needs_trace_out_and_env_reaches_the_config(monkeypatch):
@@ -178,3 +186,29 @@ def test_batched_replay_walks_the_real_batches(tmp_path, algorithm):
         else:
             assert pred.tokens == st["emitted_tokens"]
     assert exact >= 2
+
+
+def test_censored_matches_estimated_nearer_the_real_runs_than_the_bound(tmp_path):
+    """A verify that accepted all 7 of its drafts leaves the match at its bonus position unknown, so a shallower
+    replay landing inside that run only knows a lower bound. Counting the trace's odds for that match (how often
+    an accepted run went on at its depth) lands nearer the real batch-3 runs at 3, 4, 5 and 6 steps than the
+    bound, which counts every such match a miss and so favours the trace's own depth."""
+    path = tmp_path / "deep.jsonl"
+    eng, _, _ = run_together(config(3, trace_out=str(path), trace_steps=7))
+    eng.decoder.trace.close()
+    runs = Runs.of(read_trace(path))
+    ((_, facts),) = runs.runs
+    assert facts is not None and 0.3 < facts.cont < 1.0  # Laplace's rule keeps it off 1 on a short trace
+    cm = CostModel({b: {s: 1e-3 * b * (1 + 0.2 * s) for s in range(8)} for b in (1, 2, 4)})
+    est_err = bound_err = censored = 0
+    for k in (3, 4, 5, 6):
+        eng, _, _ = run_together(config(k))
+        real = eng.stats()["speculative"]["verify_batches"]
+        est = replay(fixed_config(k), runs, cm, initial_steps=k)
+        bound = replay(fixed_config(k), bound_only(runs), cm, initial_steps=k)
+        censored += est.lower_bound_verifies
+        assert bound.verifies >= real
+        est_err += abs(est.verifies - real)
+        bound_err += abs(bound.verifies - real)
+    assert censored > 0
+    assert est_err < bound_err, (est_err, bound_err)

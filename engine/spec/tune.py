@@ -11,7 +11,9 @@ Contract:
   (greedy acceptance is a prefix test). An engine trace (with rids) is replayed per request, position by
   position, as closed-loop streams (`_replay_streams`): each replayed step verifies every active request
   once, accepting what the trace says the drafter's proposal from that position would, and costs
-  `step_time(batch, longest proposal)`; the policy is fed those accepted counts (zeros at steps 0, as the
+  `step_time(batch, longest proposal)` (a position inside a fully accepted traced verify is known only from
+  below, up to the one match its bonus token leaves unknown; `_censored` draws that match at the odds the
+  trace shows); the policy is fed those accepted counts (zeros at steps 0, as the
   engine does). A trace without rids is replayed verify for verify (min(a, k) + 1 tokens per request per
   traced verify). Predicted throughput is the workload's tokens over the time they take at the replayed
   rate per batch size (`Prediction`). A step above what a record drafted is only a lower bound
@@ -40,6 +42,7 @@ import itertools
 import json
 import math
 import random
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -225,7 +228,7 @@ class Prediction:
     verifies: int
     batches_per_steps: dict[int, int]
     switches: int
-    lower_bound_verifies: int = 0
+    lower_bound_verifies: int = 0  # request-verifies the trace did not determine (beyond its depth, or `_censored`)
     by_batch: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # b -> (tokens, seconds, W_b)
     # seconds per output token a real run spends between its verifies whatever the config (`serving_overhead`)
     overhead_s_per_token: float = 0.0
@@ -369,6 +372,9 @@ class _Facts(NamedTuple):
     limit: dict[int, dict[int, int]]
     share: dict[int, float]
     width: int  # the run's largest traced batch: how many streams it is replayed as
+    # P(a verify's last draft is accepted | all before it were), at the trace's own depth: the chance that the
+    # one match a fully accepted traced verify leaves unknown (its bonus position) holds (`_censored`)
+    cont: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -389,7 +395,8 @@ class Runs:
         for recs in grouped.values():
             facts = None
             if all(r.rids is not None for r in recs):
-                facts = _Facts(*_position_facts(recs), _sampled_share(recs), max(r.batch_size for r in recs))
+                facts = _Facts(*_position_facts(recs), _sampled_share(recs), max(r.batch_size for r in recs),
+                               _continuation(recs))
             out.append((tuple(recs), facts))
         return cls(tuple(out))
 
@@ -407,7 +414,8 @@ def resample_requests(runs: Runs, rng: random.Random) -> Runs | None:
                                  {i: facts.lower[r] for i, r in enumerate(pick)},
                                  {i: facts.total[r] for i, r in enumerate(pick)},
                                  {i: facts.limit[r] for i, r in enumerate(pick)},
-                                 {i: facts.share.get(r, 0.0) for i, r in enumerate(pick)}, facts.width)))
+                                 {i: facts.share.get(r, 0.0) for i, r in enumerate(pick)}, facts.width,
+                                 facts.cont)))
     return Runs(tuple(out))
 
 
@@ -491,11 +499,12 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
     its largest traced batch (C), the next one joining as one finishes (spec_bench's streams, bench's
     --max-concurrency clients; C = 1 is a single stream). Every step verifies each active request once: at
     output position p with k drafts it accepts min(L(p), k), L from the traced verifies (`_position_facts`;
-    where the trace only bounds L below k it counts that bound, a lower-bound verify), and the step is priced
+    where the trace only bounds L below k, inside a traced verify that accepted all its drafts, `_censored`
+    estimates it, counted in `lower_bound_verifies`), and the step is priced
     at the batch's longest proposal. So the replayed policy sees the verifies a real run at its steps would:
     more of them where acceptance runs long and the steps are short, which a verify-for-verify replay of a
     deep trace cannot show (it favoured deep steps at batch 8)."""
-    exact, lower, total, limit, share, width = facts
+    exact, lower, total, limit, share, width, _ = facts
     pending = deque(total)
     active = [pending.popleft() for _ in range(min(width, len(pending)))]
     pos = dict.fromkeys(total, 0)
@@ -509,8 +518,8 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
             # the engine never drafts past max_tokens, nor a drafter past what it found (`_limits`)
             drafted = max(0, min(k, n - 1 - p, limit[rid].get(p, k)))
             a = _accepted_at(exact[rid], lower[rid], p, drafted)
-            if a is None:  # only bounded below: count the bound
-                a = max(0, min(lower[rid].get(p, 0), drafted))
+            if a is None:  # only bounded below: the bound, plus the unknown match as the trace's odds have it
+                a = _censored(exact[rid], lower[rid], rid, p, drafted, facts.cont)
                 acc.lower += 1
             got.append(a)
             emitted += a + 1
@@ -522,6 +531,51 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
         active = [r for r in active if pos[r] < total[r]]
         while pending and len(active) < width:
             active.append(pending.popleft())
+
+
+def _continuation(recs: Sequence[TraceRecord]) -> float:
+    """P(the d-th draft is accepted | the first d - 1 were) over the traced request-verifies that drafted their
+    verify's full steps d (not a drafter's short proposal): how often a run of accepted drafts goes on one more
+    at the trace's depth, with one success and one failure added (Laplace's rule: a short trace whose few
+    runs all went on does not make every unknown match a hit). 0.0 without such verifies."""
+    went_on = reached = 0
+    for rec in recs:
+        if not rec.steps:
+            continue
+        for a, d in zip(rec.accepted, _drafted(rec), strict=True):
+            if d == rec.steps and a >= d - 1:
+                reached += 1
+                went_on += a == d
+    return (went_on + 1) / (reached + 2) if reached else 0.0
+
+
+def _censored(exact: Mapping[int, int], lower: Mapping[int, int], rid: int, p: int, drafted: int,
+              cont: float) -> int:
+    """Drafts a verify at p with `drafted` drafts accepts where the trace only bounds L(p) >= b below it: the
+    traced verify that accepted all its drafts leaves one match unknown, at its bonus position p + b (the
+    target's own token, which its drafter never proposed). With probability `cont` that match holds and L(p)
+    runs on through the next traced verify's facts (L = b + 1 + L(p + b + 1)); else L(p) = b. The draw is
+    a fixed hash of (request, position), so every config replayed meets the same matches (a paired
+    comparison), and over many censored positions the count is unbiased where the bound alone counts every
+    unknown match as a miss: replayed from a trace at 7, steps 5 lost a third of its censored verifies' tokens
+    and `tune` preferred 7 where the real runs measured 5 faster."""
+    got = 0
+    while True:
+        b = lower[p]
+        if got + b >= drafted:
+            return drafted
+        bonus = p + b
+        if zlib.crc32(f"{rid}/{bonus}".encode()) >= cont * 2**32:
+            return got + b
+        got += b + 1
+        q = bonus + 1
+        if got >= drafted:
+            return drafted
+        if q in exact:
+            return min(got + exact[q], drafted)
+        if q not in lower:
+            return got
+        p = q
 
 
 def _sampled_share(recs: Sequence[TraceRecord]) -> dict[int, float]:
