@@ -109,7 +109,8 @@ ebeccc4, where a full-attention model's decode step or verify runs all its layer
 repeats 1.67-1.98). 879 of 880 identical: one batch-32 request took the other token at position 124, where
 the two leading logits differ by 3e-7 in float64 (the kernel's rope and silu round as C does, not as
 torch; either token is right within float32). At 2f87c68 (draft chains' attention grouped, the kernel's
-model view kept between steps): 2.47x at 1, 2.13x at 8, 1.59x at 32 (repeats 1.50-2.05), 879 of 880 identical.
+model view kept between steps): 2.47x at 1, 2.13x at 8, 1.59x at 32 (repeats 1.50-2.05), 879 of 880
+identical. The same engine on the next day's machine: 2.54x, 2.32x, 1.61x (repeats 1.59-1.84), 879 of 880.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
 "b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
