@@ -556,12 +556,12 @@ def _censored(exact: Mapping[int, int], lower: Mapping[int, int], rid: int, p: i
     target's own token, which its drafter never proposed). With probability `cont` that match holds and L(p)
     runs on through the next traced verify's facts (L = b + 1 + L(p + b + 1)); else L(p) = b. The draw is
     a fixed hash of (request, position), so every config replayed meets the same matches (a paired
-    comparison), and over many censored positions the count is unbiased where the bound alone counts every
-    unknown match as a miss: replayed from a trace at 7, steps 5 lost a third of its censored verifies' tokens
-    and `tune` preferred 7 where the real runs measured 5 faster."""
+    comparison), and over many censored positions the count comes out near the real one, where the bound
+    alone counts every unknown match a miss: from a trace at 7, steps 5 at batch 8 was predicted 9% slower
+    than 7 where real runs measured it 3% faster."""
     got = 0
     while True:
-        b = lower[p]
+        b = lower.get(p, 0)
         if got + b >= drafted:
             return drafted
         bonus = p + b
