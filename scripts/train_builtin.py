@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not 0.0 <= args.distill_alpha <= 1.0:
         ap.error(f"--distill-alpha must be in [0, 1], got {args.distill_alpha}")
+    if args.teacher_windows < 0:
+        ap.error(f"--teacher-windows must be >= 0, got {args.teacher_windows}")
     if args.teacher_windows and not args.distill_from:
         ap.error("--teacher-windows needs --distill-from (the teacher generates them)")
     if not 0.0 <= args.teacher_mix <= 1.0:

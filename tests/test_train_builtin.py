@@ -153,11 +153,13 @@ def test_teacher_windows_are_the_teachers_own_continuations(tmp_path):
     assert torch.equal(win, again)
 
 
-def test_teacher_windows_need_a_teacher(capsys):
-    try:
-        tb.main(["--model", "tiny-draft", "--teacher-windows", "8"])
-    except SystemExit as e:
-        assert e.code == 2
-    else:
-        raise AssertionError("no usage error")
-    assert "--distill-from" in capsys.readouterr().err
+def test_teacher_windows_need_a_teacher_and_a_count(capsys):
+    for argv, says in ((["--teacher-windows", "8"], "--distill-from"),
+                       (["--teacher-windows", "-1", "--distill-from", "tiny-hybrid"], ">= 0")):
+        try:
+            tb.main(["--model", "tiny-draft", *argv])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError("no usage error")
+        assert says in capsys.readouterr().err
