@@ -404,7 +404,6 @@ def main(argv: list[str] | None = None) -> int:
             distill["teacher"], train, args.teacher_windows, args.seq, args.seed, args.threads)
         distill["teacher_mix"] = args.teacher_mix
         n_gen = round(args.batch * args.teacher_mix)
-        torch.set_num_threads(args.threads)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]

@@ -504,7 +504,7 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
     at the batch's longest proposal. So the replayed policy sees the verifies a real run at its steps would:
     more of them where acceptance runs long and the steps are short, which a verify-for-verify replay of a
     deep trace cannot show (it favoured deep steps at batch 8)."""
-    exact, lower, total, limit, share, width, _ = facts
+    exact, lower, total, limit, share, width, cont = facts
     pending = deque(total)
     active = [pending.popleft() for _ in range(min(width, len(pending)))]
     pos = dict.fromkeys(total, 0)
@@ -519,7 +519,7 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
             drafted = max(0, min(k, n - 1 - p, limit[rid].get(p, k)))
             a = _accepted_at(exact[rid], lower[rid], p, drafted)
             if a is None:  # only bounded below: the bound, plus the unknown match as the trace's odds have it
-                a = _censored(exact[rid], lower[rid], rid, p, drafted, facts.cont)
+                a = _censored(exact[rid], lower[rid], rid, p, drafted, cont)
                 acc.lower += 1
             got.append(a)
             emitted += a + 1
