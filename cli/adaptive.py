@@ -342,6 +342,10 @@ def profile_command(
     clock: Annotated[str, typer.Option(
         "--clock", help="wall: elapsed time; cpu: this process's CPU time, which other jobs on a shared machine "
         "disturb far less (equal to wall on an idle machine when --threads 1 on a CPU device).")] = "wall",
+    prompt_tokens: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--prompt-tokens", min=1, help="Prompt length of the profiled requests, in tokens (default: a built-in "
+        "code prompt of ~90). A step costs more at longer contexts: match the workload's prompts.",
+        show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         "--output", "-o", help="Write the cost model here (default: stdout).", show_default=False)] = None,
     set_values: SetOption = None,
@@ -349,8 +353,10 @@ def profile_command(
     """Measure one decode step's wall time (draft + verify) per (batch size, steps): the cost model `tune` reads.
 
     Runs the deployment's engine in this process (no server), greedy requests kept decoding at each batch
-    size while the decoder is pinned to each step in turn; medians over interleaved rounds. Progress on
-    stderr; the JSON goes to --output or stdout.
+    size while the decoder is pinned to each step in turn; medians over interleaved rounds. Each point also
+    measures its refill: what the steps after a request joins (its prefill) take beyond settled ones, which
+    `tune` adds at every replayed step where requests joined. Progress on stderr; the JSON goes to --output
+    or stdout.
     """
     with handle_errors():
         if clock not in ("wall", "cpu"):
@@ -368,7 +374,8 @@ def profile_command(
             sys.stderr.write(line + "\n")
 
         cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
-                             sampled_temperature=sampled_temperature, clock=clock, progress=progress)
+                             sampled_temperature=sampled_temperature, clock=clock, prompt_tokens=prompt_tokens,
+                             progress=progress)
         text = json.dumps(cost.to_json(), indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)

@@ -257,6 +257,11 @@ def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
     assert all(cm.step_time(b, k) > 0 for b in (1, 2) for k in (0, 3))
     assert json.loads(out.read_text())["threads"] == 1
     assert json.loads(out.read_text())["clock"] == "wall"
+    assert json.loads(out.read_text())["prompt_tokens"] > 10  # the built-in prompt
+    r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "1", "--steps", "0,2",
+             "--rounds", "1", "--iters", "2", "--threads", "1", "--prompt-tokens", "200", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["prompt_tokens"] == 200
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
     assert r.returncode == 2 and "max_batch_size" in r.stderr
 
@@ -276,6 +281,9 @@ def test_profile_on_the_cpu_clock(tmp_path: Path):
     # percent, a benchmark's question: on a shared machine one round of 3 steps cannot order it reliably)
     assert doc["sampled_temperature"] == 1.0 and cm.sampled_step_s is not None
     assert cm.step_time(1, 3, sampled=1) > 0 and cm.step_time(1, 0, sampled=1) > 0
+    # each point's refill (the steps after a request joins, beyond settled ones) for both tables, >= 0
+    assert cm.refill_s is not None and cm.sampled_refill_s is not None
+    assert all(cm.refill_time(1, k, sampled=s) >= 0 for k in (0, 3) for s in (0, 1))
     assert CostModel.from_json(cm.to_json()) == cm
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--clock", "sundial")
     assert r.returncode == 2 and "--clock" in r.stderr
@@ -299,6 +307,69 @@ def test_sampled_share_prices_each_verify():
     bad = {**cm.to_json(), "sampled_step_s": {"1": {"0": 1e-3}}}
     with pytest.raises(UsageError, match="same"):
         CostModel.from_json(bad)
+
+
+def turnover_trace() -> list[TraceRecord]:
+    """A traced closed loop of width 2 at steps K: requests 0 and 2 accept every draft, 1 and 3 none, 16
+    tokens each (the engine never drafts past max_tokens). Replayed at steps 0 the requests finish in pairs
+    (joins before steps 1 and 17: 2); at steps K request 0 is done in 2 verifies, 2 joins, is done in 2 more
+    while 1 crawls, 3 joins (joins before steps 1, 3 and 5: 3)."""
+    n = 16
+    accepts = {0: True, 1: False, 2: True, 3: False}
+    pending, active, pos, recs = [2, 3], [0, 1], dict.fromkeys(accepts, 0), []
+    while active:
+        drafted = [min(K, n - 1 - pos[r]) for r in active]
+        acc = [d if accepts[r] else 0 for r, d in zip(active, drafted, strict=True)]
+        recs.append(TraceRecord(line=len(recs) + 1, batch_size=len(active), accepted=tuple(acc), steps=K,
+                                drafted=tuple(drafted), trace_steps=K, rids=tuple(active)))
+        for r, a in zip(active, acc, strict=True):
+            pos[r] += a + 1
+        active = [r for r in active if pos[r] < n]
+        while pending and len(active) < 2:
+            active.append(pending.pop(0))
+    return recs
+
+
+def test_a_step_after_requests_join_pays_the_refill():
+    """`CostModel.refill_s` (what the steps after a prefill pay to refill the cache, `adaptive profile`) is
+    added once at every replayed step that follows requests joining: a plain run's equal requests finish
+    and are replaced together, a speculating run's one by one. Cost models without it price no refill."""
+    recs = turnover_trace()
+    plain = {b: {k: 1e-3 * (1 + 0.2 * k) for k in range(K + 1)} for b in (1, 2)}
+    refill = {b: dict.fromkeys(range(K + 1), 0.01) for b in (1, 2)}
+    bare, full = CostModel(plain), CostModel(plain, refill_s=refill)
+    assert bare.refill_time(2, 3) == 0.0 and full.refill_time(2, 3) == pytest.approx(0.01)
+    for k, joins in ((0, 2), (K, 3)):
+        without = replay(fixed_config(k), recs, bare, initial_steps=k)
+        with_refill = replay(fixed_config(k), recs, full, initial_steps=k)
+        assert with_refill.tokens == without.tokens == 4 * 16
+        assert with_refill.seconds - without.seconds == pytest.approx(joins * 0.01)
+    # the traced run's own price counts a refill at each verify with a request new to it (rids 0+1, 2, 3)
+    t, timed_recs = 1000.0, []
+    for rec in recs:
+        t += 0.005
+        timed_recs.append(replace(rec, time=t, draft_s=0.001, verify_s=0.002))
+    price = sum(bare.step_time(r.batch_size, max(r.drafted or (0,))) for r in timed_recs)
+    got, got_bare = serving_overhead(timed_recs, full), serving_overhead(timed_recs, bare)
+    assert got is not None and got_bare is not None
+    assert got_bare.scale == pytest.approx(0.003 * len(recs) / price)
+    assert got.scale == pytest.approx(0.003 * len(recs) / (price + 3 * 0.01))
+
+
+def test_cost_model_refill_tables_round_trip_and_are_checked():
+    cm = CostModel({1: {0: 1e-3, 3: 2e-3}}, {}, {1: {0: 1.1e-3, 3: 3e-3}}, {1: {0: 0.0, 3: 1e-3}},
+                   {1: {0: 5e-4, 3: 2e-3}})
+    again = CostModel.from_json(json.loads(json.dumps(cm.to_json())))
+    assert again == cm
+    assert again.refill_time(1, 3, sampled=0) == pytest.approx(1e-3)
+    assert again.refill_time(1, 3, sampled=1) == pytest.approx(2e-3)  # the sampled table, as step_time mixes
+    doc = cm.to_json()
+    with pytest.raises(UsageError, match="refill_s must measure the same"):
+        CostModel.from_json({**doc, "refill_s": {"1": {"0": 0.0}}})
+    with pytest.raises(UsageError, match="refill_s.1.3"):
+        CostModel.from_json({**doc, "refill_s": {"1": {"0": 0.0, "3": -1e-3}}})
+    old = {k: v for k, v in doc.items() if "refill" not in k}  # a cost model from before refills: none priced
+    assert CostModel.from_json(old).refill_time(1, 3) == 0.0
 
 
 def test_each_run_of_a_trace_replays_with_a_fresh_policy():

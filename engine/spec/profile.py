@@ -4,15 +4,29 @@
 its runtime sized for the largest step, and for each batch size keeps that many requests decoding
 (greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify; with
 `sampled_temperature` a second table is measured for sampled requests, which `tune` mixes per verify
-batch by the share of requests that sample — traces record it) while it pins the decoder to each step in turn
-(`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed
-over `iters` engine steps in each of `rounds` rounds, the steps interleaved within a round so load
-drift on a shared machine hits every point alike;
-a point's cost is the median over all its timed steps. Each point starts from that many fresh requests
-(prefilled, then one untimed step), long enough not to finish within it, so every step runs the full batch
-and every point sees the same context lengths. `clock="cpu"` times with this process's CPU time
-instead of wall time: on a shared machine other jobs barely disturb it, and with one torch thread on a
-CPU device it equals wall time on an idle machine. The result is a `specctl.engine.spec.tune.CostModel`.
+batch by the share of requests that sample — traces record it) while it pins the decoder to each step
+in turn (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is
+timed over `iters` engine steps JOINS times in each of `rounds` rounds, the steps interleaved within a
+round so load drift on a shared machine hits every point alike; a point's cost is the median over all
+its timed steps. Each point starts from that many fresh requests (prefilled, then SETTLE untimed
+steps; `prompt_tokens` long: a step costs more at longer contexts), long enough not to finish within
+it, so every step runs the full batch.
+
+After each `iters` timed steps one request leaves and a fresh one joins (a closed loop's turnover), and
+the REFILL_STEPS steps after its prefill are timed: what they take beyond as many of the settled steps
+before it is the point's refill, which `tune` adds at every replayed step that follows requests
+joining. Measured (builtin:tiny-hybrid, batch 8, 2-core Xeon): steps 0-3 after a prefill ran 2.10 ms
+where settled plain steps ran 1.62-1.65, steps 2 of speculation 3.93 against 3.32-3.56; steps 4-7 were
+within 3%. A prefill pushes the decode's working set out of the core's cache, and speculation pays
+that more often: its requests finish at different times, so they join one by one (32-37 prefills in a
+batch-8 run of spec_bench, against 6 for plain decoding, whose equal-length requests finish together),
+and a new request's first speculative step also runs the draft model over its prompt. A profile that
+timed only the early steps priced plain decoding 6-10% above such runs and a deep step at what they
+paid on average, which flipped `tune`'s choice on random text at batch 8.
+
+`clock="cpu"` times with this process's CPU time instead of wall time: on a shared machine other jobs
+barely disturb it, and with one torch thread on a CPU device it equals wall time on an idle machine.
+The result is a `specctl.engine.spec.tune.CostModel`.
 """
 
 from __future__ import annotations
@@ -28,6 +42,9 @@ from specctl.engine.spec.tune import CostModel
 from specctl.errors import UsageError
 
 # Code-like text so a draft model agrees with the target about as often as it does on real prompts.
+SETTLE = 8  # untimed steps after a point's prefill before its steps are timed
+REFILL_STEPS = 6  # steps timed after a joining request's prefill (later ones ran within 3% of settled ones)
+JOINS = 2  # turnovers per point and round, each after `iters` settled steps
 _PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        path = os.path.join("
 
 
@@ -47,6 +64,7 @@ def profile_costs(
     temperature: float = 0.0,
     sampled_temperature: float | None = None,
     clock: str = "wall",
+    prompt_tokens: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
     from specctl.engine.engine import Engine
@@ -60,15 +78,19 @@ def profile_costs(
                          hint="pick batch sizes the deployment can run")
     if clock not in ("wall", "cpu"):
         raise UsageError(f"clock {clock!r}: expected wall or cpu")
+    if prompt_tokens is not None and prompt_tokens < 1:
+        raise UsageError(f"--prompt-tokens {prompt_tokens}: expected at least 1")
     now = time.perf_counter if clock == "wall" else time.process_time
     kmax = max(steps)
     engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
-    table = _measure(engine, batch_sizes, steps, rounds, iters, temperature, now, progress)
-    sampled = None
+    prompts = _prompts(engine, prompt_tokens, max(batch_sizes) + 1)
+    table, refill = _measure(engine, prompts, batch_sizes, steps, rounds, iters, temperature, now, progress)
+    sampled = sampled_refill = None
     if sampled_temperature is not None:
         if progress is not None:
             progress(f"sampled requests (temperature {sampled_temperature}):")
-        sampled = _measure(engine, batch_sizes, steps, rounds, iters, sampled_temperature, now, progress)
+        sampled, sampled_refill = _measure(engine, prompts, batch_sizes, steps, rounds, iters, sampled_temperature,
+                                           now, progress)
     meta = {
         "deployment": config.name,
         "target": config.model_ref,
@@ -80,14 +102,37 @@ def profile_costs(
         "temperature": temperature,
         **({"sampled_temperature": sampled_temperature} if sampled_temperature is not None else {}),
         "iters": iters,
+        "prompt_tokens": len(prompts[0]),
+        "settle_steps": SETTLE,
+        "refill_steps": REFILL_STEPS,
         "clock": clock,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return CostModel(table, meta, sampled)
+    return CostModel(table, meta, sampled, refill, sampled_refill)
+
+
+def _prompts(engine: Any, tokens: int | None, count: int) -> list[list[int]]:
+    """`count` different prompts for the profiled requests: windows of _PROMPT repeated, each starting a few
+    characters further in, `tokens` ids long (default: _PROMPT's own length). Different prompts (and, when
+    sampling, different seeds) make the requests of a step disagree as a real batch's do: each accepts
+    its own number of drafts, so verify rolls back and the draft catches up by different amounts per
+    request, where identical requests ran in lockstep (a batch-8 steps-2 point on sampled requests 3.2 ms,
+    against 3.3-3.6 in spec_bench's settled steps). A step's cost also grows with its requests' context
+    (attention over it; at batch 8, steps 5 of builtin:tiny-hybrid went 3.40 -> 3.54 -> 3.78 ms for
+    prompts of 89, 178 and 267 tokens), so profile at the workload's prompt length."""
+    base = engine.encode_prompt(_PROMPT)
+    want = tokens if tokens is not None else len(base)
+    text = _PROMPT * (2 + want // max(1, len(_PROMPT)))
+    out = []
+    for i in range(count):
+        ids: list[int] = engine.encode_prompt(text[(5 * i) % len(_PROMPT):])
+        out.append(ids[:want])
+    return out
 
 
 def _measure(
     engine: Any,
+    prompts: Sequence[list[int]],
     batch_sizes: Sequence[int],
     steps: Sequence[int],
     rounds: int,
@@ -95,8 +140,10 @@ def _measure(
     temperature: float,
     now: Callable[[], float],
     progress: Callable[[str], None] | None,
-) -> dict[int, dict[int, float]]:
-    """Median seconds of one engine step per (batch size, steps) with requests at `temperature`."""
+) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+    """Per (batch size, steps) with requests at `temperature`: the median seconds of one settled engine step,
+    and the refill: the median over joins of the time of the REFILL_STEPS steps after a request joins, less as
+    many of the settled steps timed just before it (0 where noise puts it below)."""
     from specctl.engine.sampling import SamplingParams
 
     decoder: Any = engine.decoder
@@ -107,9 +154,16 @@ def _measure(
     # table priced a plain step 25-40% above what the same engine's plain steps took in spec_bench's runs,
     # and a steps-3 step at 2.2x a plain one where those runs measured 2.7-2.9x.
     # Sampled requests verify by rejection sampling (a different, costlier path than greedy's argmax test).
-    params = SamplingParams(max_tokens=(iters + 2) * (kmax + 1) + 8, ignore_eos=True,
-                            temperature=temperature, seed=0 if temperature > 0 else None)
+    longest = (SETTLE + JOINS * (iters + REFILL_STEPS + 1) + 4) * (kmax + 1) + 8
+
+    def request(i: int) -> int:
+        """Add the point's i-th request: its own prompt and, sampling, its own seed."""
+        params = SamplingParams(max_tokens=longest, ignore_eos=True, temperature=temperature,
+                                seed=i if temperature > 0 else None)
+        return int(engine.add_request(prompts[i % len(prompts)], params))
+
     samples: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
+    joins: dict[int, dict[int, list[float]]] = {b: {k: [] for k in steps} for b in batch_sizes}
     rids: list[int] = []
 
     def drain() -> None:
@@ -119,22 +173,44 @@ def _measure(
         while engine.has_unfinished():
             engine.step()
 
+    def until_decoding() -> None:
+        """Step until every request is prefilled and has its first token."""
+        while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
+            engine.step()
+
     for b in batch_sizes:
         for _ in range(rounds):
             for k in steps:
                 decoder.pin_steps(k)
                 drain()
-                rids.extend(engine.add_request(_PROMPT, params) for _ in range(b))
-                # step until every request is decoding (prefilled, first token out)
-                while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
+                rids.extend(request(i) for i in range(b))
+                until_decoding()
+                for _ in range(SETTLE):
                     engine.step()
-                engine.step()  # warm this step's path
-                for _ in range(iters):
+                for j in range(JOINS):
+                    settled = []
+                    for _ in range(iters):
+                        t0 = now()
+                        engine.step()
+                        settled.append(now() - t0)
+                    samples[b][k].extend(settled)
+                    # a closed loop's turnover: one request leaves, a fresh one takes its place
+                    engine.abort(rids.pop(0))
+                    rids.append(request(b + j))
+                    until_decoding()  # its prefill (beside the others' decode step): not a decode step's cost
                     t0 = now()
-                    engine.step()
-                    samples[b][k].append(now() - t0)
+                    for _ in range(REFILL_STEPS):
+                        engine.step()
+                    # against the settled steps just before it: the requests' contexts grow over a point
+                    joins[b][k].append(now() - t0 - REFILL_STEPS * statistics.median(settled))
         drain()
         if progress is not None:
             row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}: {row}")
-    return {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
+    table = {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
+    refill = {b: {k: max(0.0, statistics.median(v)) for k, v in row.items()} for b, row in joins.items()}
+    if progress is not None:
+        for b in batch_sizes:
+            row = ", ".join(f"{k}: {refill[b][k] * 1e3:.2f} ms" for k in steps)
+            progress(f"batch {b}, after a request joins: {row}")
+    return table, refill

@@ -3,7 +3,8 @@
 Contract:
 
 - `CostModel` is what `specctl adaptive profile` writes: the wall time of one decode step (draft +
-  verify) per (batch size, steps) on one machine, steps 0 being plain decoding. `step_time(b, k)`
+  verify) per (batch size, steps) on one machine, steps 0 being plain decoding, settled (well after a
+  prefill), and what the steps after a request joins pay beyond that (`refill_time`). `step_time(b, k)`
   interpolates linearly between measured batch sizes (and extrapolates from the last two).
 - `replay(cfg, records, cost, ...)` runs the trace through the engine's own policy
   (`specctl.engine.spec.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
@@ -99,6 +100,11 @@ class CostModel:
     meta: Mapping[str, Any] = field(default_factory=dict)
     # The same table for sampled requests (rejection sampling drafts and verifies cost more), when profiled.
     sampled_step_s: Mapping[int, Mapping[int, float]] | None = None
+    # Seconds the steps after a request joins (its prefill) take beyond settled ones, per (batch size, steps),
+    # greedy and sampled: the cache refill a prefill costs the decode, and a new request's draft prompt pass
+    # (`profile`). None in cost models written before it was measured: then no step pays it.
+    refill_s: Mapping[int, Mapping[int, float]] | None = None
+    sampled_refill_s: Mapping[int, Mapping[int, float]] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -122,7 +128,21 @@ class CostModel:
             t += frac * (_interpolate(self.sampled_step_s, batch_size, steps) - t)
         return t
 
+    def refill_time(self, batch_size: int, steps: int, sampled: float = 0.0) -> float:
+        """Seconds the steps after a request joins a batch of `batch_size` at `steps` pay beyond settled steps
+        (`refill_s`, mixed by the sampled share as `step_time`); 0.0 when the model did not measure it."""
+        if self.refill_s is None:
+            return 0.0
+        self.step_time(batch_size, steps)  # the same coverage check
+        t = _interpolate(self.refill_s, batch_size, steps)
+        if sampled > 0 and self.sampled_refill_s is not None:
+            frac = min(1.0, sampled / batch_size)
+            t += frac * (_interpolate(self.sampled_refill_s, batch_size, steps) - t)
+        return max(0.0, t)
+
     def to_json(self) -> dict[str, Any]:
+        tables = {"sampled_step_s": self.sampled_step_s, "refill_s": self.refill_s,
+                  "sampled_refill_s": self.sampled_refill_s}
         return {
             "kind": COST_KIND,
             "version": COST_VERSION,
@@ -130,7 +150,7 @@ class CostModel:
             "batch_sizes": list(self.batch_sizes),
             "steps": list(self.steps),
             "step_s": _table_json(self.step_s),
-            **({"sampled_step_s": _table_json(self.sampled_step_s)} if self.sampled_step_s is not None else {}),
+            **{key: _table_json(t) for key, t in tables.items() if t is not None},
         }
 
     @classmethod
@@ -139,14 +159,19 @@ class CostModel:
         if not isinstance(obj, dict) or obj.get("kind") != COST_KIND:
             raise UsageError(f"{source}: not a specctl cost model (kind {COST_KIND!r} missing)", hint=hint)
         out = _parse_table(obj.get("step_s"), "step_s", source, hint)
-        sampled = None
-        if obj.get("sampled_step_s") is not None:
-            sampled = _parse_table(obj["sampled_step_s"], "sampled_step_s", source, hint)
-            if set(sampled) != set(out) or any(set(sampled[b]) != set(out[b]) for b in out):
-                raise UsageError(f"{source}: sampled_step_s must measure the same (batch size, steps) points as "
-                                 "step_s", hint=hint)
-        skip = ("kind", "version", "step_s", "sampled_step_s", "batch_sizes", "steps")
-        cm = cls(out, {k: v for k, v in obj.items() if k not in skip}, sampled)
+        extra: dict[str, dict[int, dict[int, float]] | None] = {}
+        for key in ("sampled_step_s", "refill_s", "sampled_refill_s"):
+            extra[key] = None
+            if obj.get(key) is None:
+                continue
+            table = extra[key] = _parse_table(obj[key], key, source, hint, zero=key.endswith("refill_s"))
+            if set(table) != set(out) or any(set(table[b]) != set(out[b]) for b in out):
+                raise UsageError(f"{source}: {key} must measure the same (batch size, steps) points as step_s",
+                                 hint=hint)
+        skip = ("kind", "version", "step_s", "sampled_step_s", "refill_s", "sampled_refill_s", "batch_sizes",
+                "steps")
+        cm = cls(out, {k: v for k, v in obj.items() if k not in skip}, extra["sampled_step_s"], extra["refill_s"],
+                 extra["sampled_refill_s"])
         if not cm.steps:
             raise UsageError(f"{source}: no steps value is measured at every batch size", hint=hint)
         return cm
@@ -173,7 +198,8 @@ def _table_json(table: Mapping[int, Mapping[int, float]]) -> dict[str, dict[str,
     return {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(table.items())}
 
 
-def _parse_table(table: Any, key: str, source: str, hint: str) -> dict[int, dict[int, float]]:
+def _parse_table(table: Any, key: str, source: str, hint: str, zero: bool = False) -> dict[int, dict[int, float]]:
+    """A {batch size: {steps: seconds}} table; seconds > 0 (>= 0 with `zero`: a refill can be nothing)."""
     if not isinstance(table, dict) or not table:
         raise UsageError(f"{source}: {key} must map batch sizes to {{steps: seconds}}", hint=hint)
     out: dict[int, dict[int, float]] = {}
@@ -190,9 +216,11 @@ def _parse_table(table: Any, key: str, source: str, hint: str) -> dict[int, dict
                 k = int(kkey)
             except ValueError:
                 k = -1
-            ok = isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec) and sec > 0
+            ok = (isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec)
+                  and (sec >= 0 if zero else sec > 0))
             if k < 0 or not ok:
-                raise UsageError(f"{source}: {key}.{bkey}.{kkey}: expected steps >= 0 -> seconds > 0, "
+                least = ">=" if zero else ">"
+                raise UsageError(f"{source}: {key}.{bkey}.{kkey}: expected steps >= 0 -> seconds {least} 0, "
                                  f"got {kkey!r}: {sec!r}", hint=hint)
             out[b][k] = float(sec)
     return out
@@ -325,6 +353,7 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     gap = served = price = 0.0
     gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
+    seen: dict[str | None, set[int]] = {}
     for rec in records:
         if rec.time is None or rec.draft_s is None or rec.verify_s is None:
             return None
@@ -333,6 +362,11 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         k = max(drafted) if drafted else 0
         served += rec.draft_s + rec.verify_s
         price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        if rec.rids is not None:  # the first verify with a new request pays its join's refill, as replays do
+            known = seen.setdefault(rec.run, set())
+            if not known.issuperset(rec.rids):
+                price += cost.refill_time(rec.batch_size, k, rec.sampled or 0)
+                known.update(rec.rids)
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
@@ -501,13 +535,16 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
     output position p with k drafts it accepts min(L(p), k), L from the traced verifies (`_position_facts`;
     where the trace only bounds L below k, inside a traced verify that accepted all its drafts, `_censored`
     estimates it, counted in `lower_bound_verifies`), and the step is priced
-    at the batch's longest proposal. So the replayed policy sees the verifies a real run at its steps would:
+    at the batch's longest proposal, plus the cost model's refill at a step that follows requests joining
+    (requests of a plain run, all as long, finish and are replaced together; a speculating run's one by
+    one, each join paying the refill). So the replayed policy sees the verifies a real run at its steps would:
     more of them where acceptance runs long and the steps are short, which a verify-for-verify replay of a
     deep trace cannot show (it favoured deep steps at batch 8)."""
     exact, lower, total, limit, share, width, cont = facts
     pending = deque(total)
     active = [pending.popleft() for _ in range(min(width, len(pending)))]
     pos = dict.fromkeys(total, 0)
+    joined = True  # the first step follows the first requests' prefill
     while active:
         b = len(active)
         k = policy.steps_for_batch(b)
@@ -526,9 +563,14 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
             priced = max(priced, drafted)
             pos[rid] = p + a + 1
         acc.weight(b, emitted)
-        acc.verify(b, k, emitted, cost.step_time(b, priced, sum(share[r] for r in active)))
+        sampled = sum(share[r] for r in active)
+        seconds = cost.step_time(b, priced, sampled)
+        if joined:  # requests joined since the last step: their prefill's refill (`CostModel.refill_s`)
+            seconds += cost.refill_time(b, priced, sampled)
+        acc.verify(b, k, emitted, seconds)
         policy.on_verify_complete(got, b)
         active = [r for r in active if pos[r] < total[r]]
+        joined = bool(pending) and len(active) < width
         while pending and len(active) < width:
             active.append(pending.popleft())
 
