@@ -415,6 +415,26 @@ def test_a_phase_of_useless_drafts_is_kept_within_5pct_of_no_speculation(monkeyp
     assert guarded.predicted.tokens_per_s >= unguarded.predicted.tokens_per_s * (1 - GUARD_COST)
 
 
+def test_a_set_must_beat_the_best_single_step_by_the_margin(monkeypatch):
+    """A bucket keeps its best single step unless a set predicts SET_MARGIN better (a replay of one sampled
+    draw rewards sets that fit its noise). The phase-change trace's set wins by >10%: with the margin above
+    that, the bucket is the best fixed step; a never-right run the single step would lose is still kept."""
+    phases = records(([K] * 150 + [0] * 150) * 3)
+    assert len(tune(setup(), phases, cost_model()).recommended.bucket(1).candidate_steps) >= 2
+    monkeypatch.setattr("specctl.engine.spec.tune.SET_MARGIN", 0.5)
+    res = tune(setup(), phases, cost_model())
+    assert res.recommended.bucket(1).candidate_steps == (res.best_fixed_steps,), res.recommended
+    assert res.speedups()["vs_best_fixed"] == pytest.approx(1.0)
+    # the guard's bar still holds: a step that loses the never-right run (below GUARD_RATIO) is not taken
+    code = [replace(r, run="code") for r in records([K] * 600)]
+    never = [replace(r, run="never", line=r.line + 600) for r in records([0] * 100)]
+    recs = code + never
+    kept = tune(setup({"1": {"candidate_steps": [0, 1, 3, 5, 7]}}), recs, cost_model())
+    assert 0 in kept.recommended.bucket(1).candidate_steps and len(kept.recommended.bucket(1).candidate_steps) > 1
+    worst = _worst_run_ratio(kept.recommended, Runs.of(recs), cost_model(), (), lambda _b: True, kept.initial_steps)
+    assert worst >= GUARD_RATIO
+
+
 def test_each_recorded_run_is_reported_against_its_own_best_fixed_step():
     """One config serves every run of a trace; `runs` replays each alone under it and under every fixed step,
     so a workload that a fixed step serves better shows, with by how much."""
