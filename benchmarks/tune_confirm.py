@@ -81,11 +81,14 @@ def main() -> None:
     p = args.port_base
     ports = ["--set", f"roles.router.port={p}", "--set", f"roles.prefill.port={p + 1}", "--set",
              f"roles.decode.port={p + 2}", "--set", f"roles.prefill.bootstrap_port={p + 3}"]
+    input_len = 128
     load = ["--max-concurrency", str(args.concurrency),
-            "--random-output-len", str(args.output_len), "--random-input-len", "128", "--no-progress"]
+            "--random-output-len", str(args.output_len), "--random-input-len", str(input_len), "--no-progress"]
     tmp = Path(tempfile.mkdtemp(prefix="tune_confirm_"))
     cost = tmp / "cost.json"
+    # profiled at the workload's prompt length (its bytes and the BOS): a step costs more at longer contexts
     cli("adaptive", "profile", "-c", args.deploy, "--threads", str(args.threads), "--clock", args.clock,
+        "--prompt-tokens", str(input_len + 1),
         "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
         env=env)
     rows = []

@@ -307,8 +307,8 @@ def simulate_command(
             sys.stdout.write(render_text(setup, steps, policy))
 
 
-def _engine_config(config: str, overrides: Sequence[str]) -> Any:
-    """The EngineConfig of the deployment's decoding role (decode, else colocated)."""
+def _engine_config(config: str, overrides: Sequence[str]) -> tuple[Any, str]:
+    """(EngineConfig, role name) of the deployment's decoding role (decode, else colocated)."""
     from specctl.engine.config import EngineConfig
     from specctl.schemas.deployment import load_deployment
 
@@ -316,7 +316,7 @@ def _engine_config(config: str, overrides: Sequence[str]) -> Any:
     role_name = next((r for r in ("decode", "colocated") if r in dep.roles), None)
     if role_name is None:
         raise UsageError(f"{config}: no decode or colocated role (roles: {', '.join(dep.roles)}); nothing decodes here")
-    return EngineConfig.from_role(dep.role(role_name))
+    return EngineConfig.from_role(dep.role(role_name)), role_name
 
 
 @adaptive_app.command("profile")
@@ -353,17 +353,18 @@ def profile_command(
     """Measure one decode step's wall time (draft + verify) per (batch size, steps): the cost model `tune` reads.
 
     Runs the deployment's engine in this process (no server), greedy requests kept decoding at each batch
-    size while the decoder is pinned to each step in turn; medians over interleaved rounds. Each point also
-    measures its refill: what the steps after a request joins (its prefill) take beyond settled ones, which
-    `tune` adds at every replayed step where requests joined. Progress on stderr; the JSON goes to --output
-    or stdout.
+    size while the decoder is pinned to each step in turn; medians over interleaved rounds. For a colocated
+    role each point also measures its refill: what the steps after a request joins (its prefill, in the
+    same process) take beyond settled ones, which `tune` adds at every replayed step where requests joined.
+    A PD decode role prefills nothing itself: no refill is measured or priced there. Progress on stderr;
+    the JSON goes to --output or stdout.
     """
     with handle_errors():
         if clock not in ("wall", "cpu"):
             raise UsageError(f"--clock {clock!r}: expected wall or cpu", hint="pass --clock wall or --clock cpu")
         sizes = parse_int_list(batch_sizes, option="--batch-sizes")
         step_list = _parse_steps(steps)
-        cfg = _engine_config(config, set_values or ())
+        cfg, role = _engine_config(config, set_values or ())
         from specctl.engine.spec.profile import profile_costs
 
         if threads is not None:
@@ -375,7 +376,7 @@ def profile_command(
 
         cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
                              sampled_temperature=sampled_temperature, clock=clock, prompt_tokens=prompt_tokens,
-                             progress=progress)
+                             refill=role == "colocated", progress=progress)
         text = json.dumps(cost.to_json(), indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)

@@ -262,6 +262,12 @@ def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
              "--rounds", "1", "--iters", "2", "--threads", "1", "--prompt-tokens", "200", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["prompt_tokens"] == 200
+    # a colocated role measures the refill of a join; a PD decode role prefills nothing itself: none
+    assert CostModel.from_json(json.loads(out.read_text())).refill_s is not None
+    r = _cli("adaptive", "profile", "-c", "tiny-pd", "--batch-sizes", "1", "--steps", "0,2",
+             "--rounds", "1", "--iters", "2", "--threads", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert CostModel.from_json(json.loads(out.read_text())).refill_s is None and "joins" not in r.stderr
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
     assert r.returncode == 2 and "max_batch_size" in r.stderr
 

@@ -22,7 +22,10 @@ that more often: its requests finish at different times, so they join one by one
 batch-8 run of spec_bench, against 6 for plain decoding, whose equal-length requests finish together),
 and a new request's first speculative step also runs the draft model over its prompt. A profile that
 timed only the early steps priced plain decoding 6-10% above such runs and a deep step at what they
-paid on average, which flipped `tune`'s choice on random text at batch 8.
+paid on average, which flipped `tune`'s choice on random text at batch 8. With `refill=False` the
+turnovers are skipped and the model has no refill: `adaptive profile` passes it for a PD decode role,
+which prefills nothing itself (served tiny-pd, 4 clients: a refill priced at every join put tune's
+predicted speed-up at 0.87x and 0.86x what `bench --ab` measured, 0.94x and 0.92x without it).
 
 `clock="cpu"` times with this process's CPU time instead of wall time: on a shared machine other jobs
 barely disturb it, and with one torch thread on a CPU device it equals wall time on an idle machine.
@@ -65,6 +68,7 @@ def profile_costs(
     sampled_temperature: float | None = None,
     clock: str = "wall",
     prompt_tokens: int | None = None,
+    refill: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
     from specctl.engine.engine import Engine
@@ -84,13 +88,13 @@ def profile_costs(
     kmax = max(steps)
     engine = Engine(dataclasses.replace(config, trace_out=None, trace_steps=max(kmax, 1)))
     prompts = _prompts(engine, prompt_tokens, max(batch_sizes) + 1)
-    table, refill = _measure(engine, prompts, batch_sizes, steps, rounds, iters, temperature, now, progress)
-    sampled = sampled_refill = None
+    table, joins = _measure(engine, prompts, batch_sizes, steps, rounds, iters, temperature, now, progress, refill)
+    sampled = sampled_joins = None
     if sampled_temperature is not None:
         if progress is not None:
             progress(f"sampled requests (temperature {sampled_temperature}):")
-        sampled, sampled_refill = _measure(engine, prompts, batch_sizes, steps, rounds, iters, sampled_temperature,
-                                           now, progress)
+        sampled, sampled_joins = _measure(engine, prompts, batch_sizes, steps, rounds, iters, sampled_temperature,
+                                          now, progress, refill)
     meta = {
         "deployment": config.name,
         "target": config.model_ref,
@@ -104,11 +108,13 @@ def profile_costs(
         "iters": iters,
         "prompt_tokens": len(prompts[0]),
         "settle_steps": SETTLE,
-        "refill_steps": REFILL_STEPS,
+        **({"refill_steps": REFILL_STEPS} if refill else {}),
         "clock": clock,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return CostModel(table, meta, sampled, refill, sampled_refill)
+    if not refill:
+        return CostModel(table, meta, sampled)
+    return CostModel(table, meta, sampled, joins, sampled_joins)
 
 
 def _prompts(engine: Any, tokens: int | None, count: int) -> list[list[int]]:
@@ -140,10 +146,12 @@ def _measure(
     temperature: float,
     now: Callable[[], float],
     progress: Callable[[str], None] | None,
+    turnover: bool = True,
 ) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
     """Per (batch size, steps) with requests at `temperature`: the median seconds of one settled engine step,
     and the refill: the median over joins of the time of the REFILL_STEPS steps after a request joins, less as
-    many of the settled steps timed just before it (0 where noise puts it below)."""
+    many of the settled steps timed just before it (0 where noise puts it below); without `turnover`, settled
+    steps only (the refill table empty)."""
     from specctl.engine.sampling import SamplingParams
 
     decoder: Any = engine.decoder
@@ -194,6 +202,8 @@ def _measure(
                         engine.step()
                         settled.append(now() - t0)
                     samples[b][k].extend(settled)
+                    if not turnover:
+                        continue
                     # a closed loop's turnover: one request leaves, a fresh one takes its place
                     engine.abort(rids.pop(0))
                     rids.append(request(b + j))
@@ -208,8 +218,8 @@ def _measure(
             row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}: {row}")
     table = {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
-    refill = {b: {k: max(0.0, statistics.median(v)) for k, v in row.items()} for b, row in joins.items()}
-    if progress is not None:
+    refill = {b: {k: max(0.0, statistics.median(v)) for k, v in row.items() if v} for b, row in joins.items()}
+    if progress is not None and turnover:
         for b in batch_sizes:
             row = ", ".join(f"{k}: {refill[b][k] * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}, after a request joins: {row}")
