@@ -34,8 +34,9 @@ jobs on a shared one); the `wall` column gives wall-clock tokens/s for reference
 (its `--format json` output, or a plain SGLang adaptive JSON); the checks then judge it. To tune for this
 benchmark, record its own counterfactual trace first (`--record-trace T --trace-steps 7`: every workload
 and batch size once, drafting 7 every step; also writes the config it ran to T.json), profile the step
-costs (`specctl adaptive profile -c tiny-colocated --threads 1`), and tune (`specctl adaptive tune T.json
---graph-batch-sizes 1,2,4,8 --trace T --cost COST --format json`).
+costs (`specctl adaptive profile -c tiny-colocated --threads 1 --clock cpu --sampled-temperature 1.0
+--prompt-tokens N`, N the workload's prompt tokens: 161 for code, 81 for random, 121 for mixed or all), and
+tune (`specctl adaptive tune T.json --graph-batch-sizes 1,2,4,8 --trace T --cost COST --format json`).
 
 `--tuned-for WORKLOAD=FILE` (repeatable) adds `draft:own-tuned` to that workload's runs: a config tuned on
 a trace of that workload alone (`--workloads code --record-trace Tc`, then tune Tc), what a deployment
