@@ -21,7 +21,7 @@ within 3%. A prefill pushes the decode's working set out of the core's cache, an
 that more often: its requests finish at different times, so they join one by one (32-37 prefills in a
 batch-8 run of spec_bench, against 6 for plain decoding, whose equal-length requests finish together),
 and a new request's first speculative step also runs the draft model over its prompt. A profile that
-timed only the early steps priced plain decoding 6-10% above such runs and a deep step at what they
+timed only the early steps priced plain decoding 6-12% above such runs and a deep step at what they
 paid on average, which flipped `tune`'s choice on random text at batch 8. With `refill=False` the
 turnovers are skipped and the model has no refill: `adaptive profile` passes it for a PD decode role,
 which prefills nothing itself (served tiny-pd, 4 clients: a refill priced at every join put tune's
@@ -44,10 +44,10 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.spec.tune import CostModel
 from specctl.errors import UsageError
 
-# Code-like text so a draft model agrees with the target about as often as it does on real prompts.
 SETTLE = 8  # untimed steps after a point's prefill before its steps are timed
 REFILL_STEPS = 6  # steps timed after a joining request's prefill (later ones ran within 3% of settled ones)
 JOINS = 2  # turnovers per point and round, each after `iters` settled steps
+# Code-like text so a draft model agrees with the target about as often as it does on real prompts.
 _PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        path = os.path.join("
 
 
