@@ -267,7 +267,8 @@ def test_profile_writes_a_cost_model_tune_reads(tmp_path: Path):
     r = _cli("adaptive", "profile", "-c", "tiny-pd", "--batch-sizes", "1", "--steps", "0,2",
              "--rounds", "1", "--iters", "2", "--threads", "1", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert CostModel.from_json(json.loads(out.read_text())).refill_s is None and "joins" not in r.stderr
+    doc = json.loads(out.read_text())
+    assert CostModel.from_json(doc).refill_s is None and "refill_steps" not in doc and "joins" not in r.stderr
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--batch-sizes", "99")
     assert r.returncode == 2 and "max_batch_size" in r.stderr
 
@@ -287,9 +288,9 @@ def test_profile_on_the_cpu_clock(tmp_path: Path):
     # percent, a benchmark's question: on a shared machine one round of 3 steps cannot order it reliably)
     assert doc["sampled_temperature"] == 1.0 and cm.sampled_step_s is not None
     assert cm.step_time(1, 3, sampled=1) > 0 and cm.step_time(1, 0, sampled=1) > 0
-    # each point's refill (the steps after a request joins, beyond settled ones) for both tables, >= 0
+    # each point's refill (the steps after a request joins, beyond settled ones), in both tables
     assert cm.refill_s is not None and cm.sampled_refill_s is not None
-    assert all(cm.refill_time(1, k, sampled=s) >= 0 for k in (0, 3) for s in (0, 1))
+    assert set(cm.refill_s[1]) == set(cm.sampled_refill_s[1]) == {0, 3} and doc["refill_steps"] > 0
     assert CostModel.from_json(cm.to_json()) == cm
     r = _cli("adaptive", "profile", "-c", "tiny-colocated", "--clock", "sundial")
     assert r.returncode == 2 and "--clock" in r.stderr

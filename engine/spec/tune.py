@@ -125,21 +125,24 @@ class CostModel:
     def step_time(self, batch_size: int, steps: int, sampled: float = 0.0) -> float:
         """Seconds of one step of `batch_size` requests at `steps`, `sampled` of them sampling: the greedy
         and sampled tables mixed in that proportion (greedy only when the model has no sampled table)."""
-        if steps not in self.steps:
-            raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(self.steps)})",
-                             hint="re-run `specctl adaptive profile` with --steps covering it")
+        self._covers(steps)
         t = _interpolate(self.step_s, batch_size, steps)
         if sampled > 0 and self.sampled_step_s is not None:
             frac = min(1.0, sampled / batch_size)
             t += frac * (_interpolate(self.sampled_step_s, batch_size, steps) - t)
         return t
 
+    def _covers(self, steps: int) -> None:
+        if steps not in self.steps:
+            raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(self.steps)})",
+                             hint="re-run `specctl adaptive profile` with --steps covering it")
+
     def refill_time(self, batch_size: int, steps: int, sampled: float = 0.0) -> float:
         """Seconds the steps after a request joins a batch of `batch_size` at `steps` pay beyond settled steps
         (`refill_s`, mixed by the sampled share as `step_time`); 0.0 when the model did not measure it."""
         if self.refill_s is None:
             return 0.0
-        self.step_time(batch_size, steps)  # the same coverage check
+        self._covers(steps)
         t = _interpolate(self.refill_s, batch_size, steps)
         if sampled > 0 and self.sampled_refill_s is not None:
             frac = min(1.0, sampled / batch_size)
@@ -1043,6 +1046,16 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
     def worst(cand: Bucket) -> float:
         return _worst_run_ratio(_with_bucket(base, cand), runs, cost, graphs, keep)
 
+    def simplest(cand: Bucket, score: float) -> tuple[Bucket, float]:
+        """`cand`, or the best single step where the set's edge over it is within a trace's noise (SET_MARGIN),
+        unless the single step alone loses a run the set keeps (the guard's bar: a phase of useless drafts)."""
+        nonlocal evaluated
+        if len(cand.candidate_steps) > 1 and score < single_score * (1 + SET_MARGIN):
+            evaluated += 2 * len(runs.runs)
+            if worst(single) >= min(GUARD_RATIO, worst(cand)):
+                return single, single_score
+        return cand, score
+
     win, win_score = best_off, off_score
     if on_score > off_score * (1 + BACKOFF_MARGIN):
         win, win_score = best_on, on_score
@@ -1050,17 +1063,10 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
         evaluated += 2 * len(runs.runs)
         if _guard_prefers(worst(best_on), worst(best_off), on_score, off_score):
             win, win_score = best_on, on_score
-    if len(win.candidate_steps) > 1 and win_score < single_score * (1 + SET_MARGIN):
-        # the set's edge is within a trace's noise: the single step, unless it alone loses a run the set
-        # keeps (the guard's bar: a phase of useless drafts)
-        evaluated += 2 * len(runs.runs)
-        worst_single = worst(single)
-        if worst_single >= min(GUARD_RATIO, worst(win)):
-            return single, single_score, single, single_score, evaluated
-    sglang, sglang_score = (best_off, off_score)
-    if len(best_off.candidate_steps) > 1 and off_score < single_score * (1 + SET_MARGIN) and win is not best_off:
-        sglang, sglang_score = single, single_score  # SGLang's own best under the same rule
-    return win, win_score, sglang, sglang_score, evaluated
+    sglang, sglang_score = simplest(best_off, off_score)  # SGLang's own best under the same rule
+    if win is best_off:
+        return sglang, sglang_score, sglang, sglang_score, evaluated
+    return (*simplest(win, win_score), sglang, sglang_score, evaluated)
 
 
 def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
