@@ -1179,16 +1179,17 @@ class HybridForCausalLM(nn.Module):
         feeds: Sequence[Sequence[int]],
         steps: Sequence[int],
         logits_out: torch.Tensor | None = None,
+        sampling: smallgemm.ChainSampling | None = None,
     ) -> list[list[int]] | None:
-        """Greedy draft chains, all the requests in one call of the small-row kernel's fused loop
+        """Draft chains, all the requests in one call of the small-row kernel's fused loop
         (`smallgemm.SmallGemm.lone_chains`, their positions side by side): request i feeds `feeds[i]`
         from position `starts[i]` (slot bases[i] + p of `pools`, as `forward_lone`), then `steps[i]`
-        argmax tokens, each but the last fed; `logits_out` [requests, max steps, vocab], when given, gets
-        every chosen position's logits. None, with nothing written, where it does not apply (no kernel
-        here, a weight without the kernel's copy, pools not contiguous float32 on the CPU); then
-        `forward_lone` per step. The same function as that loop, to float32 rounding. The fused loop feeds
-        token by token, so a feed longer than LONE_SHORT tokens (a new request's prompt) is cached by one
-        batched `cache_lone` first, all of it but its last token."""
+        argmax tokens (drawn ones with `sampling`), each but the last fed; `logits_out` [requests, max
+        steps, vocab], when given, gets every chosen position's logits. None, with nothing written, where
+        it does not apply (no kernel here, a weight without the kernel's copy, pools not contiguous float32
+        on the CPU); then `forward_lone` per step. The same function as that loop, to float32 rounding.
+        The fused loop feeds token by token, so a feed longer than LONE_SHORT tokens (a new request's
+        prompt) is cached by one batched `cache_lone` first, all of it but its last token."""
         sg = smallgemm.kernel()
         if sg is None or not all(feeds) or min(steps) < 1:
             return None
@@ -1205,7 +1206,7 @@ class HybridForCausalLM(nn.Module):
                                 [bases[i] for i in long])
             starts = [s + len(f) - 1 if len(f) > LONE_SHORT else s for s, f in zip(starts, feeds, strict=True)]
             feeds = [f[-1:] if len(f) > LONE_SHORT else f for f in feeds]
-        return sg.lone_chains(model, layers, bases, starts, feeds, steps, logits_out)
+        return sg.lone_chains(model, layers, bases, starts, feeds, steps, logits_out, sampling)
 
     def forward_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: CacheContext | None,

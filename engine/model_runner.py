@@ -30,6 +30,7 @@ from specctl.engine.checkpoint import load_model, model_config, weights_hash
 from specctl.engine.config import EngineConfig
 from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
 from specctl.engine.model import apply_linear
+from specctl.engine.smallgemm import ChainSampling
 from specctl.engine.tokenizer import Tokenizer, load_tokenizer
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import ModelFacts, resolve_model_dir
@@ -172,12 +173,15 @@ class ModelRunner:
         token_ids: Sequence[Sequence[int]],
         steps: Sequence[int],
         choose: Callable[[torch.Tensor, list[int], int], torch.Tensor] | None = None,
+        sampling: ChainSampling | None = None,
     ) -> list[list[int]] | None:
         """Continuations of requests, in one call: request i feeds `token_ids[i]` from its cached length,
         then each token chosen for it but the last, `steps[i]` tokens in all (a draft model's proposals;
         the last is never fed, so its cache ends at the last fed position). `choose(logits, requests, j)`
         picks step j's tokens ([len(requests)] long) from the logits [len(requests), vocab] of the listed
-        requests (indices into `rids`); default: the argmax. None, with the cached tokens unchanged, when
+        requests (indices into `rids`); default: the argmax. `sampling`, given with a `choose` that makes
+        the draws it describes (temperature-only rows, the caller's uniforms), lets the CPU's fused loop draw
+        the whole chains in one call instead of a call per token. None, with the cached tokens unchanged, when
         the lean path does not apply (a model with swa or mamba layers, or a request whose pages are not
         consecutive: see `HybridCache.lone_base`); the caller then runs `forward` per step.
 
@@ -186,7 +190,8 @@ class ModelRunner:
         computes logits for each request's last position only (`HybridForCausalLM.forward_lone`). On the
         CPU the chains run in the small-row kernel's fused loop (`HybridForCausalLM.lone_chain`), all the
         requests together: greedy chains in one call (5 tokens of builtin:tiny-draft: 81 vs 580 us here),
-        sampled ones a call per token, `choose` drawing from the logits in between."""
+        sampled ones too when `sampling` applies (the kernel draws), else a call per token, `choose`
+        drawing from the logits in between."""
         if not self.model._lone_layers or not rids or min(steps) < 1 or not all(token_ids):
             return None
         starts = [self.cache.cached_len(r) for r in rids]
@@ -200,8 +205,10 @@ class ModelRunner:
         model, pools = self.model, self.cache.kv_pools()
         if self.device.type == "cpu":
             # All the requests' chains in the fused loop: whole when greedy, a token per call when sampling.
-            chains = (model.lone_chain(pools, bases, starts, token_ids, steps) if choose is None
-                      else self._sampled_lone_chain(bases, starts, token_ids, steps, choose))
+            if choose is None or sampling is not None:
+                chains = model.lone_chain(pools, bases, starts, token_ids, steps, sampling=sampling)
+            else:
+                chains = self._sampled_lone_chain(bases, starts, token_ids, steps, choose)
             if chains is not None:
                 for rid, s, feed, k in zip(rids, starts, token_ids, steps, strict=True):
                     self.cache.requests[rid].length = s + len(feed) + k - 1

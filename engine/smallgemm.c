@@ -199,7 +199,7 @@ void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *w
     }
 }
 
-/* ---- a draft model's greedy chains, a batch of requests in one call (smallgemm.py `lone_chains`) -----
+/* ---- a draft model's chains, greedy or sampled, a batch of requests in one call (smallgemm.py `lone_chains`) --
  *
  * A full-attention Llama-family model (the builtin drafter) decoding requests token by token: per
  * token, per layer, RMSNorm -> fused q/k/v (+ bias) -> rotate-half rope (cos and sign-folded sin tables)
@@ -489,20 +489,53 @@ static void rope(int heads, int d, float *x, const float *cos_p, const float *si
  * argmax, feeding each but the last. Position i of every request still going runs in one pass, so each
  * matmul multiplies all of their rows at once (a draft batch of 8 costs about 2x one request, not 8x);
  * attention, rope and the k/v writes stay per row. Request r's tokens go to out + r * stride, and each
- * chosen position's logits to logits_out + (r * stride + j) * vocab unless it is NULL (a sampling caller
- * takes steps = 1 and draws the next token itself). A row's results are the bits it gets alone: the
- * kernel's sums do not depend on the row count. Returns 0, or -1 if the scratch allocation fails or a
- * head is wider than 1024. */
+ * chosen position's logits to logits_out + (r * stride + j) * vocab unless it is NULL. With temps (per
+ * request; NULL: every request greedy), a request with temps[r] > 0 samples instead of taking the argmax
+ * (`draw`): its position j draws with the uniform unif[r * stride + j], and the distribution it drew from
+ * goes to probs_out + (r * stride + j) * vocab (a greedy request's there is one-hot at its argmax), so
+ * the verify's rejection sampling gets q without a host round trip per draft token. A row's results are
+ * the bits it gets alone: the kernel's sums do not depend on the row count. Returns 0, or -1 if the
+ * scratch allocation fails or a head is wider than 1024. */
 #if defined(__AVX512F__)
 static void attend_group16(int n, int d, int rep, const float *q, const float *k, const float *v, const long *rows,
                            float scale, float *sc, long ldw, float *out);
 #endif
 
+/* One token drawn from softmax(logits / temp), as sampling.py draws a temperature-only row: q = the
+ * softmax (written to q, vocab floats), its running sum c (accumulated in double, stored in float, as
+ * torch's cumsum on the CPU), and the first id whose c exceeds u * c[vocab - 1] (searchsorted, right),
+ * at most vocab - 1. */
+static long draw(int vocab, const float *logits, float temp, float u, float *q) {
+    float mx = -INFINITY;
+    for (int v = 0; v < vocab; v++) {
+        q[v] = logits[v] / temp;
+        if (q[v] > mx) mx = q[v];
+    }
+    double sum = 0.0;
+    for (int v = 0; v < vocab; v++) {
+        q[v] = expf(q[v] - mx);
+        sum += q[v];
+    }
+    const float inv = (float)sum;
+    double run = 0.0;
+    for (int v = 0; v < vocab; v++) {
+        q[v] = q[v] / inv;
+        run += q[v];
+    }
+    const float target = u * (float)run;
+    run = 0.0;
+    for (int v = 0; v < vocab; v++) {
+        run += q[v];
+        if ((float)run > target) return v;
+    }
+    return vocab - 1;
+}
+
 int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
                         int vocab, float eps, const float *embed, const float *final_norm, const float *lm_head,
                         const float *cos_t, const float *sin_t, int n_req, const long *base, const int *start,
                         const long *feed, const int *feed_off, const int *steps, long *out, int stride,
-                        float *logits_out) {
+                        float *logits_out, const float *temps, const float *unif, float *probs_out) {
     if (d > 1024 || hq % hkv || n_req < 1) return -1;
     const int nq = hq * d, nk = hkv * d, nqkv = nq + 2 * nk;
     int maxlen = 0, iters = 0;
@@ -513,8 +546,9 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
     }
     const size_t R = (size_t)n_req;
     const int rep = hq / hkv;
-    float *buf = malloc(sizeof(float) * (R * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab) +
-                                         (size_t)maxlen * (size_t)rep));
+    /* scores: attention's per key, and `draw`'s q when no probs_out takes it */
+    const size_t n_scores = (size_t)maxlen * (size_t)rep > (size_t)vocab ? (size_t)maxlen * (size_t)rep : (size_t)vocab;
+    float *buf = malloc(sizeof(float) * (R * (size_t)(4 * hidden + nqkv + nq + 3 * inter + vocab) + n_scores));
     int *idx = malloc(sizeof(int) * 3 * R);
     long *krows = malloc(sizeof(long) * (size_t)(maxlen > 0 ? maxlen : 1)); /* key s of a request: s * nk */
     if (!buf || !idx || !krows) {
@@ -592,10 +626,19 @@ int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int 
             const float *lj = logits + (long)j * vocab;
             const long at = (long)r * stride + chosen[r];
             if (logits_out) memcpy(logits_out + at * vocab, lj, sizeof(float) * (size_t)vocab);
-            int best = 0;
-            for (int v = 1; v < vocab; v++)
-                if (lj[v] > lj[best]) best = v;
-            out[at] = best;
+            if (temps && temps[r] > 0.0f) {
+                out[at] = draw(vocab, lj, temps[r], unif[at], probs_out ? probs_out + at * vocab : scores);
+            } else {
+                int best = 0;
+                for (int v = 1; v < vocab; v++)
+                    if (lj[v] > lj[best]) best = v;
+                out[at] = best;
+                if (probs_out) {
+                    float *q = probs_out + at * vocab;
+                    for (int v = 0; v < vocab; v++) q[v] = 0.0f;
+                    q[best] = 1.0f;
+                }
+            }
             chosen[r]++;
         }
     }

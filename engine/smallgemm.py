@@ -17,9 +17,9 @@ The same library holds what else a step of a tiny model spends its time on in sm
 `attention` (a step's few queries over the paged key/value pools, without gathering them), `mamba_short`
 (a Mamba-2 mixer's conv, recurrence and gated norm over a step's positions, or a small model's prompt,
 with the states a rollback can reach kept and the final ones stored in the cache) and `lone_chains` (a
-draft model's greedy chains, all requests advancing together). Each computes a query's or a position's
-result the same way whatever else is in the batch, so a verify's rows in those layers are its decode
-steps' bits too.
+draft model's chains, greedy or drawn at a temperature, all requests advancing together). Each computes a
+query's or a position's result the same way whatever else is in the batch, so a verify's rows in those
+layers are its decode steps' bits too.
 
 How: `kernel()` compiles smallgemm.c once per machine with the system C compiler (`$CC`, else `cc`) at
 -O3 -march=native into the user cache (`$SPECCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/specctl`, else
@@ -74,7 +74,7 @@ class SmallGemm:
         self._chain.argtypes = [_INT, ctypes.POINTER(_LoneLayer), _INT, _INT, _INT, _INT, _INT, _INT,
                                 ctypes.c_float, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, ctypes.POINTER(ctypes.c_long),
                                 ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT),
-                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR]
+                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR, _PTR, _PTR, _PTR]
         self._chain.restype = _INT
         self._full = lib.specctl_full_layers
         full: list[Any] = [_INT, ctypes.POINTER(_LoneLayer)] + [_INT] * 5 + [ctypes.c_float, _INT, _INT]
@@ -127,19 +127,32 @@ class SmallGemm:
 
     def lone_chains(self, model: LoneModel, layers: Sequence[LoneLayer], bases: Sequence[int],
                     starts: Sequence[int], feeds: Sequence[Sequence[int]], steps: Sequence[int],
-                    logits_out: torch.Tensor | None = None) -> list[list[int]]:
-        """Greedy draft chains, all in one call: request i feeds `feeds[i]` at positions starts[i].. (slot
-        bases[i] + p of every layer's pools), then `steps[i]` argmax tokens, each but the last fed (the lean
+                    logits_out: torch.Tensor | None = None, sampling: ChainSampling | None = None
+                    ) -> list[list[int]]:
+        """Draft chains, all in one call: request i feeds `feeds[i]` at positions starts[i].. (slot
+        bases[i] + p of every layer's pools), then chooses `steps[i]` tokens, each but the last fed (the lean
         chain of `ModelRunner.draft_chain`, without its ~35 dispatched ops per token). The requests advance
         a position at a time together, so each matmul multiplies all their rows in one pass over the
         weights. `logits_out` [requests, max steps, vocab] (contiguous float32), when given, receives each
-        chosen position's logits. The caller checks shapes, that the pools hold each request's slots up to
-        its last fed position and the rope tables those positions; each chain writes the keys and values
-        of every position it feeds."""
+        chosen position's logits. Tokens are argmaxes, or with `sampling` drawn in the loop as
+        `ChainSampling` says. The caller checks shapes, that the pools hold each request's slots up to its
+        last fed position and the rope tables those positions; each chain writes the keys and values of every
+        position it feeds."""
         n, width = len(feeds), max(steps)
+        shape = (n, width, model.vocab)
         if logits_out is not None and (logits_out.dtype != torch.float32 or not logits_out.is_contiguous()
-                                       or tuple(logits_out.shape) != (n, width, model.vocab)):
+                                       or tuple(logits_out.shape) != shape):
             raise ValueError(f"smallgemm: logits_out must be contiguous float32 [{n}, {width}, {model.vocab}]")
+        temps = unif = probs = None
+        if sampling is not None:
+            sampling.check(shape)
+            if any(t > 0 and len(u) < k for t, u, k in zip(sampling.temperatures, sampling.uniforms, steps,
+                                                           strict=True)):
+                raise ValueError("smallgemm: a sampled request needs a uniform per token it chooses")
+            temps = (ctypes.c_float * n)(*sampling.temperatures)
+            unif = (ctypes.c_float * (n * width))(*(u for row in sampling.uniforms for u in
+                                                    [*row, *[0.0] * (width - len(row))]))
+            probs = sampling.probs_out.data_ptr()
         arr = _layer_array(layers)
         offsets = [0]
         for feed in feeds:
@@ -151,7 +164,7 @@ class SmallGemm:
                          model.sin.data_ptr(), n, (ctypes.c_long * n)(*bases), (_INT * n)(*starts),
                          (ctypes.c_long * offsets[-1])(*(t for feed in feeds for t in feed)),
                          (_INT * (n + 1))(*offsets), (_INT * n)(*steps), toks, width,
-                         None if logits_out is None else logits_out.data_ptr())
+                         None if logits_out is None else logits_out.data_ptr(), temps, unif, probs)
         if rc != 0:
             raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
@@ -281,6 +294,29 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: attention could not run (scratch allocation or shapes)")
         return out
+
+
+@dataclass(frozen=True)
+class ChainSampling:
+    """How `lone_chains` draws a chain's tokens in its loop instead of taking argmaxes: request i at
+    temperature `temperatures[i]` (0: greedy, its argmax) draws its j-th token with `uniforms[i][j]` (from
+    the request's own generator, in draw order) by the inverse CDF of softmax(logits / temperature), the
+    draw `sampling.sample_from_probs` makes of a temperature-only row; `probs_out` [requests, max steps,
+    vocab] (contiguous float32) receives each chosen position's distribution (one-hot for a greedy
+    request), which speculative verification needs as q. Top-k and top-p rows are not this: their callers
+    draw in Python (`ModelRunner.draft_chain`'s `choose`)."""
+
+    temperatures: Sequence[float]
+    uniforms: Sequence[Sequence[float]]
+    probs_out: torch.Tensor
+
+    def check(self, shape: tuple[int, int, int]) -> None:
+        n, width, _ = shape
+        out = self.probs_out
+        if out.dtype != torch.float32 or not out.is_contiguous() or not out.is_cpu or tuple(out.shape) != shape:
+            raise ValueError(f"smallgemm: probs_out must be contiguous float32 {list(shape)} on the CPU")
+        if len(self.temperatures) != n or len(self.uniforms) != n or any(len(u) > width for u in self.uniforms):
+            raise ValueError(f"smallgemm: sampling needs {n} temperatures and at most {width} uniforms per request")
 
 
 @dataclass(frozen=True)

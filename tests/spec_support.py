@@ -52,24 +52,29 @@ PROMPTS: list[list[int]] = [
 ]
 
 
-def write_models(root: Path) -> dict[str, str]:
-    """Target (mamba, swa, full, swa; window 6) and three drafts: hybrid random, full-only random and
-    a noisy copy of the target (partial acceptance with a stateful draft)."""
-    target = write_random_model(root / "target", sliding_window=6, seed=0)
-    draft_hybrid = write_random_model(root / "draft_hybrid", layer_kinds=("mamba", "swa"), sliding_window=4, seed=1)
-    draft_full = write_random_model(root / "draft_full", layer_kinds=("full",), seed=2)
-    # A perturbed copy of the target: agrees often but not always.
-    model = load_model(str(target))
-    g = torch.Generator().manual_seed(3)
+def _noisy_copy(src: Path, dst: Path, seed: int) -> Path:
+    """A perturbed copy of the model at src: agrees with it often but not always."""
+    import json
+
+    model = load_model(str(src))
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.1 * p.std().clamp(min=1e-3))
-    import json
+    save_model(model, dst, json.loads((src / "config.json").read_text()))
+    return dst
 
-    cfg = json.loads((target / "config.json").read_text())
-    save_model(model, root / "draft_noisy", cfg)
+
+def write_models(root: Path) -> dict[str, str]:
+    """Target (mamba, swa, full, swa; window 6) and three drafts: hybrid random, full-only random and
+    a noisy copy of the target (partial acceptance with a stateful draft); plus full_noisy, a noisy copy
+    of draft_full (a full-attention pair: draft_full as the target, full_noisy as its draft)."""
+    target = write_random_model(root / "target", sliding_window=6, seed=0)
+    draft_hybrid = write_random_model(root / "draft_hybrid", layer_kinds=("mamba", "swa"), sliding_window=4, seed=1)
+    draft_full = write_random_model(root / "draft_full", layer_kinds=("full",), seed=2)
     return {"target": str(target), "draft_hybrid": str(draft_hybrid), "draft_full": str(draft_full),
-            "draft_noisy": str(root / "draft_noisy")}
+            "draft_noisy": str(_noisy_copy(target, root / "draft_noisy", 3)),
+            "full_noisy": str(_noisy_copy(draft_full, root / "full_noisy", 4))}
 
 
 def engine_config(target: str, spec: dict[str, Any] | None = None, **kw: Any) -> EngineConfig:

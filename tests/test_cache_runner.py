@@ -386,6 +386,54 @@ def test_draft_chain_samples_with_the_callers_choice(full_dir, monkeypatch):
     assert [a.cached_len(r) for r in (1, 2)] == [b.cached_len(r) for r in (1, 2)]
 
 
+def test_draft_chain_draws_temperature_rows_in_the_kernel(full_dir, monkeypatch):
+    """With `sampling` (temperature-only rows, a greedy one among them, budgets that differ, the callers'
+    uniforms), the fused loop draws every chain in ONE call: the tokens are those the same uniforms pick
+    through `forward` step by step (inverse CDF of softmax(logits / T)), and each chosen position's
+    distribution is that softmax (one-hot at the argmax for the greedy row), to float32 rounding."""
+    from specctl.engine import smallgemm
+    from specctl.engine.sampling import SamplingParams, inverse_cdf, probs_from_logits
+
+    if smallgemm.kernel() is None:
+        pytest.skip("no small-row kernel on this machine (no C compiler)")
+    calls: list[bool] = []
+    fused = smallgemm.SmallGemm.lone_chains
+
+    def counted(self, model, layers, bases, starts, feeds, steps, logits_out=None, sampling=None):
+        calls.append(sampling is not None)
+        return fused(self, model, layers, bases, starts, feeds, steps, logits_out, sampling)
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", counted)
+    prompts = {1: tokens(9, 30), 2: tokens(14, 31), 3: tokens(5, 32)}
+    params = [SamplingParams(temperature=0.7), SamplingParams(), SamplingParams(temperature=1.3)]
+    budgets = [4, 2, 3]
+    unif = [torch.rand(k, generator=torch.Generator().manual_seed(40 + i)).tolist() if p.temperature else []
+            for i, (p, k) in enumerate(zip(params, budgets, strict=True))]
+    a, b = make_runner(full_dir), make_runner(full_dir)
+    for r in (a, b):
+        for rid, p in prompts.items():
+            r.allocate(rid, 40)
+            r.forward([ForwardItem(rid, p, 0)])
+    vocab = a.facts.vocab_size
+    probs = torch.full((3, max(budgets), vocab), -1.0)
+    plan = smallgemm.ChainSampling([p.temperature for p in params], unif, probs)
+    got = a.draft_chain([1, 2, 3], [[3], [4], [5]], budgets, lambda *_: pytest.fail("choose ran"), plan)
+    assert calls == [True]
+    feed = {1: [3], 2: [4], 3: [5]}
+    for i, rid in enumerate(prompts):
+        want = []
+        for j in range(budgets[i]):
+            logits = b.forward([ForwardItem(rid, feed[rid], b.cached_len(rid))])
+            q = probs_from_logits(logits, [params[i]])
+            u = torch.tensor([unif[i][j] if unif[i] else 0.5])
+            want.append(int(inverse_cdf(q, u)[0]))
+            torch.testing.assert_close(probs[i, j], q[0], rtol=1e-5, atol=1e-6)
+            feed[rid] = [want[-1]]
+        assert got[i] == want
+        assert a.cached_len(rid) == b.cached_len(rid)
+    assert (probs[1, 2:] == -1.0).all()  # past a request's budget nothing is written
+
+
 def test_draft_chain_with_a_short_request_at_the_end_of_the_pool(full_dir):
     """Padded key reads of a short request on the pool's last pages stay inside the pool (masked, clamped)."""
     a, b = make_runner(full_dir), make_runner(full_dir)

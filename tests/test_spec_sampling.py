@@ -4,8 +4,9 @@ Many copies of one request (same context, different seeds) run through one `Spec
 call per batch on the tiny random hybrid target. The first token each verify emits must follow the
 target's sampling distribution for that context, and the second one the target's distribution given the
 first; a Pearson chi-square test at significance level ALPHA = 0.001 (fixed seeds) checks both, for a
-draft model that is close to the target (many acceptances) and for a deterministic drafter that always
-proposes the same token (point-mass q). The pure maths, including a deliberately wrong drafter, is
+draft model that is close to the target (many acceptances), for a deterministic drafter that always
+proposes the same token (point-mass q), and for a full-attention pair at temperature only, whose draft
+chains (tokens and q) the small-row kernel draws. The pure maths, including a deliberately wrong drafter, is
 tested on synthetic distributions in test_spec_verify.py.
 """
 
@@ -27,6 +28,8 @@ from spec_support import ALPHA, chi_square_pvalue, engine_config, write_models  
 PREFIX = list(b"ab(c")
 T0 = ord("=")
 PARAMS = SamplingParams(max_tokens=100, temperature=1.0, top_k=6, ignore_eos=True)
+# temperature only: a full-attention draft draws these in the small-row kernel's loop (ChainSampling)
+PARAMS_T = SamplingParams(max_tokens=100, temperature=0.6, ignore_eos=True)
 BATCH = 64
 ROUNDS = 30
 
@@ -60,10 +63,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return write_models(tmp_path_factory.mktemp("sampling"))
 
 
-def target_probs(runner: ModelRunner, context: list[int]) -> torch.Tensor:
+def target_probs(runner: ModelRunner, context: list[int], params: SamplingParams = PARAMS) -> torch.Tensor:
     with torch.no_grad():
         logits = runner.model(torch.tensor([context]))[0, -1:].float()
-    return probs_from_logits(logits, [PARAMS])[0]
+    return probs_from_logits(logits, [params])[0]
 
 
 def merged_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
@@ -76,9 +79,12 @@ def merged_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
     return chi_square_pvalue(c, p)
 
 
-def run(models: dict[str, str], drafter_kind: str) -> tuple[list[list[int]], ModelRunner]:
-    spec = {"algorithm": "draft", "draft": models["draft_noisy"], "num_steps": 3}
-    cfg = engine_config(models["target"], spec, max_batch_size=BATCH)
+def run(models: dict[str, str], drafter_kind: str, params: SamplingParams) -> tuple[list[list[int]], ModelRunner]:
+    # full_draft: a full-attention pair (the kernel's chains need a full-attention draft)
+    target, draft = ((models["draft_full"], models["full_noisy"]) if drafter_kind == "full_draft"
+                     else (models["target"], models["draft_noisy"]))
+    spec = {"algorithm": "draft", "draft": draft, "num_steps": 3}
+    cfg = engine_config(target, spec, max_batch_size=BATCH)
     runner = ModelRunner(cfg.model_ref, max_requests=BATCH, max_draft_tokens=cfg.max_draft_tokens, page_size=4)
     drafter = FixedTokenDrafter(int(target_probs(runner, PREFIX + [T0]).argmax())) if drafter_kind == "fixed" else None
     dec = SpeculativeDecoder(runner, cfg, drafter=drafter)
@@ -86,7 +92,7 @@ def run(models: dict[str, str], drafter_kind: str) -> tuple[list[list[int]], Mod
     for r in range(ROUNDS):
         seqs = []
         for j in range(BATCH):
-            p = replace(PARAMS, seed=1000 * r + j)
+            p = replace(params, seed=1000 * r + j)
             s = Sequence(j, PREFIX, p)
             s.generator = make_generator(p, "cpu")
             s.output_ids = [T0]  # the first token, sampled at "prefill"; not cached yet
@@ -102,20 +108,37 @@ def run(models: dict[str, str], drafter_kind: str) -> tuple[list[list[int]], Mod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["draft_model", "fixed"])
-def test_speculative_sampling_matches_target_end_to_end(models: dict[str, str], drafter_kind: str) -> None:
-    outs, runner = run(models, drafter_kind)
+@pytest.mark.parametrize("drafter_kind", ["draft_model", "fixed", "full_draft"])
+def test_speculative_sampling_matches_target_end_to_end(models: dict[str, str], drafter_kind: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """draft_model: a hybrid draft (its per-step loop, top-k rows drawn in torch); fixed: a point-mass q;
+    full_draft: a full-attention draft at temperature only, whose chains the small-row kernel draws in one
+    call where it builds (checked), q coming from the kernel too."""
+    from specctl.engine import smallgemm
+
+    params = PARAMS_T if drafter_kind == "full_draft" else PARAMS
+    drawn: list[bool] = []
+    fused = smallgemm.SmallGemm.lone_chains
+
+    def spy(self, model, layers, bases, starts, feeds, steps, logits_out=None, sampling=None):
+        drawn.append(sampling is not None)
+        return fused(self, model, layers, bases, starts, feeds, steps, logits_out, sampling)
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", spy)
+    outs, runner = run(models, drafter_kind, params)
+    if drafter_kind == "full_draft" and smallgemm.kernel() is not None:
+        assert drawn and all(drawn)
     n = len(outs)
     vocab = runner.facts.vocab_size
-    p1 = target_probs(runner, PREFIX + [T0])
+    p1 = target_probs(runner, PREFIX + [T0], params)
     first = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=vocab)
     assert merged_pvalue(first, p1, n) > ALPHA
     # Second token, given the most frequent first token (it exists when the first draft was accepted).
     x = int(first.argmax())
     seconds = [o[1] for o in outs if len(o) > 1 and o[0] == x]
     assert len(seconds) >= 150, len(seconds)
-    p2 = target_probs(runner, PREFIX + [T0, x])
+    p2 = target_probs(runner, PREFIX + [T0, x], params)
     second = torch.bincount(torch.tensor(seconds), minlength=vocab)
     assert merged_pvalue(second, p2, len(seconds)) > ALPHA
     # Negative control: the same counts are rejected against a different context's distribution.
-    assert merged_pvalue(first, target_probs(runner, PREFIX + [T0 + 1]), n) < ALPHA
+    assert merged_pvalue(first, target_probs(runner, PREFIX + [T0 + 1], params), n) < ALPHA

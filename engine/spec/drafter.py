@@ -28,6 +28,7 @@ Two drafters:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,8 +36,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from specctl.engine.sampling import probs_from_logits, sample_from_probs
+from specctl.engine.sampling import SamplingParams, inverse_cdf, probs_from_logits
 from specctl.engine.sequence import Sequence
+from specctl.engine.smallgemm import ChainSampling
 from specctl.errors import RuntimeFailure
 
 
@@ -174,6 +176,27 @@ def _fill(buf: DraftBuffers, rows: Seq[int], proposals: Seq[Seq[int]]) -> None:
     buf.num_drafts.index_copy_(0, index, torch.tensor([len(p) for p in proposals], dtype=torch.long).to(dev))
 
 
+def _uniforms(gen: torch.Generator | None, n: int) -> list[float]:
+    """n uniforms from a sampled request's generator, in draw order; none for a greedy one (it draws none)."""
+    return torch.rand(n, generator=gen, device=gen.device).tolist() if gen is not None and n else []
+
+
+def _temperature_only(p: SamplingParams, vocab: int) -> bool:
+    """A row the fused loop can draw for (`ChainSampling`): greedy, or temperature without top-k / top-p."""
+    return p.greedy or ((p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0)
+
+
+def _fill_probs(buf: DraftBuffers, rows: Seq[int], probs: torch.Tensor) -> None:
+    """The drafted rows' q [len(rows), kmax, V] into the runtime state's draft_probs, one copy."""
+    assert buf.draft_probs is not None
+    width = probs.shape[1]
+    index = torch.tensor(list(rows), dtype=torch.long, device=probs.device)
+    if width == buf.draft_probs.shape[1]:
+        buf.draft_probs.index_copy_(0, index, probs)
+    else:
+        buf.draft_probs[index, :width] = probs
+
+
 class ModelDrafter:
     """A draft model proposing k tokens autoregressively from its own cache.
 
@@ -274,25 +297,42 @@ class ModelDrafter:
         kmax = max(budgets[i] for i in rows)
         params = [seqs[i].params for i in rows]
         greedy = all(p.greedy for p in params)
-        gens = [seqs[i].generator for i in rows]
-
-        def choose(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
-            """Step j's sampled proposals of the `active` rows (indices into `rows`), their q recorded."""
-            q = probs_from_logits(logits, [params[a] for a in active])
+        choose: Callable[[torch.Tensor, list[int], int], torch.Tensor] | None = None
+        sampling: ChainSampling | None = None
+        probs = torch.empty(0)
+        if not greedy:
+            # Each sampled row's uniforms for this round, drawn up front from its own generator: the same
+            # numbers, in the same order, as one draw per proposal (torch.rand(n) on the CPU is n draws of
+            # torch.rand(())), so the kernel can draw the whole chain in one call. q goes to `probs`, then
+            # to the runtime state's buffer in one copy.
+            unif = [_uniforms(seqs[i].generator, budgets[i]) for i in rows]
             assert buf.draft_probs is not None
-            for r, a in enumerate(active):
-                buf.draft_probs[rows[a], j] = q[r]
-            return sample_from_probs(q, [gens[a] for a in active])
+            probs = torch.empty(len(rows), kmax, buf.draft_probs.shape[-1], dtype=torch.float32,
+                                device=buf.draft_probs.device)
+
+            def draw(logits: torch.Tensor, active: list[int], j: int) -> torch.Tensor:
+                """Step j's proposals of the `active` rows (indices into `rows`), their q recorded."""
+                q = probs_from_logits(logits, [params[a] for a in active])
+                probs[torch.as_tensor(active, device=probs.device), j] = q
+                u = torch.tensor([unif[a][j] if unif[a] else 0.5 for a in active], device=q.device)
+                return inverse_cdf(q, u)
+
+            choose = draw
+
+            if all(_temperature_only(p, probs.shape[-1]) for p in params) and probs.is_cpu:
+                sampling = ChainSampling([0.0 if p.greedy else float(p.temperature) for p in params], unif, probs)
 
         if self.incremental:
             # A full-attention draft: every request's whole chain in one runner call (its lean path; None
             # when a request's draft cache is not one slice of the pool), drawing as the loop below does.
             feeds = [seqs[i].token_ids(self.runner.cached_len(seqs[i].rid), len(seqs[i])) for i in rows]
             chains = self.runner.draft_chain([seqs[i].rid for i in rows], feeds, [budgets[i] for i in rows],
-                                             None if greedy else choose)
+                                             choose, sampling)
             if chains is not None:
                 self.forwards += kmax
                 _fill(buf, rows, chains)
+                if choose is not None:
+                    _fill_probs(buf, rows, probs)
                 return
         committed = [len(seqs[i]) - 1 for i in rows]  # c': everything before the newest token x_0
         proposals: list[list[int]] = [[] for _ in rows]
@@ -318,7 +358,7 @@ class ModelDrafter:
             else:
                 ends = np.cumsum([len(it.token_ids) for it in items]) - 1
                 last = logits[torch.as_tensor(ends, device=logits.device)]
-            toks = last.argmax(dim=-1) if greedy else choose(last, active, j)
+            toks = last.argmax(dim=-1) if choose is None else choose(last, active, j)
             tok_list = toks.tolist()
             for r, a in enumerate(active):
                 proposals[a].append(tok_list[r])
@@ -327,6 +367,8 @@ class ModelDrafter:
             if not active:
                 break
         _fill(buf, rows, proposals)
+        if choose is not None:
+            _fill_probs(buf, rows, probs)
 
     def commit(self, seq: Sequence, num_drafts: int, accepted: int) -> None:
         rid = seq.rid
