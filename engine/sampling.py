@@ -81,6 +81,12 @@ class SamplingParams:
         return self.temperature < GREEDY_EPS or self.top_k == 1
 
 
+def temperature_only(params: SamplingParams, vocab: int) -> bool:
+    """Greedy, or a temperature without a top-k or top-p filter: the rows the small-row kernel draws and
+    verifies itself (draft chains, speculative sampling), as softmax(logits / temperature)."""
+    return params.greedy or ((params.top_k == 0 or params.top_k >= vocab) and params.top_p >= 1.0)
+
+
 def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:
     """The request's own random stream: None for greedy requests (they draw nothing)."""
     if params.greedy:

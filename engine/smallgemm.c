@@ -501,11 +501,9 @@ static void attend_group16(int n, int d, int rep, const float *q, const float *k
                            float scale, float *sc, long ldw, float *out);
 #endif
 
-/* One token drawn from softmax(logits / temp), as sampling.py draws a temperature-only row: q = the
- * softmax (written to q, vocab floats), its running sum c (accumulated in double, stored in float, as
- * torch's cumsum on the CPU), and the first id whose c exceeds u * c[vocab - 1] (searchsorted, right),
- * at most vocab - 1. */
-static long draw(int vocab, const float *logits, float temp, float u, float *q) {
+/* q = softmax(logits / temp) over vocab entries, as sampling.py's probs_from_logits for a temperature-only
+ * row (the sum accumulated in double). */
+static void softmax_t(int vocab, const float *logits, float temp, float *q) {
     float mx = -INFINITY;
     for (int v = 0; v < vocab; v++) {
         q[v] = logits[v] / temp;
@@ -516,12 +514,16 @@ static long draw(int vocab, const float *logits, float temp, float u, float *q) 
         q[v] = expf(q[v] - mx);
         sum += q[v];
     }
-    const float inv = (float)sum;
+    const float total = (float)sum;
+    for (int v = 0; v < vocab; v++) q[v] = q[v] / total;
+}
+
+/* The id the uniform u picks from q (non-negative, any positive total), as sampling.py's inverse_cdf: the
+ * running sum c (accumulated in double, compared in float, as torch's cumsum on the CPU), the first id
+ * whose c exceeds u * c[vocab - 1] (searchsorted, right), at most vocab - 1. */
+static long pick(int vocab, const float *q, float u) {
     double run = 0.0;
-    for (int v = 0; v < vocab; v++) {
-        q[v] = q[v] / inv;
-        run += q[v];
-    }
+    for (int v = 0; v < vocab; v++) run += q[v];
     const float target = u * (float)run;
     run = 0.0;
     for (int v = 0; v < vocab; v++) {
@@ -529,6 +531,12 @@ static long draw(int vocab, const float *logits, float temp, float u, float *q) 
         if ((float)run > target) return v;
     }
     return vocab - 1;
+}
+
+/* One token drawn from softmax(logits / temp) with the uniform u, its distribution left in q. */
+static long draw(int vocab, const float *logits, float temp, float u, float *q) {
+    softmax_t(vocab, logits, temp, q);
+    return pick(vocab, q, u);
 }
 
 int specctl_lone_chains(int n_layers, const lone_layer *layers, int hidden, int hq, int hkv, int d, int inter,
@@ -963,4 +971,60 @@ int specctl_full_layers(int n_layers, const lone_layer *layers, int hidden, int 
     }
     free(buf);
     return rc;
+}
+
+/* ---- speculative (rejection) sampling of temperature-only rows (verify.py `rejection_accept_logits`) ------
+ *
+ * Request r drafted nd[r] <= k1 - 1 tokens drafts[r * (k1 - 1) + j], each drawn from q_j = q + (r * (k1 - 1)
+ * + j) * vocab (NULL: a deterministic drafter, q a point mass on the draft); the target scored k1 positions,
+ * logits [b, k1, vocab], sampled at temps[r] > 0, p_j = softmax(logits[r, j] / temps[r]). With request r's
+ * nd[r] + 1 uniforms unif[r * k1 ..] (from its own generator, in draw order): accept d_j while u_j <
+ * min(1, p_j(d_j) / q_j(d_j)); at the first rejection a draw from normalize(max(0, p_a - q_a)) (p_a itself if
+ * rounding left that empty), after all nd[r] a draw from p_nd, both with the last uniform u_nd. Writes
+ * accepted[r] and the drawn token tokens[r]. Only the positions read are normalised: a rejection at j
+ * costs j + 1 softmaxes. scratch: 2 * vocab floats. Returns 0. */
+int specctl_rejection(int b, int k1, int vocab, const float *logits, const float *temps, const long *drafts,
+                      const int *nd, const float *q, const float *unif, float *scratch, int *accepted,
+                      long *tokens) {
+    float *p = scratch, *res = scratch + vocab;
+    const int k = k1 - 1;
+    for (int r = 0; r < b; r++) {
+        const int n = nd[r];
+        const float *u = unif + (long)r * k1;
+        const float *lr = logits + (long)r * k1 * vocab;
+        int a = 0;
+        for (; a < n; a++) {
+            const long d = drafts[(long)r * k + a];
+            softmax_t(vocab, lr + (long)a * vocab, temps[r], p);
+            float ratio = p[d];
+            if (q) {
+                const float qd = q[((long)r * k + a) * vocab + d];
+                ratio = ratio / (qd > 1e-30f ? qd : 1e-30f);
+            }
+            if (ratio > 1.0f) ratio = 1.0f;
+            if (!(u[a] < ratio)) break;
+        }
+        accepted[r] = a;
+        if (a < n) { /* p = p_a, computed by the test that rejected */
+            const long d = drafts[(long)r * k + a];
+            double total = 0.0;
+            for (int v = 0; v < vocab; v++) {
+                const float qv = q ? q[((long)r * k + a) * vocab + v] : (v == d ? 1.0f : 0.0f);
+                const float e = p[v] - qv;
+                res[v] = e > 0.0f ? e : 0.0f;
+                total += res[v];
+            }
+            if ((float)total > 0.0f) {
+                const float t = (float)total;
+                for (int v = 0; v < vocab; v++) res[v] = res[v] / t;
+                tokens[r] = pick(vocab, res, u[n]);
+            } else {
+                tokens[r] = pick(vocab, p, u[n]);
+            }
+        } else {
+            softmax_t(vocab, lr + (long)n * vocab, temps[r], p);
+            tokens[r] = pick(vocab, p, u[n]);
+        }
+    }
+    return 0;
 }

@@ -91,6 +91,9 @@ class SmallGemm:
         self._argmax = lib.specctl_argmax
         self._argmax.argtypes = [_INT, _INT, _PTR, _PTR]
         self._argmax.restype = _INT
+        self._rejection = lib.specctl_rejection
+        self._rejection.argtypes = [_INT, _INT, _INT] + [_PTR] * 9
+        self._rejection.restype = _INT
         self._rms = lib.specctl_rmsnorm
         self._rms.argtypes = [_INT, _INT, _PTR, _PTR, ctypes.c_float, _PTR]
         self._rms.restype = None
@@ -253,6 +256,38 @@ class SmallGemm:
         if rows and self._argmax(rows, n, x.data_ptr(), out.data_ptr()) != 0:
             return None
         return out
+
+    def rejection(self, logits: torch.Tensor, temperatures: Sequence[float], drafts: Sequence[Sequence[int]],
+                  num_drafts: Sequence[int], draft_probs: torch.Tensor | None, uniforms: Sequence[Sequence[float]]
+                  ) -> tuple[list[int], list[int]]:
+        """Speculative sampling of temperature-only rows from the target's logits [b, k + 1, V] (float32, CPU):
+        per request the accepted drafts and the one token drawn after them, as `verify.rejection_accept` at
+        p = softmax(logits / temperature) (see smallgemm.c `specctl_rejection`). draft_probs [b, k, V] (q),
+        or None for a deterministic drafter; uniforms: request i's num_drafts[i] + 1 draws."""
+        b, k1, vocab = logits.shape
+        nd = list(num_drafts)
+        ok = (logits.dtype == torch.float32 and logits.is_cpu and len(temperatures) == len(drafts) == len(nd) == b
+              and all(t > 0 for t in temperatures) and len(uniforms) == b
+              and all(0 <= n < k1 and len(d) >= n and len(u) == n + 1 and all(0 <= t < vocab for t in d[:n])
+                      for d, n, u in zip(drafts, nd, uniforms, strict=True))
+              and (draft_probs is None or (draft_probs.dtype == torch.float32 and draft_probs.is_cpu
+                                           and tuple(draft_probs.shape) == (b, k1 - 1, vocab))))
+        if not ok:
+            raise ValueError(f"smallgemm: rejection of logits {tuple(logits.shape)} with {len(drafts)} requests: "
+                             "shapes, temperatures, drafts or uniforms do not fit")
+        logits = logits.contiguous()
+        q = None if draft_probs is None else draft_probs.contiguous()
+        k = k1 - 1
+        flat = (ctypes.c_long * max(1, b * k))(*(t for d, n in zip(drafts, nd, strict=True)
+                                                   for t in [*d[:n], *[0] * (k - n)]))
+        unif = (ctypes.c_float * (b * k1))(*(x for u in uniforms for x in [*u, *[0.0] * (k1 - len(u))]))
+        scratch = torch.empty(2 * vocab, dtype=torch.float32)
+        accepted = (_INT * b)()
+        tokens = (ctypes.c_long * b)()
+        self._rejection(b, k1, vocab, logits.data_ptr(), (ctypes.c_float * b)(*temperatures), flat,
+                        (_INT * b)(*nd), None if q is None else q.data_ptr(), unif, scratch.data_ptr(), accepted,
+                        tokens)
+        return list(accepted), list(tokens)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of x (float32, CPU): x / sqrt(mean(x^2) + eps) * weight, weight

@@ -77,3 +77,31 @@ def test_batched_rejection_sampling_equals_the_loop_at_serving_shapes(seed):
 
     want = reference(drafts, nd, p, q, gens())
     assert rejection_accept(drafts.tolist(), nd.tolist(), p, q, gens()) == want
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_kernel_rejection_from_logits_equals_the_loop(seed):
+    """Temperature-only rows (`rejection_accept_logits`, the small-row kernel from the target's logits): the
+    accepted counts and tokens the per-request loop gets from p = softmax(logits / T), for sampling and
+    deterministic drafters, any mix of draft lengths (0 included), temperatures per request."""
+    from specctl.engine import smallgemm
+    from specctl.engine.spec.verify import rejection_accept_logits
+
+    if smallgemm.kernel() is None:
+        pytest.skip("no small-row kernel on this machine (no C compiler)")
+    g = torch.Generator().manual_seed(seed)
+    b, k, v = 1 + seed % 8, 1 + seed % 7, 260
+    logits = torch.randn(b, k + 1, v, generator=g) * 3
+    temps = [0.5 + 0.25 * (i % 4) for i in range(b)]
+    p = torch.softmax(logits / torch.tensor(temps)[:, None, None], -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1) if seed % 2 else None
+    wild = torch.randint(0, v, (b, k), generator=g)
+    drafts = torch.where(torch.rand(b, k, generator=g) < 0.8, p[:, :k].argmax(-1), wild)
+    nd = torch.randint(0, k + 1, (b,), generator=g)
+
+    def gens() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(11 * seed + i) for i in range(b)]
+
+    want = reference(drafts, nd, p, q, gens())
+    got = rejection_accept_logits(drafts.tolist(), nd.tolist(), logits, temps, q, gens())
+    assert got == want

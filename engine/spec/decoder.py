@@ -44,11 +44,11 @@ from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
-from specctl.engine.sampling import greedy_ids, probs_from_logits, sample
+from specctl.engine.sampling import greedy_ids, probs_from_logits, sample, temperature_only
 from specctl.engine.sequence import Sequence
 from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.spec.trace import TraceWriter
-from specctl.engine.spec.verify import greedy_accept, rejection_accept
+from specctl.engine.spec.verify import greedy_accept, rejection_accept, rejection_accept_logits
 from specctl.errors import RuntimeFailure
 
 
@@ -325,15 +325,25 @@ class SpeculativeDecoder:
                 acc[i], new_tokens[i] = ga[j], gt[j]
         whole = len(sampled) == b
         logits = target_logits if whole else target_logits[torch.as_tensor(sampled, device=target_logits.device)]
-        k1 = target_logits.shape[1]
-        # p: the exact distribution plain sampling draws from (temperature, top-k, top-p), per position.
-        params = [seqs[i].params for i in sampled for _ in range(k1)]
-        p = probs_from_logits(logits.reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
+        k1, vocab = target_logits.shape[1], target_logits.shape[2]
         q = None
         if self.drafter.samples and state.draft_probs is not None:
-            q = state.draft_probs[:b] if whole else state.draft_probs[:b][torch.as_tensor(sampled, device=p.device)]
-        sa, st = rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q,
-                                  [seqs[i].generator for i in sampled])
+            q = state.draft_probs[:b]
+            if not whole:
+                q = q[torch.as_tensor(sampled, device=logits.device)]
+        gens = [seqs[i].generator for i in sampled]
+        done = None
+        if all(g is not None and temperature_only(seqs[i].params, vocab) for i, g in zip(sampled, gens, strict=True)):
+            # temperature only: the kernel normalises what it reads and draws (verify.rejection_accept_logits)
+            done = rejection_accept_logits([drafts[i] for i in sampled], [nd[i] for i in sampled], logits,
+                                           [float(seqs[i].params.temperature) for i in sampled], q,
+                                           [g for g in gens if g is not None])
+        if done is None:
+            # p: the exact distribution plain sampling draws from (temperature, top-k, top-p), per position.
+            params = [seqs[i].params for i in sampled for _ in range(k1)]
+            p = probs_from_logits(logits.reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
+            done = rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q, gens)
+        sa, st = done
         for j, i in enumerate(sampled):
             acc[i], new_tokens[i] = sa[j], st[j]
         return acc, new_tokens

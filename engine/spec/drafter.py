@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from specctl.engine.sampling import SamplingParams, inverse_cdf, probs_from_logits
+from specctl.engine.sampling import inverse_cdf, probs_from_logits, temperature_only
 from specctl.engine.sequence import Sequence
 from specctl.engine.smallgemm import ChainSampling
 from specctl.errors import RuntimeFailure
@@ -181,11 +181,6 @@ def _uniforms(gen: torch.Generator | None, n: int) -> list[float]:
     return torch.rand(n, generator=gen, device=gen.device).tolist() if gen is not None and n else []
 
 
-def _temperature_only(p: SamplingParams, vocab: int) -> bool:
-    """A row the fused loop can draw for (`ChainSampling`): greedy, or temperature without top-k / top-p."""
-    return p.greedy or ((p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0)
-
-
 def _fill_probs(buf: DraftBuffers, rows: Seq[int], probs: torch.Tensor) -> None:
     """The drafted rows' q [len(rows), kmax, V] into the runtime state's draft_probs, one copy."""
     assert buf.draft_probs is not None
@@ -319,7 +314,7 @@ class ModelDrafter:
 
             choose = draw
 
-            if all(_temperature_only(p, probs.shape[-1]) for p in params) and probs.is_cpu:
+            if all(temperature_only(p, probs.shape[-1]) for p in params) and probs.is_cpu:
                 sampling = ChainSampling([0.0 if p.greedy else float(p.temperature) for p in params], unif, probs)
 
         if self.incremental:
