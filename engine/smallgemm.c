@@ -502,19 +502,14 @@ static void attend_group16(int n, int d, int rep, const float *q, const float *k
 #endif
 
 /* q = softmax(logits / temp) over vocab entries, as sampling.py's probs_from_logits for a temperature-only
- * row (the sum accumulated in double). */
+ * row (the exponentials vectorised, as attention's). */
 static void softmax_t(int vocab, const float *logits, float temp, float *q) {
     float mx = -INFINITY;
     for (int v = 0; v < vocab; v++) {
         q[v] = logits[v] / temp;
         if (q[v] > mx) mx = q[v];
     }
-    double sum = 0.0;
-    for (int v = 0; v < vocab; v++) {
-        q[v] = expf(q[v] - mx);
-        sum += q[v];
-    }
-    const float total = (float)sum;
+    const float total = exp_shifted(vocab, q, mx);
     for (int v = 0; v < vocab; v++) q[v] = q[v] / total;
 }
 
