@@ -48,3 +48,15 @@ def test_heldout_is_less_kind_to_a_lucky_step_than_the_in_sample_best(spec_bench
     held = spec_bench.heldout_vs_best(results, "r", 1, "t", ["a", "b"])
     in_sample = sorted(t / x for t, x in zip(tuned, a, strict=True))[2]  # a has the higher median (105 vs 95)
     assert held is not None and held > in_sample
+
+
+@pytest.mark.parametrize(("buckets", "batch", "want"), [
+    ({"1": [7], "8": [5]}, 1, 7),  # batch 1 reaches bucket 1 alone
+    ({"1": [7], "8": [5]}, 8, None),  # a batch-8 run's tail runs bucket 1's step: two steps
+    ({"1": [5], "8": [5]}, 8, 5),
+    ({"1": [0, 5]}, 1, None),  # a set is adaptive, not a fixed step
+    ({"1": [3], "4": [3], "8": [3]}, 8, 3),
+])
+def test_single_step_is_the_one_step_a_tuned_config_runs(spec_bench: ModuleType, buckets, batch, want) -> None:
+    block = {"strategy": "ema", "buckets": {k: {"candidate_steps": v} for k, v in buckets.items()}}
+    assert spec_bench.single_step(block, batch) == want
