@@ -94,6 +94,9 @@ class SmallGemm:
         self._rejection = lib.specctl_rejection
         self._rejection.argtypes = [_INT, _INT, _INT] + [_PTR] * 9
         self._rejection.restype = _INT
+        self._sample = lib.specctl_sample
+        self._sample.argtypes = [_INT, _INT] + [_PTR] * 5
+        self._sample.restype = _INT
         self._rms = lib.specctl_rmsnorm
         self._rms.argtypes = [_INT, _INT, _PTR, _PTR, ctypes.c_float, _PTR]
         self._rms.restype = None
@@ -288,6 +291,20 @@ class SmallGemm:
                         (_INT * b)(*nd), None if q is None else q.data_ptr(), unif, scratch.data_ptr(), accepted,
                         tokens)
         return list(accepted), list(tokens)
+
+    def sample(self, logits: torch.Tensor, temperatures: Sequence[float], uniforms: Sequence[float]) -> torch.Tensor:
+        """One token per row of logits [n, V] (float32, CPU): drawn from softmax(row / temperature) with the row's
+        uniform (inverse CDF, as `sampling.sample_from_probs`), or the argmax where the temperature is 0."""
+        n, vocab = logits.shape
+        if logits.dtype != torch.float32 or not logits.is_cpu or len(temperatures) != n or len(uniforms) != n:
+            raise ValueError(f"smallgemm: sample of {logits.dtype} {tuple(logits.shape)} with {len(temperatures)} "
+                             f"temperatures and {len(uniforms)} uniforms")
+        logits = logits.contiguous()
+        out = torch.empty(n, dtype=torch.long)
+        scratch = torch.empty(vocab, dtype=torch.float32)
+        self._sample(n, vocab, logits.data_ptr(), (ctypes.c_float * n)(*temperatures), (ctypes.c_float * n)(*uniforms),
+                     scratch.data_ptr(), out.data_ptr())
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of x (float32, CPU): x / sqrt(mean(x^2) + eps) * weight, weight

@@ -79,6 +79,22 @@ def test_zero_probability_tokens_never_drawn() -> None:
     assert set(ids.tolist()) <= {1, 3}
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_the_kernel_draws_what_the_torch_path_draws(seed: int) -> None:
+    """Temperature-only rows of float32 CPU logits (greedy rows among them) are drawn by the small-row
+    kernel; with the same generators it picks the tokens softmax + inverse CDF in torch pick."""
+    from specctl.engine import smallgemm
+
+    if smallgemm.kernel() is None:
+        pytest.skip("no small-row kernel on this machine (no C compiler)")
+    logits = _logits(8, vocab=260, seed=seed)
+    params = [SamplingParams(temperature=0.4 + 0.2 * i, seed=100 * seed + i) if (i + seed) % 3 else SamplingParams()
+              for i in range(8)]
+    got = sample(logits, params, [make_generator(p, "cpu") for p in params])
+    want = sample_from_probs(probs_from_logits(logits, params), [make_generator(p, "cpu") for p in params])
+    assert got.tolist() == want.tolist()
+
+
 def test_seeded_row_is_batch_invariant() -> None:
     logits = _logits(4)
     p = SamplingParams(temperature=1.0, seed=7)
