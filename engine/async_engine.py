@@ -70,7 +70,7 @@ def seq_accept_lengths(seq: Any) -> list[int]:
 @dataclasses.dataclass(eq=False)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: asyncio.Queue[RequestOutput]
     admit: Callable[[Any], int]
     sent: int = 0
     rid: int | None = None
@@ -91,7 +91,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Any, *, name: str = "engine", idle_poll_s: float = 0.1) -> None:
         self.engine = engine
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._live: dict[int, _Stream] = {}
         self._stop = threading.Event()
         self._idle_poll_s = idle_poll_s
@@ -162,12 +162,12 @@ class AsyncEngine:
 
     async def call(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
         """Run `fn(engine)` on the engine thread and return its result (exceptions propagate)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._inbox.put(("call", (fn, fut)))
         return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
 
     def call_sync(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._inbox.put(("call", (fn, fut)))
         return fut.result(timeout)
 
@@ -272,7 +272,8 @@ class AsyncEngine:
             if lps:
                 item.logprobs = list(lps[stream.sent - len(new) : stream.sent])
             if finished:
-                self._live.pop(stream.rid, None)
+                if stream.rid is not None:
+                    self._live.pop(stream.rid, None)
                 item.finished = True
                 item.error = getattr(seq, "error", None) or None
                 reason = getattr(seq, "finish_reason", None)

@@ -95,7 +95,7 @@ def model_config(ref: str) -> tuple[ModelFacts, ModelConfig]:
 def _progress(total: int, label: str) -> Any:
     if total < PROGRESS_BYTES:
         return None
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}", file=sys.stderr)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from specctl.errors import InvalidInput
 
@@ -111,7 +111,10 @@ def _section(role: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def _typed(section: Mapping[str, Any], path: str, key: str, kind: type, default: Any) -> Any:
+T = TypeVar("T")
+
+
+def _typed(section: Mapping[str, Any], path: str, key: str, kind: type[T], default: T) -> T:
     value = section.get(key, default)
     if value is None:
         return default

@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -313,13 +313,16 @@ class Engine:
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
         """Run `prompts` (text or token ids) to completion; results in the same order."""
+        items: list[str | Seq[int]]
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            items = [cast("str | Seq[int]", prompts)]  # one prompt: text, or token ids
+        else:
+            items = list(prompts)
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise InvalidInput(f"{len(prompts)} prompts but {len(params)} sampling params")
-        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            params = [params or SamplingParams()] * len(items)
+        if len(params) != len(items):
+            raise InvalidInput(f"{len(items)} prompts but {len(params)} sampling params")
+        rids = [self.add_request(p, sp) for p, sp in zip(items, params, strict=True)]
         results: dict[int, Sequence] = {}
         wanted = set(rids)
         while wanted - results.keys():

@@ -106,6 +106,14 @@ STRICT = (
     "engine/tokenizer.py",
     "bench/probe.py",
     "bench/ab.py",
+    "engine/sampling.py",
+    "engine/sequence.py",
+    "engine/scheduler.py",
+    "engine/device.py",
+    "engine/config.py",
+    "engine/checkpoint.py",
+    "engine/engine.py",
+    "engine/async_engine.py",
 )
 
 
