@@ -177,3 +177,20 @@ def noisy(rate: float) -> Callable[[Any, int], bool]:
         return h[0] < rate * 256
 
     return wrong
+
+
+def spy_chain_draws(monkeypatch: Any) -> list[bool]:
+    """Record, per call of the small-row kernel's fused draft chain, whether the kernel drew the tokens
+    (`sampling` given) rather than taking argmaxes; the calls still run."""
+    from specctl.engine import smallgemm
+
+    calls: list[bool] = []
+    fused = smallgemm.SmallGemm.lone_chains
+
+    def spy(self: Any, model: Any, layers: Any, bases: Any, starts: Any, feeds: Any, steps: Any,
+            logits_out: Any = None, sampling: Any = None) -> list[list[int]]:
+        calls.append(sampling is not None)
+        return fused(self, model, layers, bases, starts, feeds, steps, logits_out, sampling)
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", spy)
+    return calls

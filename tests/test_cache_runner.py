@@ -11,6 +11,8 @@ from specctl.engine.model_runner import ForwardItem, ModelRunner
 from specctl.engine.spec.drafter import ModelDrafter
 from specctl.errors import RuntimeFailure
 
+from spec_support import spy_chain_draws  # isort: skip
+
 KINDS = ("mamba", "swa", "full", "swa", "mamba")
 WINDOW = 6
 
@@ -396,14 +398,7 @@ def test_draft_chain_draws_temperature_rows_in_the_kernel(full_dir, monkeypatch)
 
     if smallgemm.kernel() is None:
         pytest.skip("no small-row kernel on this machine (no C compiler)")
-    calls: list[bool] = []
-    fused = smallgemm.SmallGemm.lone_chains
-
-    def counted(self, model, layers, bases, starts, feeds, steps, logits_out=None, sampling=None):
-        calls.append(sampling is not None)
-        return fused(self, model, layers, bases, starts, feeds, steps, logits_out, sampling)
-
-    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", counted)
+    calls = spy_chain_draws(monkeypatch)
     prompts = {1: tokens(9, 30), 2: tokens(14, 31), 3: tokens(5, 32)}
     params = [SamplingParams(temperature=0.7), SamplingParams(), SamplingParams(temperature=1.3)]
     budgets = [4, 2, 3]

@@ -23,7 +23,7 @@ from specctl.engine.sequence import Sequence
 from specctl.engine.spec.decoder import SpeculativeDecoder
 from specctl.engine.spec.drafter import DraftBuffers
 
-from spec_support import ALPHA, chi_square_pvalue, engine_config, write_models  # isort: skip
+from spec_support import ALPHA, chi_square_pvalue, engine_config, spy_chain_draws, write_models  # isort: skip
 
 PREFIX = list(b"ab(c")
 T0 = ord("=")
@@ -117,14 +117,7 @@ def test_speculative_sampling_matches_target_end_to_end(models: dict[str, str], 
     from specctl.engine import smallgemm
 
     params = PARAMS_T if drafter_kind == "full_draft" else PARAMS
-    drawn: list[bool] = []
-    fused = smallgemm.SmallGemm.lone_chains
-
-    def spy(self, model, layers, bases, starts, feeds, steps, logits_out=None, sampling=None):
-        drawn.append(sampling is not None)
-        return fused(self, model, layers, bases, starts, feeds, steps, logits_out, sampling)
-
-    monkeypatch.setattr(smallgemm.SmallGemm, "lone_chains", spy)
+    drawn = spy_chain_draws(monkeypatch)
     outs, runner = run(models, drafter_kind, params)
     if drafter_kind == "full_draft" and smallgemm.kernel() is not None:
         assert drawn and all(drawn)
