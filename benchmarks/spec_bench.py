@@ -14,7 +14,10 @@ plus (d) a drafter that is never right (it proposes a token the target never emi
 must back off. Every configuration runs the same requests (fixed max_tokens, EOS ignored) on a fresh
 engine after the same warm-up request, on a private copy of the model weights (a training job may
 rewrite the builtin ones mid-run); repeats are interleaved across configurations and the median kept,
-so slow drift of a shared machine hits all configurations alike. Ratios are computed within this run.
+so slow drift of a shared machine hits all configurations alike, and within a repeat the runs of one
+workload and batch size take turns of `--slice-ms` CPU ms (50 by default; 0: one whole run after another),
+so that a slow phase lasting longer than a turn of all of them slows each alike. Ratios are computed within
+this run.
 
 Configurations: `none`; `draft:S` fixed steps S; `draft:adaptive` SGLang's default knobs (EMA alpha 0.2,
 warmup 10, interval 5, bucket 1 down_hysteresis -0.25) over candidates {0} + --steps (bucket 1) and
@@ -276,31 +279,78 @@ def heldout_vs_best(results: dict[tuple[str, int, str], list[float]], kind: str,
     return statistics.median(out)
 
 
-def run_streams(engine: Engine, streams: list[list[tuple[str, SamplingParams]]]) -> tuple[int, float, float]:
-    """Closed loop with len(streams) requests in flight: one shared queue holds every stream's requests, taken
+class StreamRun:
+    """A closed loop with len(streams) requests in flight: one shared queue holds every stream's requests, taken
     round-robin (each stream's first request, then each one's second, ...), and whichever request finishes
     frees its place for the next in the queue. That is a server under `--max-concurrency` clients (`specctl
     bench`, SGLang's bench_serving) and the closed loop `adaptive tune` replays (`_replay_streams`). A
     stream that owned its own requests would idle its place once its share was done: under speculation,
     whose requests finish at different times, the last quarter of a batch-8 run then ran at batch 1-3,
-    while plain decoding kept its 8 in lock step. Returns (output tokens, wall s, CPU s)."""
-    queue = deque(reqs[j] for j in range(max(map(len, streams), default=0)) for reqs in streams if j < len(reqs))
-    active: set[int] = set()
-    tokens = 0
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    while queue and len(active) < len(streams):
-        active.add(engine.add_request(*queue.popleft()))
-    while active:
-        for seq in engine.step():
-            if seq.is_finished and seq.rid in active:
-                active.discard(seq.rid)
-                tokens += len(seq.output_ids)
-                if queue:
-                    active.add(engine.add_request(*queue.popleft()))
-    if engine.runner.device.type == "cuda":
-        torch.cuda.synchronize()
-    return tokens, time.perf_counter() - t0, time.process_time() - c0
+    while plain decoding kept its 8 in lock step.
+
+    `advance(slice_s)` runs engine steps until this run has spent slice_s of CPU time (or is done), so the
+    runs of several configurations can take turns (`--slice-ms`); tokens, wall and CPU seconds count this
+    run's own slices only."""
+
+    def __init__(self, engine: Engine, streams: list[list[tuple[str, SamplingParams]]]) -> None:
+        self.engine = engine
+        self.width = len(streams)
+        self.queue = deque(reqs[j] for j in range(max(map(len, streams), default=0)) for reqs in streams
+                           if j < len(reqs))
+        self.active: set[int] = set()
+        self.started = False
+        self.tokens = 0
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.started and not self.active
+
+    def advance(self, slice_s: float = float("inf")) -> bool:
+        """Step until this run has used slice_s more CPU seconds or finished; True when it has finished."""
+        engine = self.engine
+        t0, c0 = time.perf_counter(), time.process_time()
+        if not self.started:
+            self.started = True
+            while self.queue and len(self.active) < self.width:
+                self.active.add(engine.add_request(*self.queue.popleft()))
+        while self.active and time.process_time() - c0 < slice_s:
+            for seq in engine.step():
+                if seq.is_finished and seq.rid in self.active:
+                    self.active.discard(seq.rid)
+                    self.tokens += len(seq.output_ids)
+                    if self.queue:
+                        self.active.add(engine.add_request(*self.queue.popleft()))
+        if engine.runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.wall += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
+        return self.done
+
+
+def run_streams(engine: Engine, streams: list[list[tuple[str, SamplingParams]]]) -> tuple[int, float, float]:
+    """One `StreamRun` to its end: (output tokens, wall s, CPU s)."""
+    run = StreamRun(engine, streams)
+    run.advance()
+    return run.tokens, run.wall, run.cpu
+
+
+def interleave(runs: list[StreamRun], slice_s: float) -> None:
+    """Run every run to its end, taking turns of slice_s CPU seconds each (the first to go rotating every
+    cycle), so that a slow phase of a shared machine lasting longer than a cycle slows every run alike; with
+    slice_s 0 (or one run) each runs to its end in turn."""
+    if slice_s <= 0:
+        for run in runs:
+            run.advance()
+        return
+    start = 0
+    while not all(r.done for r in runs):
+        for k in range(len(runs)):
+            run = runs[(start + k) % len(runs)]
+            if not run.done:
+                run.advance(slice_s)
+        start += 1
 
 
 def spec_counters(engine: Engine) -> dict[str, Any]:
@@ -369,6 +419,10 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="seconds to divide by: this process's CPU time (default; robust on a shared machine when "
                          "--threads 1 and --device cpu) or wall time")
+    ap.add_argument("--slice-ms", type=float, default=50.0,
+                    help="the configurations of a workload and batch size take turns of this many CPU ms each "
+                         "(default 50), so a slow phase of a shared machine hits them alike; 0: one whole run "
+                         "after another")
     ap.add_argument("--quick", action="store_true", help="2 requests per stream, 48 tokens")
     ap.add_argument("--no-snapshot", action="store_true", help="read the models in place (no private copy)")
     ap.add_argument("--tuned", help="the whole `specctl adaptive tune --format json` output (its "
@@ -425,21 +479,31 @@ def main() -> None:
     results: dict[tuple[str, int, str], list[float]] = {}
     walls: dict[tuple[str, int, str], list[float]] = {}
     info: dict[tuple[str, int, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, int], list[str]] = {}
+    for kind, batch, name in plan:
+        groups.setdefault((kind, batch), []).append(name)
     for rep in range(args.repeats):
-        for kind, batch, name in plan:
+        for (kind, batch), names in groups.items():
             # A fresh engine per run with the same warm-up, so every configuration (and the adaptive policy)
-            # starts from the same state; model loading is outside the timed region.
-            eng = make_engine(args, name, batch, kind)
-            eng.generate(["def warm_up(x):\n    return"], SamplingParams(max_tokens=24, ignore_eos=True))
-            before = spec_counters(eng)
-            tokens, wall, cpu = run_streams(eng, workload(kind if kind != "never" else "code", batch, args, rep))
-            secs = cpu if args.clock == "cpu" else wall
-            results.setdefault((kind, batch, name), []).append(tokens / secs)
-            walls.setdefault((kind, batch, name), []).append(tokens / wall)
-            if rep == args.repeats - 1:
-                info[(kind, batch, name)] = spec_summary(before, spec_counters(eng))
-            print(f"  rep {rep} {kind:6s} b{batch} {name:18s} {tokens / cpu:8.1f} tok/cpu-s {tokens / wall:8.1f} tok/s",
-                  file=sys.stderr)
+            # starts from the same state; model loading is outside the timed region. The group's runs then
+            # take turns (--slice-ms), so a slow phase of the machine hits them alike.
+            runs: list[tuple[str, Engine, StreamRun, dict[str, Any]]] = []
+            for name in names:
+                eng = make_engine(args, name, batch, kind)
+                eng.generate(["def warm_up(x):\n    return"], SamplingParams(max_tokens=24, ignore_eos=True))
+                streams = workload(kind if kind != "never" else "code", batch, args, rep)
+                runs.append((name, eng, StreamRun(eng, streams), spec_counters(eng)))
+            interleave([r for _, _, r, _ in runs], args.slice_ms / 1000.0)
+            for name, eng, run, before in runs:
+                tokens, wall, cpu = run.tokens, run.wall, run.cpu
+                secs = cpu if args.clock == "cpu" else wall
+                results.setdefault((kind, batch, name), []).append(tokens / secs)
+                walls.setdefault((kind, batch, name), []).append(tokens / wall)
+                if rep == args.repeats - 1:
+                    info[(kind, batch, name)] = spec_summary(before, spec_counters(eng))
+                print(f"  rep {rep} {kind:6s} b{batch} {name:18s} {tokens / cpu:8.1f} tok/cpu-s "
+                      f"{tokens / wall:8.1f} tok/s", file=sys.stderr)
+            del runs
 
     tps = {k: statistics.median(v) for k, v in results.items()}
 

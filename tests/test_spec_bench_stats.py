@@ -60,3 +60,45 @@ def test_heldout_is_less_kind_to_a_lucky_step_than_the_in_sample_best(spec_bench
 def test_single_step_is_the_one_step_a_tuned_config_runs(spec_bench: ModuleType, buckets, batch, want) -> None:
     block = {"strategy": "ema", "buckets": {k: {"candidate_steps": v} for k, v in buckets.items()}}
     assert spec_bench.single_step(block, batch) == want
+
+
+def test_interleaved_runs_take_turns_and_count_their_own_slices(spec_bench: ModuleType, tmp_path) -> None:
+    """Two closed-loop runs on real engines taking turns of ~1 ms CPU each both finish with every token of
+    their requests (as a run alone does), really alternate (several turns each, A B A B ...), and each run's
+    CPU seconds are its own slices only: together at most what the whole interleaving took."""
+    import time
+
+    from specctl.engine.checkpoint import write_random_model
+    from specctl.engine.config import EngineConfig
+    from specctl.engine.engine import Engine
+    from specctl.engine.sampling import SamplingParams
+
+    model = write_random_model(tmp_path / "m", sliding_window=6)
+
+    def engine() -> Engine:
+        return Engine(EngineConfig(model_ref=str(model), device="cpu", page_size=4, max_tokens=1024,
+                                   max_batch_size=2))
+
+    streams = [[(f"def f{i}{j}(x):", SamplingParams(max_tokens=6 + i + j, ignore_eos=True)) for j in range(3)]
+               for i in range(2)]
+    alone = spec_bench.StreamRun(engine(), streams)
+    alone.advance()
+    runs = [spec_bench.StreamRun(engine(), streams), spec_bench.StreamRun(engine(), streams)]
+    turns: list[int] = []
+    for k, run in enumerate(runs):
+        def advance(slice_s: float, run=run, k=k) -> bool:  # type: ignore[no-untyped-def]
+            turns.append(k)
+            return type(run).advance(run, slice_s)
+        run.advance = advance  # type: ignore[method-assign]
+    c0 = time.process_time()
+    spec_bench.interleave(runs, 0.001)
+    total = time.process_time() - c0
+    want = sum(6 + i + j for i in range(2) for j in range(3))
+    assert alone.tokens == want
+    assert all(r.done and r.tokens == want for r in runs)
+    assert turns[:4] in ([0, 1, 1, 0], [0, 1, 0, 1]) and turns.count(0) >= 2 and turns.count(1) >= 2
+    assert 0 < runs[0].cpu + runs[1].cpu <= total + 1e-6
+    # slices of 0 mean whole runs one after another
+    seq = [spec_bench.StreamRun(engine(), streams) for _ in range(2)]
+    spec_bench.interleave(seq, 0)
+    assert all(r.done and r.tokens == want for r in seq)
