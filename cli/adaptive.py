@@ -327,7 +327,7 @@ def profile_command(
                                              help="Batch sizes to measure.")] = "1,2,4,8",
     steps: Annotated[str, typer.Option("--steps", metavar="0,1,...", help="Speculative steps to measure "
                                        "(0 = plain decoding).")] = "0,1,2,3,4,5,6,7",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 6,
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
     temperature: Annotated[float, typer.Option(
         "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "

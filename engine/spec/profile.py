@@ -8,7 +8,9 @@ batch by the share of requests that sample — traces record it) while it pins t
 in turn (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is
 timed over `iters` engine steps JOINS times in each of `rounds` rounds, the steps interleaved within a
 round so load drift on a shared machine hits every point alike; a point's cost is the median over all
-its timed steps. Each point starts from that many fresh requests (prefilled, then SETTLE untimed
+its timed steps. Six rounds by default: with three, a slow phase of a 2-core Xeon priced batch 1's steps 7
+10% above steps 6 (verify_bench: 8 positions 5% above 5), enough to make `tune` run steps 6 on code, whose
+best is 7; with six, 3%. Each point starts from that many fresh requests (prefilled, then SETTLE untimed
 steps; `prompt_tokens` long: a step costs more at longer contexts), long enough not to finish within
 it, so every step runs the full batch.
 
@@ -62,7 +64,7 @@ def profile_costs(
     batch_sizes: Sequence[int],
     steps: Sequence[int],
     *,
-    rounds: int = 3,
+    rounds: int = 6,
     iters: int = 6,
     temperature: float = 0.0,
     sampled_temperature: float | None = None,
