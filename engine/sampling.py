@@ -149,9 +149,15 @@ def uniforms(generators: Sequence[torch.Generator | None], device: torch.device)
     return out
 
 
+def draws(gen: torch.Generator, n: int) -> list[float]:
+    """n uniforms from one request's generator, as a host list, in draw order: on the CPU `torch.rand(n)` is n
+    draws of `torch.rand(())`, so drawing a round's uniforms at once takes the numbers one-by-one draws would."""
+    return torch.rand(n, generator=gen, device=gen.device).tolist()
+
+
 def host_uniforms(generators: Sequence[torch.Generator | None]) -> list[float]:
     """`uniforms` as a host list, for CPU generators (the same draws; a tensor write per row cost twice as much)."""
-    return [torch.rand(1, generator=gen).tolist()[0] if gen is not None else 0.5 for gen in generators]
+    return [draws(gen, 1)[0] if gen is not None else 0.5 for gen in generators]
 
 
 def sample_from_probs(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
@@ -196,5 +202,9 @@ def sample(
         sg = smallgemm.kernel()
         if sg is not None and all(g is None or g.device.type == "cpu" for g in generators):
             u = host_uniforms(generators)
-            return sg.sample(logits, [0.0 if p.greedy else float(p.temperature) for p in params], u)
+            ids = sg.sample(logits, [0.0 if p.greedy else float(p.temperature) for p in params], u)
+            if ids is not None:
+                return ids
+            # a greedy row holds a NaN (torch ranks it highest): torch's path, with the uniforms already drawn
+            return inverse_cdf(probs_from_logits(logits, params), torch.tensor(u))
     return sample_from_probs(probs_from_logits(logits, params), generators)

@@ -1025,19 +1025,17 @@ int specctl_rejection(int b, int k1, int vocab, const float *logits, const float
 }
 
 /* One token per row of logits [rows, vocab] into out: at temps[r] > 0 drawn from softmax(logits[r] /
- * temps[r]) with the uniform unif[r] (`draw`), else the argmax (the first maximal id). The plain decode
- * step's sampling of temperature-only rows (sampling.py `sample`). scratch: vocab floats. Returns 0. */
+ * temps[r]) with the uniform unif[r] (`draw`), else the argmax (`specctl_argmax`). The plain decode step's
+ * sampling of temperature-only rows (sampling.py `sample`). scratch: vocab floats. Returns 0, or 1 when a
+ * greedy row holds a NaN (specctl_argmax's case: the caller asks torch). */
 int specctl_sample(int rows, int vocab, const float *logits, const float *temps, const float *unif, float *scratch,
                    long *out) {
     for (int r = 0; r < rows; r++) {
         const float *lr = logits + (long)r * vocab;
         if (temps[r] > 0.0f) {
             out[r] = draw(vocab, lr, temps[r], unif[r], scratch);
-        } else {
-            int best = 0;
-            for (int v = 1; v < vocab; v++)
-                if (lr[v] > lr[best]) best = v;
-            out[r] = best;
+        } else if (specctl_argmax(1, vocab, lr, out + r) != 0) {
+            return 1;
         }
     }
     return 0;

@@ -151,10 +151,7 @@ class SmallGemm:
             raise ValueError(f"smallgemm: logits_out must be contiguous float32 [{n}, {width}, {model.vocab}]")
         temps = unif = probs = None
         if sampling is not None:
-            sampling.check(shape)
-            if any(t > 0 and len(u) < k for t, u, k in zip(sampling.temperatures, sampling.uniforms, steps,
-                                                           strict=True)):
-                raise ValueError("smallgemm: a sampled request needs a uniform per token it chooses")
+            sampling.check(shape, steps)
             temps = (ctypes.c_float * n)(*sampling.temperatures)
             unif = (ctypes.c_float * (n * width))(*(u for row in sampling.uniforms for u in
                                                     [*row, *[0.0] * (width - len(row))]))
@@ -292,9 +289,11 @@ class SmallGemm:
                         tokens)
         return list(accepted), list(tokens)
 
-    def sample(self, logits: torch.Tensor, temperatures: Sequence[float], uniforms: Sequence[float]) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, temperatures: Sequence[float], uniforms: Sequence[float]
+               ) -> torch.Tensor | None:
         """One token per row of logits [n, V] (float32, CPU): drawn from softmax(row / temperature) with the row's
-        uniform (inverse CDF, as `sampling.sample_from_probs`), or the argmax where the temperature is 0."""
+        uniform (inverse CDF, as `sampling.sample_from_probs`), or the argmax where the temperature is 0; None
+        when a greedy row holds a NaN (torch ranks NaN highest: ask it then, as `argmax`)."""
         n, vocab = logits.shape
         if logits.dtype != torch.float32 or not logits.is_cpu or len(temperatures) != n or len(uniforms) != n:
             raise ValueError(f"smallgemm: sample of {logits.dtype} {tuple(logits.shape)} with {len(temperatures)} "
@@ -302,9 +301,9 @@ class SmallGemm:
         logits = logits.contiguous()
         out = torch.empty(n, dtype=torch.long)
         scratch = torch.empty(vocab, dtype=torch.float32)
-        self._sample(n, vocab, logits.data_ptr(), (ctypes.c_float * n)(*temperatures), (ctypes.c_float * n)(*uniforms),
-                     scratch.data_ptr(), out.data_ptr())
-        return out
+        rc = self._sample(n, vocab, logits.data_ptr(), (ctypes.c_float * n)(*temperatures),
+                          (ctypes.c_float * n)(*uniforms), scratch.data_ptr(), out.data_ptr())
+        return out if rc == 0 else None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of x (float32, CPU): x / sqrt(mean(x^2) + eps) * weight, weight
@@ -362,13 +361,17 @@ class ChainSampling:
     uniforms: Sequence[Sequence[float]]
     probs_out: torch.Tensor
 
-    def check(self, shape: tuple[int, int, int]) -> None:
+    def check(self, shape: tuple[int, int, int], steps: Sequence[int]) -> None:
+        """Raise ValueError unless this fits chains of `steps` tokens with q of `shape` [requests, width, V]:
+        a temperature per request, and a uniform per token a sampled request chooses (at most width)."""
         n, width, _ = shape
         out = self.probs_out
         if out.dtype != torch.float32 or not out.is_contiguous() or not out.is_cpu or tuple(out.shape) != shape:
             raise ValueError(f"smallgemm: probs_out must be contiguous float32 {list(shape)} on the CPU")
         if len(self.temperatures) != n or len(self.uniforms) != n or any(len(u) > width for u in self.uniforms):
             raise ValueError(f"smallgemm: sampling needs {n} temperatures and at most {width} uniforms per request")
+        if any(t > 0 and len(u) < k for t, u, k in zip(self.temperatures, self.uniforms, steps, strict=True)):
+            raise ValueError("smallgemm: a sampled request needs a uniform per token it chooses")
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,17 @@ def test_the_kernel_draws_what_the_torch_path_draws(seed: int) -> None:
     assert got.tolist() == want.tolist()
 
 
+def test_a_nan_in_a_greedy_row_takes_torchs_path_with_the_same_draws() -> None:
+    """The kernel's argmax declines a NaN (torch ranks it highest); sampling then answers as torch does, the
+    sampled rows with the uniforms already drawn."""
+    logits = _logits(3, vocab=260, seed=5)
+    logits[1, 7] = float("nan")
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(), SamplingParams(temperature=1.2, seed=2)]
+    got = sample(logits, params, [make_generator(p, "cpu") for p in params])
+    want = sample_from_probs(probs_from_logits(logits, params), [make_generator(p, "cpu") for p in params])
+    assert got.tolist() == want.tolist() and int(got[1]) == 7
+
+
 def test_seeded_row_is_batch_invariant() -> None:
     logits = _logits(4)
     p = SamplingParams(temperature=1.0, seed=7)

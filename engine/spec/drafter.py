@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from specctl.engine.sampling import inverse_cdf, probs_from_logits, temperature_only
+from specctl.engine.sampling import draws, inverse_cdf, probs_from_logits, temperature_only
 from specctl.engine.sequence import Sequence
 from specctl.engine.smallgemm import ChainSampling
 from specctl.errors import RuntimeFailure
@@ -176,11 +176,6 @@ def _fill(buf: DraftBuffers, rows: Seq[int], proposals: Seq[Seq[int]]) -> None:
     buf.num_drafts.index_copy_(0, index, torch.tensor([len(p) for p in proposals], dtype=torch.long).to(dev))
 
 
-def _uniforms(gen: torch.Generator | None, n: int) -> list[float]:
-    """n uniforms from a sampled request's generator, in draw order; none for a greedy one (it draws none)."""
-    return torch.rand(n, generator=gen, device=gen.device).tolist() if gen is not None and n else []
-
-
 def _fill_probs(buf: DraftBuffers, rows: Seq[int], probs: torch.Tensor) -> None:
     """The drafted rows' q [len(rows), kmax, V] into the runtime state's draft_probs, one copy."""
     assert buf.draft_probs is not None
@@ -296,11 +291,11 @@ class ModelDrafter:
         sampling: ChainSampling | None = None
         probs = torch.empty(0)
         if not greedy:
-            # Each sampled row's uniforms for this round, drawn up front from its own generator: the same
-            # numbers, in the same order, as one draw per proposal (torch.rand(n) on the CPU is n draws of
-            # torch.rand(())), so the kernel can draw the whole chain in one call. q goes to `probs`, then
-            # to the runtime state's buffer in one copy.
-            unif = [_uniforms(seqs[i].generator, budgets[i]) for i in rows]
+            # Each sampled row's uniforms for this round, drawn up front from its own generator (the numbers
+            # one draw per proposal would take: `sampling.draws`), so the kernel can draw the whole chain in
+            # one call; a greedy row draws none. q goes to `probs`, then to the runtime state's buffer in one copy.
+            gens = [seqs[i].generator for i in rows]
+            unif = [draws(g, budgets[i]) if g is not None else [] for i, g in zip(rows, gens, strict=True)]
             assert buf.draft_probs is not None
             probs = torch.empty(len(rows), kmax, buf.draft_probs.shape[-1], dtype=torch.float32,
                                 device=buf.draft_probs.device)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from specctl.engine import smallgemm
-from specctl.engine.sampling import inverse_cdf
+from specctl.engine.sampling import draws, inverse_cdf
 
 
 def greedy_accept(
@@ -106,7 +106,7 @@ def rejection_accept(
             # uses 0.5, as `sampling.uniforms` does
             u = [*(torch.rand(n, device=dev).tolist() if n else []), 0.5]
         else:
-            u = torch.rand(n + 1, generator=gen, device=gen.device).tolist()
+            u = draws(gen, n + 1)
         a = 0
         while a < n and u[a] < accept_prob[pos + a]:
             a += 1
@@ -155,6 +155,6 @@ def rejection_accept_logits(
     if draft_probs is not None and (draft_probs.dtype != torch.float32 or not draft_probs.is_cpu):
         return None
     nd = list(num_drafts)
-    uniforms = [torch.rand(n + 1, generator=g, device=g.device).tolist() for n, g in zip(nd, generators, strict=True)]
+    uniforms = [draws(g, n + 1) for n, g in zip(nd, generators, strict=True)]
     accepted, tokens = sg.rejection(target_logits, temperatures, drafts, nd, draft_probs, uniforms)
     return accepted, [[*drafts[i][: accepted[i]], tokens[i]] for i in range(len(nd))]
