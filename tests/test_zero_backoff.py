@@ -10,9 +10,7 @@ make impossible to miss. Oracles: hand-derived switch sequences, SGLang's own `A
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import random
 import subprocess
 import sys
@@ -21,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from policy_support import ENV, FAST, deployment_cfg, needs_sglang, sglang_steps
+from policy_support import policy_steps as run
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
@@ -29,28 +29,8 @@ from specctl.engine.spec.trace import TraceRecord
 from specctl.engine.spec.tune import CostModel, TuneResult, TuneSetup, fixed_config, replay, sglang_json, tune
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 runner = CliRunner()
 K = 7
-
-
-def deployment_cfg(cands: list[int], **knobs: Any) -> AdaptiveConfig:
-    cfg, findings = parse_deployment_adaptive({**knobs, "buckets": {1: {"candidate_steps": cands}}})
-    assert cfg is not None and not findings, findings
-    return cfg
-
-
-def run(cfg: AdaptiveConfig, stream: list[int], *, initial: int, counterfactual: bool = False) -> list[int]:
-    """The steps each batch (one request) ran with; `stream` is what a drafter drafting K would accept, fed
-    as min(a, steps) (0 at steps 0) when `counterfactual`, else as given."""
-    p = AdaptivePolicy(cfg, initial_steps=initial)
-    ran = []
-    for a in stream:
-        k = p.steps_for_batch(1)
-        ran.append(k)
-        p.on_verify_complete([min(a, k)] if counterfactual else [a], 1)
-    return ran
 
 
 def runs(seq: list[int]) -> list[tuple[bool, int]]:
@@ -63,9 +43,6 @@ def runs(seq: list[int]) -> list[tuple[bool, int]]:
         else:
             out.append((z, 1))
     return out
-
-
-FAST = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
 
 
 # -- policy --------------------------------------------------------------------------------------------
@@ -172,36 +149,12 @@ def test_the_engine_runs_the_back_off_and_still_decodes_greedily(tmp_path: Path)
 
 # -- SGLang's own policy ignores the key ---------------------------------------------------------------
 
-_SGLANG_CHILD = """
-import json, sys, contextlib, io
-sys.path.insert(0, sys.argv[1])
-from gen_sglang_flags import install_triton_stub
-install_triton_stub()
-with contextlib.redirect_stdout(io.StringIO()):
-    from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
-req = json.loads(sys.stdin.read())
-p = AdaptiveSpeculativeParams(initial_steps=req["initial"], cfg_path=req["path"])
-ran = []
-for a in req["stream"]:
-    ran.append(p.get_steps_for_batch(1))
-    p.on_verify_complete([a], 1)
-print(json.dumps(ran))
-"""
-
-
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
-                    reason="sglang is not installed (scripts/setup.sh installs it --no-deps)")
+@needs_sglang
 def test_sglang_runs_a_file_with_the_knob_as_if_it_were_absent(tmp_path: Path) -> None:
     obj = {"zero_backoff": 16, "warmup_batches": 2, "update_interval": 2,
            "1": {"candidate_steps": [0, 1, 3], "zero_backoff": 8}}
-    path = tmp_path / "adaptive.json"
-    path.write_text(json.dumps(obj))
     stream = [0] * 150 + [3] * 30 + [0] * 60
-    proc = subprocess.run([sys.executable, "-c", _SGLANG_CHILD, str(ROOT / "scripts")], capture_output=True,
-                          text=True, timeout=120, env=ENV, input=json.dumps({"path": str(path), "initial": 3,
-                                                                             "stream": stream}))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    sglang_ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    sglang_ran = sglang_steps(obj, tmp_path, stream, initial=3)
     # specctl reads the SGLang file as SGLang does (warning ADP220), and zero_backoff 1 is SGLang's policy
     cfg, findings = parse_sglang_config(obj)
     assert cfg is not None and {f.code for f in findings} == {"ADP220"}
