@@ -167,13 +167,13 @@ def adaptive_block(steps: list[int], fast: bool = False) -> dict[str, Any]:
 
 def read_tuned(path: str) -> tuple[dict[str, Any], int]:
     """(adaptive block, initial steps) of a `specctl adaptive tune --format json` output (its
-    recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff) or of an SGLang
-    adaptive JSON (its non-bucket keys copied; initial steps: the middle of its candidates)."""
+    recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff and zero_threshold)
+    or of an SGLang adaptive JSON (its non-bucket keys copied; initial steps: the middle of its candidates)."""
     doc = json.loads(Path(path).read_text())
     initial = None
     if "recommended" in doc:  # a whole `adaptive tune --format json` document
         initial = doc["recommended"]["initial_steps"]
-        # deployment_adaptive carries specctl-only knobs (zero_backoff) that the SGLang JSON cannot,
+        # deployment_adaptive carries specctl-only knobs (zero_backoff, zero_threshold) that the SGLang JSON cannot,
         # and is null-free; sglang_adaptive_config is null when the recommendation needs such a knob.
         doc = doc["recommended"].get("deployment_adaptive") or doc["recommended"]["sglang_adaptive_config"]
         if "buckets" in doc:
@@ -426,9 +426,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 requests per stream, 48 tokens")
     ap.add_argument("--no-snapshot", action="store_true", help="read the models in place (no private copy)")
     ap.add_argument("--tuned", help="the whole `specctl adaptive tune --format json` output (its "
-                    "recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff), or an "
-                    "SGLang adaptive JSON (its non-bucket keys are copied, so zero_backoff there applies too): adds "
-                    "`draft:tuned` / `never:tuned`, and the checks use it")
+                    "recommended.deployment_adaptive, which keeps specctl-only knobs such as zero_backoff and "
+                    "zero_threshold), or an SGLang adaptive JSON (its non-bucket keys are copied, so zero_backoff or "
+                    "zero_threshold there applies too): adds `draft:tuned` / `never:tuned`, and the checks use it")
     ap.add_argument("--tuned-for", action="append", metavar="WORKLOAD=FILE",
                     help="a config tuned on that workload's own trace (the same formats as --tuned): adds "
                     "`draft:own-tuned` to that workload's runs, judged against its best fixed step (repeatable)")

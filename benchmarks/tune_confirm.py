@@ -53,7 +53,7 @@ def deployment_with(deploy: str, rec: dict[str, Any], path: Path, env: dict[str,
     """A copy of the deployment whose speculative block runs the tune recommendation."""
     shown = cli("presets", "show", deploy, env=env).stdout if not Path(deploy).exists() else Path(deploy).read_text()
     doc = yaml.safe_load(shown)
-    # deployment_adaptive also carries specctl-only knobs (zero_backoff), which the SGLang JSON cannot
+    # deployment_adaptive also carries specctl-only knobs (zero_backoff, zero_threshold), which the SGLang JSON cannot
     cfg = rec["deployment_adaptive"]["buckets"] if rec.get("deployment_adaptive") else rec["sglang_adaptive_config"]
     buckets = {int(k): v for k, v in cfg.items() if k.isdigit()}
     spec = doc.setdefault("speculative", {})

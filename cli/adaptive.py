@@ -418,7 +418,8 @@ def tune_command(
         "--steps", metavar="0,1,3,5", help="Search only these steps (e.g. the ones you capture graphs for; "
         "default: every step the cost model measures up to the trace's depth).", show_default=False)] = None,
     sglang: Annotated[bool, typer.Option(
-        "--sglang", help="Search only what SGLang can run: no specctl-only knobs (zero_backoff). Implied by a "
+        "--sglang", help="Search only what SGLang can run: no specctl-only knobs (zero_backoff, "
+        "zero_threshold). Implied by a "
         "deployment with engine: sglang.")] = False,
     decode_only: Annotated[bool, typer.Option(
         "--decode-only", help="Predict decode speed alone: leave out the serving time the trace measured "
@@ -433,14 +434,15 @@ def tune_command(
 
     A verify that drafted K tokens and accepted a would have accepted min(a, k) with any k <= K, so a trace
     recorded with `--trace-steps K` answers every candidate up to K. Candidate sets (up to four steps) per
-    bucket and the knobs ema_alpha, update_interval and down_hysteresis are searched, and for sets with 0
-    specctl's zero_backoff (kept off unless it predicts >= 1% better). The result prints as a deployment
-    snippet and, when SGLang can express it, as SGLang JSON; a recommendation with zero_backoff (which
-    SGLang ignores) also prints the best config SGLang can run. Each comes with its predicted speed-up over
-    the current config, the best fixed step and no speculation; the predictions include the serving time
-    the trace measured beyond the cost model, as a real run pays it, unless --decode-only: the time between
-    verifies (prefill, admission, streaming) per token, and the factor by which served verifies ran slower
-    than profiled (a machine shared with the prefill server, the router and the clients).
+    bucket and the knobs ema_alpha, update_interval and the hystereses are searched, and for sets with 0
+    specctl's zero_backoff and zero_threshold (kept off unless they predict >= 1% better). The result prints
+    as a deployment snippet and, when SGLang can express it, as SGLang JSON; a recommendation with a
+    specctl-only knob (which SGLang ignores) also prints the best config SGLang can run. Each comes with its
+    predicted speed-up over the current config, the best fixed step and no speculation; the predictions
+    include the serving time the trace measured beyond the cost model, as a real run pays it, unless
+    --decode-only: the time between verifies (prefill, admission, streaming) per token, and the factor by
+    which served verifies ran slower than profiled (a machine shared with the prefill server, the router and
+    the clients).
     The speed-ups over the best fixed step and no speculation come with 95% intervals over resamples of the
     trace's requests: a short trace of sampled text cannot tell configs a few percent apart, and says so.
     A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 STRATEGIES = ("ema", "throughput_aware")
@@ -34,6 +34,15 @@ SPECCTL_KNOB_DEFAULTS: dict[str, Any] = {
     # falls back to 0 doubles the next stay (1, 2, 4, ... up to this); a probe that holds resets it to 1.
     # 1 = SGLang: probe the next candidate at every decision.
     "zero_backoff": 1,
+    # The EMA at or below which a bucket steps down to 0. Unset (None) = SGLang: 0.5 + down_hysteresis, the
+    # same hysteresis as every other step's bar, so a wide negative down_hysteresis (keep a deep step while
+    # half its drafts are accepted) also makes 0 unreachable; this sets the bar to 0 on its own.
+    "zero_threshold": None,
+}
+# What SGLang does instead, per specctl-only knob (its loader never reads them): for findings and refusals.
+SPECCTL_KNOB_UNDER_SGLANG: dict[str, str] = {
+    "zero_backoff": "the bucket probes from steps 0 at every decision",
+    "zero_threshold": "the bucket steps down to 0 only at an EMA <= 0.5 + down_hysteresis",
 }
 SPECCTL_KNOBS = tuple(SPECCTL_KNOB_DEFAULTS)
 # Settings only SGLang's throughput_aware controller reads (throughput_aware_controller.py).
@@ -67,11 +76,22 @@ class Knobs:
     up_hysteresis: float = 0.0
     ceiling_coeff: float = 0
     zero_backoff: int = 1  # specctl only (SPECCTL_KNOB_DEFAULTS); 1 = SGLang's behaviour
+    zero_threshold: float | None = None  # specctl only; None = SGLang's 0.5 + down_hysteresis
 
     @property
     def specctl_only(self) -> tuple[str, ...]:
         """The specctl-only knobs set away from their defaults (what SGLang cannot run)."""
         return tuple(k for k, v in SPECCTL_KNOB_DEFAULTS.items() if getattr(self, k) != v)
+
+    @property
+    def sglang(self) -> Knobs:
+        """These knobs with every specctl-only one at its default: what SGLang runs of them."""
+        return replace(self, **SPECCTL_KNOB_DEFAULTS)
+
+    @property
+    def zero_bar(self) -> float:
+        """The EMA at or below which the policy steps down to 0: zero_threshold, else SGLang's bar."""
+        return 0.5 + self.down_hysteresis if self.zero_threshold is None else self.zero_threshold
 
 
 @dataclass(frozen=True)

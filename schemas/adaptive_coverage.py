@@ -11,6 +11,7 @@ from typing import Any
 
 from specctl.schemas.adaptive_config import (
     SPECCTL_KNOB_DEFAULTS,
+    SPECCTL_KNOB_UNDER_SGLANG,
     AdaptiveConfig,
     Mode,
     _is_int,
@@ -237,7 +238,7 @@ def step_coverage(
 
 
 def engine_findings(adaptive: Any, engine: str, apath: str) -> list[Finding]:
-    """ADP221: specctl-only knobs (zero_backoff) set in a deployment whose engine is sglang. Its servers
+    """ADP221: specctl-only knobs (zero_backoff, zero_threshold) set in a deployment whose engine is sglang. Its servers
     read the exported SGLang adaptive JSON, whose loader never reads them, so the deployment would run
     another policy than it says. Reported where each value sits under the adaptive block at `apath`."""
     if engine != "sglang":
@@ -251,9 +252,9 @@ def engine_findings(adaptive: Any, engine: str, apath: str) -> list[Finding]:
         out.append(Finding(
             "ADP221", "error", path,
             f"{where} {value}, a specctl-only knob, but engine: sglang runs SGLang servers: their adaptive JSON "
-            f"cannot carry {knob} (SGLang ignores the key and probes from steps 0 at every decision), so the "
+            f"cannot carry {knob} (SGLang ignores the key: {SPECCTL_KNOB_UNDER_SGLANG[knob]}), so the "
             "deployment would not run the policy it describes",
-            f"remove {knob} (or set it to {SPECCTL_KNOB_DEFAULTS[knob]}, SGLang's behaviour), or set engine: builtin; "
+            f"remove {knob}{_or_default(knob)}, or set engine: builtin; "
             "`specctl adaptive tune --sglang` finds the best config SGLang can run",
         ))
     return out
@@ -307,3 +308,7 @@ def check_deployment_steps(
     return coverage, findings + more
 
 
+def _or_default(knob: str) -> str:
+    """' (or set it to D, SGLang's behaviour)' for a knob whose default can be written, else ''."""
+    default = SPECCTL_KNOB_DEFAULTS[knob]
+    return "" if default is None else f" (or set it to {default}, SGLang's behaviour)"

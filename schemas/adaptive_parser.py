@@ -18,6 +18,7 @@ from specctl.schemas.adaptive_config import (
     EMA_KNOBS,
     KNOB_DEFAULTS,
     SPECCTL_KNOB_DEFAULTS,
+    SPECCTL_KNOB_UNDER_SGLANG,
     SPECCTL_KNOBS,
     STRATEGIES,
     THROUGHPUT_KEYS,
@@ -134,6 +135,15 @@ class _Parser:
                 "decision intervals, after repeated failed probes (1 = SGLang: probe at every decision)",
                 "set zero_backoff to 1 (off, SGLang's behaviour) or a cap such as 16",
             )
+        elif name == "zero_threshold":
+            if _is_number(value) and value >= 0:
+                return value
+            self.add(
+                "ADP214", "error", path,
+                f"zero_threshold is {_show(value)}; it must be a finite number >= 0: the EMA of accepted drafts at "
+                "or below which the bucket steps down to 0 (null = SGLang's bar, 0.5 + down_hysteresis)",
+                "set zero_threshold to a number such as 0.5, or remove it (SGLang's behaviour)",
+            )
         elif name in THROUGHPUT_KEYS:
             ok = value is None if name.startswith(("profile_run_batch", "max_profile", "profile_run_seq")) else False
             if name == "profile_run_batch_sizes" and isinstance(value, list):
@@ -212,7 +222,7 @@ class _Parser:
         default = SPECCTL_KNOB_DEFAULTS[key]
         effect = (
             f"{key} {_show(value)} is SGLang's behaviour anyway" if value == default
-            else "under SGLang the bucket probes from steps 0 at every decision, as if it were absent"
+            else f"under SGLang {SPECCTL_KNOB_UNDER_SGLANG[key]}, as if it were absent"
         )
         self.add(
             "ADP220", "warning", path,
@@ -340,6 +350,9 @@ class _Parser:
                 if self.mode == "sglang":
                     # SGLang never reads it, so the config SGLang runs (which this parser returns) lacks it.
                     self.specctl_only_in_sglang(key, value, kpath)
+                    continue
+                if value is None and SPECCTL_KNOB_DEFAULTS[key] is None:
+                    knobs[key] = None  # explicitly SGLang's behaviour (a bucket can undo a global setting)
                     continue
                 checked = self.knob(key, value, kpath)
                 if checked is not None:

@@ -140,7 +140,7 @@ _RULES = (
     RuleDoc(
         "ADP214", "knob of the wrong type", "error",
         "Hystereses must be finite numbers, ceiling_coeff a number >= 0, throughput_aware settings positive "
-        "integers.",
+        "integers; specctl's zero_backoff an integer >= 1 and zero_threshold a number >= 0 (or null).",
         "TypeError in the decision arithmetic, or a silently disabled ceiling.",
         "Use a number of the documented range.",
     ),
@@ -180,21 +180,22 @@ _RULES = (
     ),
     RuleDoc(
         "ADP220", "specctl-only knob in an SGLang adaptive JSON", "warning",
-        "zero_backoff is read only by specctl's policy. SGLang's loader merges {**cfg, **entry} and never reads it, "
-        "so the file runs under SGLang as if the key were absent (a bucket at steps 0 probes at every decision); "
-        "specctl reads an SGLang file the way SGLang does, so its simulation ignores the key too.",
-        "None; the back-off silently never happens.",
-        "Remove the key from the SGLang JSON; run the back-off from a deployment file with engine: builtin.",
+        "zero_backoff and zero_threshold are read only by specctl's policy. SGLang's loader merges {**cfg, **entry} "
+        "and never reads them, so the file runs under SGLang as if the key were absent (a bucket at steps 0 probes "
+        "at every decision; a bucket steps down to 0 only at an EMA <= 0.5 + down_hysteresis); specctl reads an "
+        "SGLang file the way SGLang does, so its simulation ignores the key too.",
+        "None; the back-off or the separate bar to 0 silently never happens.",
+        "Remove the key from the SGLang JSON; run the knob from a deployment file with engine: builtin.",
         '{"zero_backoff": 16, "1": {"candidate_steps": [0, 1, 3]}}', '{"1": {"candidate_steps": [0, 1, 3]}}',
     ),
     RuleDoc(
         "ADP221", "specctl-only knob with engine: sglang", "error",
         "A deployment whose engine is sglang runs SGLang servers from the exported adaptive JSON, which cannot carry "
-        "zero_backoff (SGLang ignores the key): the policy would differ from what the deployment says and what "
-        "`specctl adaptive tune` predicted.",
-        "None at start-up under SGLang (the back-off silently never happens); specctl's commands that load the "
+        "zero_backoff or zero_threshold (SGLang ignores the key): the policy would differ from what the deployment "
+        "says and what `specctl adaptive tune` predicted.",
+        "None at start-up under SGLang (the knob silently never applies); specctl's commands that load the "
         "deployment (`up`, `serve`, `export sglang`) refuse it as invalid.",
-        "Remove zero_backoff (or set it to 1, SGLang's behaviour), or use engine: builtin; "
+        "Remove zero_backoff (or set it to 1, SGLang's behaviour) and zero_threshold, or use engine: builtin; "
         "`specctl adaptive tune --sglang` finds the best config SGLang can run.",
         "engine: sglang\nspeculative: {adaptive: {zero_backoff: 16, buckets: {...}}}",
         "engine: builtin\nspeculative: {adaptive: {zero_backoff: 16, buckets: {...}}}",

@@ -12,11 +12,17 @@ the same here:
   steps == 0); an empty batch changes nothing and is not counted; no decision during the first
   `warmup_batches` batches, then one every `update_interval` batches.
 
-One opt-in specctl knob departs from SGLang (`zero_backoff`, default 1 = SGLang exactly): at steps 0
-SGLang probes the next candidate at every decision, so a drafter that is never right still runs half its
-batches at the probe step. With `zero_backoff: N > 1` a stay at 0 lasts `stay` decisions before the
-probe; a probe that falls back to 0 at the next decision doubles `stay` (up to N), one that holds resets
-it to 1. The stays run 1, 2, 4, ..., N intervals, so a useless drafter costs 1/(N + 1) of the batches.
+Two opt-in specctl knobs depart from SGLang; at their defaults the policy is SGLang's exactly. The first,
+`zero_backoff` (default 1): at steps 0 SGLang probes the next candidate at every decision, so a drafter
+that is never right still runs half its batches at the probe step. With `zero_backoff: N > 1` a stay at 0
+lasts `stay` decisions before the probe; a probe that falls back to 0 at the next decision doubles `stay`
+(up to N), one that holds resets it to 1. The stays run 1, 2, 4, ..., N intervals, so a useless drafter
+costs 1/(N + 1) of the batches.
+
+The second, `zero_threshold` (default unset): the EMA at or below which a bucket steps down to 0. SGLang's
+bar is 0.5 + down_hysteresis, the same shift as every other step's `s - 0.5 + down_hysteresis`: a wide
+negative down_hysteresis, which keeps a deep step while only half its drafts are accepted (a verify that
+costs little more than a plain step), would also leave 0 out of reach of a drafter that is never right.
 
 The policy only decides; it never allocates. The engine prebuilds a runtime state for every step in
 `specctl.schemas.adaptive.step_coverage(...).required_states`, so whatever this returns is built.
@@ -111,10 +117,11 @@ class BucketState:
             return self._apply(target)
 
         # Step down while the EMA does not justify the current step: at steps s about s - 0.5 drafts
-        # must be accepted; the hysteresis shifts the threshold. Dropping to 0 needs EMA <= 0.5 + hyst.
+        # must be accepted; the hysteresis shifts the threshold. Dropping to 0 needs EMA <= 0.5 + hyst
+        # (SGLang), or <= zero_threshold when set.
         while idx > 0:
             prev = cands[idx - 1]
-            threshold = (0.5 if prev == 0 else prev - 0.5) + k.down_hysteresis
+            threshold = k.zero_bar if prev == 0 else prev - 0.5 + k.down_hysteresis
             if self.ema <= threshold:
                 idx -= 1
             else:

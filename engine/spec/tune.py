@@ -21,12 +21,12 @@ Contract:
   (min(a, k) = a) and is counted in `Prediction.lower_bound_verifies`; `tune` never proposes one.
 - `tune(setup, records, cost)` searches, per bucket (buckets keep the current config's batch-size
   keys; each scored on the batch sizes it owns, replaying the whole runs that reach it with the buckets
-  chosen before it and the rest as written), candidate-step sets of up to four steps and then knobs
-  (`ema_alpha`, `update_interval`, `down_hysteresis` with `up_hysteresis` no lower, and for sets with 0
-  specctl's `zero_backoff`, unless `setup.sglang`) for the best
+  chosen before it and the rest as written), candidate-step sets of up to four steps (ranked under a few
+  knob profiles, `_profiles`) and then knobs (`ema_alpha`, `update_interval`, hysteresis bands, and for
+  sets with 0 specctl's `zero_backoff` and `zero_threshold`, unless `setup.sglang`: `_grid`) for the best
   few, maximising the predicted tokens/s of those batch sizes; then picks the initial
-  steps. `zero_backoff` stays off (1, SGLang's behaviour) unless it predicts at least
-  `BACKOFF_MARGIN` better, since SGLang cannot run it. It returns the recommended config as a
+  steps. The specctl-only knobs stay off (SGLang's behaviour) unless they predict at least
+  `BACKOFF_MARGIN` better, since SGLang cannot run them. It returns the recommended config as a
   deployment snippet and, when SGLang can express it, as SGLang JSON; when it uses a specctl-only knob
   it also returns the best SGLang-expressible config with its own prediction (`TuneResult.sglang`).
   Plus the predictions for the current config, the best fixed step and no speculation, and the
@@ -71,11 +71,20 @@ ALPHAS = (0.2, 0.5, 0.8)
 INTERVALS = (2, 5, 20)
 # 0.5 drops a step earlier, with the EMA up to half a draft above the bar. up_hysteresis is raised to match
 # when it is lower, so no recommendation has an oscillating band (validate's ADP218 warning).
-DOWN_HYSTERESES = (-0.25, 0.0, 0.5)
+# (down, up) hysteresis bands; up None = the user's up_hysteresis, raised to down when lower. The negative
+# bands keep a deep step while the EMA is 1 to 3 drafts below SGLang's bar (s - 0.5): on an engine whose
+# verify costs little more than a plain step, steps 7 with 3.5 of 7 drafts accepted beats steps 5.
+HYSTERESES: tuple[tuple[float, float | None], ...] = (
+    (-0.25, None), (0.0, None), (0.5, None), (-1.0, -0.5), (-1.5, -1.0), (-2.0, -1.5), (-2.5, -2.0), (-3.0, -2.5))
+WIDE_BAND = (-2.0, -1.5)  # the band candidate sets are also ranked under (`_profiles`)
 # zero_backoff values tried for candidate sets with 0 (1 = off = SGLang). With a probe step costing c plain
 # steps, a never-right drafter runs at 1 / (1 + (c - 1) / (N + 1)) of no speculation once the stays reach
 # N: 0.98x at N = 16, c = 1.4; 4 is for traces where the drafter recovers often and must be re-found fast.
 ZERO_BACKOFFS = (1, 4, 16)
+# zero_threshold values (specctl only: the EMA at or below which a bucket drops to 0, which SGLang ties to
+# down_hysteresis): the first is searched with every wide band, all of them in the refinement.
+ZERO_THRESHOLDS = (0.5, 0.25, 0.75, 1.0)
+REFINED = 3  # configs with specctl knobs whose every zero_backoff x zero_threshold is replayed
 BACKOFF_MARGIN = 0.01  # the specctl-only knob must predict >= 1% better than the best config without it
 # ... unless the best config without it predicts a recorded run (a phase of useless drafts, say) below
 # GUARD_RATIO x no speculation, and the one with it does not, for at most GUARD_COST of the whole: a
@@ -111,6 +120,19 @@ class CostModel:
     # (`profile`). None in cost models written before it was measured: then no step pays it.
     refill_s: Mapping[int, Mapping[int, float]] | None = None
     sampled_refill_s: Mapping[int, Mapping[int, float]] | None = None
+    # (batch size, steps, sampled, joined) -> `price`: tune replays the same steps thousands of times
+    _prices: dict[tuple[int, int, float, bool], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def price(self, batch_size: int, steps: int, sampled: float, joined: bool) -> float:
+        """`step_time`, plus `refill_time` when requests `joined` since the last step; memoised."""
+        key = (batch_size, steps, sampled, joined)
+        t = self._prices.get(key)
+        if t is None:
+            t = self.step_time(batch_size, steps, sampled)
+            if joined:
+                t += self.refill_time(batch_size, steps, sampled)
+            self._prices[key] = t
+        return t
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -573,10 +595,8 @@ def _replay_streams(policy: AdaptivePolicy, facts: _Facts, cost: CostModel, acc:
             pos[rid] = p + a + 1
         acc.weight(b, emitted)
         sampled = sum(share[r] for r in active)
-        seconds = cost.step_time(b, priced, sampled)
-        if joined:  # requests joined since the last step: their prefill's refill (`CostModel.refill_s`)
-            seconds += cost.refill_time(b, priced, sampled)
-        acc.verify(b, k, emitted, seconds)
+        # requests joined since the last step pay their prefill's refill (`CostModel.refill_s`)
+        acc.verify(b, k, emitted, cost.price(b, priced, sampled, joined))
         policy.on_verify_complete(got, b)
         active = [r for r in active if pos[r] < total[r]]
         joined = bool(pending) and len(active) < width
@@ -747,7 +767,7 @@ class TuneSetup:
     graph_batch_sizes: tuple[int, ...] = ()
     max_batch_size: int | None = None
     steps: tuple[int, ...] | None = None  # search only these steps (default: every measured step <= the depth)
-    sglang: bool = False  # search only what SGLang can run (no specctl-only knobs such as zero_backoff)
+    sglang: bool = False  # search only what SGLang can run (no specctl-only knobs: zero_backoff, zero_threshold)
     decode_only: bool = False  # predict decode speed alone (leave the trace's serving overhead out)
 
 
@@ -988,58 +1008,80 @@ def _with_bucket(cfg: AdaptiveConfig, bucket: Bucket) -> AdaptiveConfig:
                                       for b in cfg.buckets))
 
 
+def _profiles(knobs: Knobs, cands: tuple[int, ...], specctl: bool) -> list[Knobs]:
+    """The knobs a candidate set is ranked under (its best score among them): SGLang's bars (the user's knobs),
+    the wide band (`WIDE_BAND`), and with specctl's knobs for a set with 0 each of those with the back-off
+    and the wide one with its own bar to 0. A set's worth depends on its bars: a deep step beside a middle
+    one pays only if the EMA can hold it while half its drafts are accepted."""
+    if len(cands) < 2:
+        return [knobs]  # one candidate never moves: knobs change nothing
+    down, up = WIDE_BAND
+    wide = replace(knobs, down_hysteresis=down, up_hysteresis=up)
+    out = [knobs, wide]
+    if specctl and 0 in cands:
+        out += [replace(knobs, zero_backoff=ZERO_BACKOFFS[-1]), replace(wide, zero_threshold=ZERO_THRESHOLDS[0]),
+                replace(wide, zero_threshold=ZERO_THRESHOLDS[0], zero_backoff=ZERO_BACKOFFS[-1])]
+    return out
+
+
+def _grid(knobs: Knobs, cands: tuple[int, ...], specctl: bool) -> Iterable[Knobs]:
+    """The knob settings a finalist set is replayed under: alpha x interval x hysteresis band, each as SGLang
+    runs it and, for a set with 0 (specctl's knobs allowed), with the longest back-off (and the first bar to 0
+    for the wide bands, whose own bar, 0.5 + down_hysteresis, drops to 0 late or never). The search then
+    varies the specctl knobs of the best few (REFINED)."""
+    for alpha, interval, (down, up) in itertools.product(ALPHAS, INTERVALS, HYSTERESES):
+        up = max(knobs.up_hysteresis, down) if up is None else up
+        plain = replace(knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down, up_hysteresis=up)
+        yield plain
+        if specctl and 0 in cands:
+            yield replace(plain, zero_backoff=ZERO_BACKOFFS[-1],
+                          zero_threshold=ZERO_THRESHOLDS[0] if down < -0.5 else None)
+
+
 def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
                    graphs: Sequence[int], allowed: Sequence[int],
-                   backoffs: Sequence[int]) -> tuple[Bucket, float, Bucket, float, int]:
+                   specctl: bool) -> tuple[Bucket, float, Bucket, float, int]:
     """(best bucket, its score, best bucket SGLang can run, its score, configs replayed) for one bucket of
     `base` (`runs` replayed with the other buckets as in `base`).
 
-    `backoffs` are the zero_backoff values to try for candidate sets with 0 (first: 1, off)."""
-
-    def score_of(cand: Bucket) -> float:
-        return _bucket_score(_with_bucket(base, cand), b.min_batch_size, runs, cost, graphs)
-
+    `specctl`: also try specctl's own knobs (zero_backoff, zero_threshold) for candidate sets with 0."""
     evaluated = 0
-    base_knobs = replace(b.knobs, strategy="ema", zero_backoff=1)
-    on = [z for z in backoffs if z > 1]
-    scored: list[tuple[float, tuple[int, ...]]] = []  # ranking score: the better of off / back-off
-    off_score, best_off = -math.inf, b
-    on_score, best_on = -math.inf, b
+    base_knobs = replace(b.knobs, strategy="ema").sglang
+    # the best bucket found so far without (False) and with (True) a specctl-only knob: (score, bucket)
+    best: dict[bool, tuple[float, Bucket]] = {False: (-math.inf, b), True: (-math.inf, b)}
     single_score, single = -math.inf, b
+    on_side: list[tuple[float, Bucket]] = []  # every config with a specctl-only knob replayed, for the refinement
+
+    def consider(cand: Bucket) -> float:
+        nonlocal evaluated
+        score = _bucket_score(_with_bucket(base, cand), b.min_batch_size, runs, cost, graphs)
+        evaluated += 1
+        side = bool(cand.knobs.specctl_only)
+        if score > best[side][0] * (1 + 1e-9) or best[side][0] == -math.inf:
+            best[side] = (score, cand)
+        if side:
+            on_side.append((score, cand))
+        return score
+
+    scored: list[tuple[float, tuple[int, ...]]] = []  # ranking score: the best of the set's profiles
     for size in range(1, MAX_SET_SIZE + 1):
         for cands in itertools.combinations(allowed, size):
-            cand = Bucket(b.min_batch_size, cands, base_knobs)
-            score = score_of(cand)
-            evaluated += 1
-            if size == 1 and score > single_score * (1 + 1e-9):
-                single_score, single = score, cand
-            if score > off_score * (1 + 1e-9) or off_score == -math.inf:
-                off_score, best_off = score, cand
-            rank = score
-            if on and 0 in cands and len(cands) > 1:
-                # Rank a set with 0 by its back-off score too, or sets that only pay with it never get knobs.
-                cand = Bucket(b.min_batch_size, cands, replace(base_knobs, zero_backoff=on[-1]))
-                score = score_of(cand)
-                evaluated += 1
-                rank = max(rank, score)
-                if score > on_score * (1 + 1e-9) or on_score == -math.inf:
-                    on_score, best_on = score, cand
+            rank = max(consider(Bucket(b.min_batch_size, cands, k)) for k in _profiles(base_knobs, cands, specctl))
+            if size == 1 and rank > single_score * (1 + 1e-9):
+                single_score, single = rank, Bucket(b.min_batch_size, cands, base_knobs)
             scored.append((rank, cands))
     scored.sort(key=lambda t: (-t[0], len(t[1]), t[1]))
     for _, cands in scored[:FINALISTS]:
-        if len(cands) == 1:
-            continue  # a single candidate never moves: knobs change nothing
-        zbs = backoffs if 0 in cands else (1,)
-        for alpha, interval, down, zb in itertools.product(ALPHAS, INTERVALS, DOWN_HYSTERESES, zbs):
-            knobs = replace(base_knobs, ema_alpha=alpha, update_interval=interval, down_hysteresis=down,
-                            up_hysteresis=max(base_knobs.up_hysteresis, down), zero_backoff=zb)
-            cand = Bucket(b.min_batch_size, cands, knobs)
-            score = score_of(cand)
-            evaluated += 1
-            if zb == 1 and score > off_score * (1 + 1e-9):
-                off_score, best_off = score, cand
-            if zb > 1 and score > on_score * (1 + 1e-9):
-                on_score, best_on = score, cand
+        if len(cands) > 1:
+            for knobs in _grid(base_knobs, cands, specctl):
+                consider(Bucket(b.min_batch_size, cands, knobs))
+    # refine: every zero_backoff x zero_threshold for the best few configs with specctl knobs
+    tops = list(dict.fromkeys(cand for _, cand in sorted(on_side, key=lambda t: -t[0])))[:REFINED]
+    for top in tops:
+        for zb, zt in itertools.product(ZERO_BACKOFFS, (None, *ZERO_THRESHOLDS)):
+            consider(replace(top, knobs=replace(top.knobs, zero_backoff=zb, zero_threshold=zt)))
+    (off_score, best_off), (on_score, best_on) = best[False], best[True]
+
     def keep(size: int) -> bool:
         return _route_key(_with_bucket(base, best_off), size, graphs) == b.min_batch_size
 
@@ -1082,7 +1124,7 @@ def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[i
     if best_pred.tokens_per_s < fixed[best_k].tokens_per_s:
         # Per-bucket searches start each bucket at its middle candidate; should the chosen initial steps
         # make the whole config lose to a fixed step, the fixed step (in every bucket) is the answer.
-        cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,), knobs=replace(b.knobs, zero_backoff=1))
+        cfg = AdaptiveConfig(tuple(replace(b, candidate_steps=(best_k,), knobs=b.knobs.sglang)
                                    for b in cfg.buckets))
         best_init, best_pred = best_k, replay(cfg, runs, cost, initial_steps=best_k, graph_batch_sizes=graphs)
     return cfg, best_init, best_pred
@@ -1104,7 +1146,6 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     by_bucket: dict[int, list[TraceRecord]] = {b.min_batch_size: [] for b in cur.buckets}
     for r in records:
         by_bucket[_route_key(cur, r.batch_size, graphs)].append(r)
-    backoffs = (1,) if setup.sglang else ZERO_BACKOFFS
 
     evaluated = 0
     chosen: list[Bucket] = []
@@ -1112,7 +1153,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     for i, b in enumerate(cur.buckets):
         if len(by_bucket[b.min_batch_size]) < MIN_BUCKET_RECORDS:
             # (almost) no evidence for this bucket: keep what the user wrote (minus what SGLang cannot run)
-            plain = replace(b, knobs=replace(b.knobs, zero_backoff=1))
+            plain = replace(b, knobs=b.knobs.sglang)
             chosen.append(plain if setup.sglang else b)
             chosen_sglang.append(plain)
             continue
@@ -1124,7 +1165,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
         if progress is not None:
             progress(f"bucket {b.min_batch_size}: searching candidate sets and knobs over {len(recs)} verifies "
                      f"of {len(touched)} run(s)")
-        best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, backoffs)
+        best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, not setup.sglang)
         if progress is not None:
             progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
                      f"sizes, decode only ({n} configs replayed)")

@@ -63,23 +63,24 @@ def model_path(ref: str) -> str:
 def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
     """A deployment's speculative.adaptive block as SGLang's --speculative-adaptive-config object.
 
-    Refuses (UsageError, exit 2) a block that sets a specctl-only knob (`zero_backoff` > 1): SGLang would
-    ignore the key and run a different policy, so dropping it silently would export a lie. A knob left at
-    its default (SGLang's behaviour) is dropped: SGLang runs exactly that.
+    Refuses (UsageError, exit 2) a block that sets a specctl-only knob (`zero_backoff` > 1, a number in
+    `zero_threshold`): SGLang would ignore the key and run a different policy, so dropping it silently would
+    export a lie. A knob left at its default (SGLang's behaviour) is dropped: SGLang runs exactly that.
     """
-    from specctl.schemas.adaptive_config import SPECCTL_KNOBS
+    from specctl.schemas.adaptive_config import SPECCTL_KNOB_DEFAULTS, SPECCTL_KNOB_UNDER_SGLANG, SPECCTL_KNOBS
     from specctl.schemas.adaptive_parser import specctl_only_settings
 
     found = specctl_only_settings(adaptive)
     if found:
         paths = [f"speculative.adaptive{''.join(f'.{k}' for k in keys)}.{knob}" for keys, knob, _ in found]
         where = ", ".join(f"{p}: {value}" for p, (_, _, value) in zip(paths, found, strict=True))
+        default = SPECCTL_KNOB_DEFAULTS[found[0][1]]
+        reset = "" if default is None else f" (or set it to {default}), e.g. --set {paths[0]}={default}"
         raise UsageError(
             f"cannot export to SGLang: {where} is specctl-only; SGLang's adaptive JSON cannot carry it (SGLang "
-            "ignores the key and probes from steps 0 at every decision), so the exported servers would run "
+            f"ignores the key: {SPECCTL_KNOB_UNDER_SGLANG[found[0][1]]}), so the exported servers would run "
             "another policy than this deployment",
-            hint=f"remove it (or set it to 1) for SGLang, e.g. --set {paths[0]}=1; "
-            "`specctl adaptive tune --sglang` finds the best config SGLang can run",
+            hint=f"remove it for SGLang{reset}; `specctl adaptive tune --sglang` finds the best config SGLang can run",
         )
     out: dict[str, Any] = {k: adaptive[k] for k in KNOBS if k in adaptive}
     for key, bucket in sorted((adaptive.get("buckets") or {}).items(), key=lambda kv: int(kv[0])):
