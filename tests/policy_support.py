@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from specctl.cli.main import app
 from specctl.engine.spec.adaptive import AdaptivePolicy
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive
 
@@ -73,3 +75,9 @@ def sglang_steps(obj: dict[str, Any], tmp_path: Path, stream: list[int], *, init
                           input=json.dumps({"path": str(path), "initial": initial, "stream": stream}))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [int(s) for s in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def validate_tiny_pd(*sets: str) -> tuple[int, list[dict[str, Any]]]:
+    """(exit code, findings) of `specctl validate tiny-pd --set S ... --format json`."""
+    res = CliRunner().invoke(app, ["validate", "tiny-pd", *[a for s in sets for a in ("--set", s)], "--format", "json"])
+    return res.exit_code, json.loads(res.stdout)["files"][0]["findings"]

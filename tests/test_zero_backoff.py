@@ -16,11 +16,11 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from policy_support import ENV, FAST, deployment_cfg, needs_sglang, sglang_steps
 from policy_support import policy_steps as run
+from policy_support import validate_tiny_pd as _validate
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
@@ -197,11 +197,6 @@ def test_sglang_json_with_the_knob_warns_and_validate_names_it(tmp_path: Path) -
     assert res.exit_code == 0, res.output
     (f,) = json.loads(res.stdout)["files"][0]["findings"]
     assert (f["code"], f["path"], f["line"]) == ("ADP220", "$.1.zero_backoff", 1)
-
-
-def _validate(*sets: str) -> tuple[int, list[dict[str, Any]]]:
-    res = runner.invoke(app, ["validate", "tiny-pd", *[a for s in sets for a in ("--set", s)], "--format", "json"])
-    return res.exit_code, json.loads(res.stdout)["files"][0]["findings"]
 
 
 def test_validate_refuses_the_knob_for_engine_sglang_only() -> None:

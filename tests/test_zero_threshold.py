@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from policy_support import ENV, FAST, deployment_cfg, needs_sglang, policy_steps, sglang_steps
+from policy_support import validate_tiny_pd as _validate
 from typer.testing import CliRunner
 
-from specctl.cli.main import app
 from specctl.engine.spec.adaptive import AdaptivePolicy
 from specctl.engine.spec.trace import TraceRecord
 from specctl.engine.spec.tune import CostModel, TuneResult, TuneSetup, tune
@@ -107,11 +107,6 @@ def test_deployment_knob_merges_and_bad_values_are_errors() -> None:
         _, findings = parse_deployment_adaptive({"zero_threshold": bad, "buckets": {1: {"candidate_steps": [0, 1]}}})
         assert [(f.code, f.severity, f.path) for f in findings] == [
             ("ADP214", "error", "$.speculative.adaptive.zero_threshold")], bad
-
-
-def _validate(*sets: str) -> tuple[int, list[dict[str, Any]]]:
-    res = runner.invoke(app, ["validate", "tiny-pd", *[a for s in sets for a in ("--set", s)], "--format", "json"])
-    return res.exit_code, json.loads(res.stdout)["files"][0]["findings"]
 
 
 def test_validate_refuses_the_knob_for_engine_sglang_only() -> None:
