@@ -44,7 +44,8 @@ def write_plot(path: str | Path, runs: Sequence[Any]) -> Path:
             if values:
                 v = np.sort(np.asarray(values) * 1000.0)
                 ax_cdf.plot(v, np.arange(1, len(v) + 1) / len(v), style, color=c, label=f"{name} {label}")
-        times, weights = [], []
+        times: list[float] = []
+        weights: list[float] = []
         for r in ok:
             if r.chunk_times:
                 w = r.output_tokens / len(r.chunk_times)

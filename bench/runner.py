@@ -154,7 +154,8 @@ def build_record(config: BenchConfig, model: str, load: LoadResult, before: Serv
     bench_record.add_aliases(rec)  # vLLM's names for the numbers above
     if config.output_details:
         rec["details"] = _details(load)
-    return json_safe(rec)
+    safe: dict[str, Any] = json_safe(rec)
+    return safe
 
 
 def _details(load: LoadResult) -> dict[str, list[Any]]:

@@ -143,10 +143,11 @@ def _read_records(path: Path) -> list[Any]:
 def _jsonl(path: Path, cfg: WorkloadConfig) -> list[Prompt]:
     out = []
     for i, rec in enumerate(_read_records(path), 1):
+        output_len: object
         if isinstance(rec, str):
             text, output_len = rec, cfg.random_output_len
         elif isinstance(rec, dict) and isinstance(rec.get("prompt", rec.get("text")), str):
-            text = rec.get("prompt", rec.get("text"))
+            text = str(rec.get("prompt", rec.get("text")))
             output_len = rec.get("output_len", rec.get("max_tokens", cfg.random_output_len))
         else:
             raise UsageError(f"{path}: record {i} has no string 'prompt' (or 'text') field")

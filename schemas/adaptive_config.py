@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 STRATEGIES = ("ema", "throughput_aware")
 
@@ -184,7 +184,7 @@ SGLANG_DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -112,7 +112,7 @@ def _segments(
     segs.append((lo, None, None))
     if max_batch_size is None:
         return segs
-    out = []
+    out: list[tuple[int, int | None, int | None]] = []
     for lo, hi, padded in segs:
         if lo > max_batch_size:
             break
@@ -176,9 +176,9 @@ def step_coverage(
     reachable = {r.bucket for r in rows}
     unreachable = tuple(k for k in cfg.keys if k not in reachable)
     selectable = {initial_steps} | {s for b in cfg.buckets if b.min_batch_size in reachable for s in b.candidate_steps}
-    graph_rows = [r for r in rows if r.padded_size is not None]
+    graph_rows = [(r.padded_size, r.steps) for r in rows if r.padded_size is not None]
     graphs_by_step = tuple(
-        (s, tuple(r.padded_size for r in graph_rows if s in r.steps)) for s in sorted(selectable)  # type: ignore[misc]
+        (s, tuple(padded for padded, steps in graph_rows if s in steps)) for s in sorted(selectable)
     )
 
     if initial_steps not in union:

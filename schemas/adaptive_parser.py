@@ -163,7 +163,7 @@ class _Parser:
     def strategy(self, obj: Mapping[str, Any]) -> str:
         value = obj.get("strategy", "ema")
         if value in STRATEGIES:
-            return value
+            return str(value)
         close = difflib.get_close_matches(str(value), STRATEGIES, n=1)
         self.add(
             "ADP215", "error", f"{self.base}.strategy",

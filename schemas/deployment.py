@@ -96,9 +96,14 @@ def merge_role(data: dict[str, Any], role: str, instance: int = 0) -> dict[str, 
     return _merge_role(data, role, None, instance)
 
 
+def mapping_at(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """`data[key]` when it is a mapping, else an empty one (the document may be schema-invalid)."""
+    node = data.get(key)
+    return node if isinstance(node, dict) else {}
+
+
 def role_instance_count(data: dict[str, Any], role: str) -> int:
-    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-    cfg = roles.get(role)
+    cfg = mapping_at(data, "roles").get(role)
     return len(cfg) if isinstance(cfg, list) and cfg else 1
 
 
@@ -130,8 +135,7 @@ def _merge_ro(base: Any, over: Any, *, key: str = "") -> Any:
 
 def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any]] | None,
                 instance: int = 0) -> dict[str, Any]:
-    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-    role_cfg = _role_cfg(roles, role, instance)
+    role_cfg = _role_cfg(mapping_at(data, "roles"), role, instance)
     out: dict[str, Any] = {"name": role}
     for section in SECTIONS:
         over = role_cfg.get(section)
@@ -169,7 +173,7 @@ def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any
 
 def override_path(data: dict[str, Any], role: str, *keys: str) -> str:
     """JSON path of the value a role actually uses: the role override if written, else top level."""
-    node: Any = (data.get("roles") or {}).get(role) if isinstance(data.get("roles"), dict) else None
+    node: Any = mapping_at(data, "roles").get(role)
     for k in keys:
         if not isinstance(node, dict) or k not in node:
             node = None

@@ -11,8 +11,9 @@ dominates validating many files; valid files are the common case and need no err
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 Check = Callable[[Any], bool]
@@ -70,34 +71,29 @@ def compile_check(schema: dict[str, Any]) -> Check:
             elif kw == "enum":
                 if not all(_plain(x) for x in val):
                     raise NotImplementedError("enum of non-strings")
-                checks.append(lambda v, allowed=tuple(val): _plain(v) and v in allowed)
+                checks.append(_enum(tuple(val)))
             elif kw == "const":
                 if not (_is_int(val) or _plain(val)):
                     raise NotImplementedError("const")
-                checks.append(lambda v, c=val: type(v) is type(c) and v == c)
+                checks.append(_const(val))
             elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                op = {"minimum": lambda a, b: a >= b, "maximum": lambda a, b: a <= b,
-                      "exclusiveMinimum": lambda a, b: a > b, "exclusiveMaximum": lambda a, b: a < b}[kw]
-                checks.append(lambda v, op=op, b=val: not _TYPES["number"](v) or op(v, b))
+                checks.append(_bound(_OPS[kw], val))
             elif kw in ("minLength", "maxLength"):
                 # len() counts code points, as JSON Schema does
-                cmp = (lambda n, b: n >= b) if kw == "minLength" else (lambda n, b: n <= b)
-                checks.append(lambda v, cmp=cmp, b=val: not isinstance(v, str) or cmp(len(v), b))
+                checks.append(_sized(str, operator.ge if kw == "minLength" else operator.le, val))
             elif kw == "pattern":
-                rx = re.compile(val)
-                checks.append(lambda v, rx=rx: not isinstance(v, str) or rx.search(v) is not None)
+                checks.append(_pattern(re.compile(val)))
             elif kw in ("minItems", "maxItems"):
-                cmp = (lambda n, b: n >= b) if kw == "minItems" else (lambda n, b: n <= b)
-                checks.append(lambda v, cmp=cmp, b=val: not isinstance(v, list) or cmp(len(v), b))
+                checks.append(_sized(list, operator.ge if kw == "minItems" else operator.le, val))
             elif kw == "uniqueItems":
                 if val:
                     checks.append(lambda v: not isinstance(v, list) or _unique(v))
             elif kw == "items":
                 checks.append(_items(build(val)))
             elif kw == "minProperties":
-                checks.append(lambda v, b=val: not isinstance(v, dict) or len(v) >= b)
+                checks.append(_sized(dict, operator.ge, val))
             elif kw == "required":
-                checks.append(lambda v, req=tuple(val): not isinstance(v, dict) or all(k in v for k in req))
+                checks.append(_required(tuple(val)))
             elif kw in ("properties", "patternProperties", "additionalProperties"):
                 continue  # compiled together below
             else:
@@ -115,6 +111,36 @@ def compile_check(schema: dict[str, Any]) -> Check:
 
 def _true(v: Any) -> bool:
     return True
+
+
+# One keyword's check each, bound to its schema value (the interpreter above; `generate_check` writes them
+# out as source). A keyword about one JSON type passes every value of another type.
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "minimum": operator.ge, "maximum": operator.le, "exclusiveMinimum": operator.gt, "exclusiveMaximum": operator.lt}
+
+
+def _enum(allowed: tuple[Any, ...]) -> Check:
+    return lambda v: _plain(v) and v in allowed
+
+
+def _const(c: Any) -> Check:
+    return lambda v: type(v) is type(c) and v == c
+
+
+def _bound(op: Callable[[Any, Any], bool], b: Any) -> Check:
+    return lambda v: not _TYPES["number"](v) or op(v, b)
+
+
+def _sized(kind: type[Sized], cmp: Callable[[int, Any], bool], b: Any) -> Check:
+    return lambda v: not isinstance(v, kind) or cmp(len(v), b)
+
+
+def _pattern(rx: re.Pattern[str]) -> Check:
+    return lambda v: not isinstance(v, str) or rx.search(v) is not None
+
+
+def _required(req: tuple[str, ...]) -> Check:
+    return lambda v: not isinstance(v, dict) or all(k in v for k in req)
 
 
 def _all_of(checks: tuple[Check, ...]) -> Check:

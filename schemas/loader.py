@@ -243,7 +243,7 @@ def _loader_class() -> Any:
     PyYAML resolves every scalar's tag in Python by trying regexes; files validated together repeat
     the same scalars ("16", "127.0.0.1", "float32"), so the resolution is cached (bounded).
     """
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -386,7 +386,7 @@ class _Builder:
         if not isinstance(node, yaml.ScalarNode):
             raise self._fail(node, "a mapping key must be a string, not a list or mapping")
         if node.tag == "tag:yaml.org,2002:str":
-            return node.value
+            return str(node.value)
         if node.tag == "tag:yaml.org,2002:int":
             # Buckets are written `8:`; SGLang's JSON spells them "8". Both become "8".
             return str(self._int(node))

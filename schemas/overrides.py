@@ -96,7 +96,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str | Override]) -
     """A copy of `data` with every override applied in order (later ones win)."""
     from specctl.schemas.deployment import json_copy
 
-    out = json_copy(data)
+    out: dict[str, Any] = json_copy(data)
     for ov in overrides:
         o = ov if isinstance(ov, Override) else parse_override(ov)
         node: Any = out

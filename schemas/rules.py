@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.errors import UsageError
-from specctl.schemas.deployment import declared_roles, override_path
+from specctl.schemas.deployment import declared_roles, mapping_at, override_path
 from specctl.schemas.findings import Finding, Severity
 from specctl.schemas.model_facts import ModelFacts, load_model_facts, model_available, safe_exists
 
@@ -78,6 +78,10 @@ class RuleContext:
     def path(self, role: str, *keys: str) -> str:
         """JSON path of the value `role` uses for `keys` (role override if written, else top level)."""
         return override_path(self.data, role, *keys)
+
+    def section(self, key: str) -> dict[str, Any]:
+        """The document's top-level `key` when it is a mapping, else an empty one."""
+        return mapping_at(self.data, key)
 
     def facts(self, ref: Any) -> ModelFacts | None:
         return self.facts_cache.facts(ref)

@@ -7,6 +7,8 @@ of `cache.page_size`) must cover both. Vocabulary agreement of draft and target 
 
 from __future__ import annotations
 
+from typing import Any
+
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.deployment import union_candidates
 from specctl.schemas.findings import Finding
@@ -34,7 +36,7 @@ register(RuleDoc(
 ))
 
 
-def _max_steps(spec: dict) -> int:
+def _max_steps(spec: dict[str, Any]) -> int:
     if spec.get("algorithm") == "none":
         return 0
     union = union_candidates(spec.get("adaptive"))

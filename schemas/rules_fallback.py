@@ -5,6 +5,8 @@ Each finding names the setting, what actually happens, and how to say what is me
 
 from __future__ import annotations
 
+from typing import Any
+
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.rules import RuleContext, finding
@@ -98,7 +100,7 @@ def check(ctx: RuleContext) -> list[Finding]:
                 "no suffix length is tried, so nothing is ever drafted",
                 f"set min_match <= max_match, e.g. min_match: {ngram['max_match']}, max_match: {ngram['min_match']}",
             ))
-    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
+    roles = ctx.section("roles")
     if ctx.topology_clean:
         for role, rcfg in roles.items():
             if role != "prefill" and isinstance(rcfg, dict) and "bootstrap_port" in rcfg:
@@ -111,7 +113,7 @@ def check(ctx: RuleContext) -> list[Finding]:
     return out
 
 
-def _ignored(ctx: RuleContext, role: str, spec: dict) -> list[Finding]:
+def _ignored(ctx: RuleContext, role: str, spec: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     algo = spec["algorithm"]
     raw_spec = _written(ctx, role)
@@ -134,9 +136,9 @@ def _ignored(ctx: RuleContext, role: str, spec: dict) -> list[Finding]:
     return out
 
 
-def _written(ctx: RuleContext, role: str) -> dict:
+def _written(ctx: RuleContext, role: str) -> dict[str, Any]:
     """The speculative keys the user wrote (top level + role override), without defaults."""
-    top = ctx.data.get("speculative") if isinstance(ctx.data.get("speculative"), dict) else {}
-    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
-    over = (roles.get(role) or {}).get("speculative") if isinstance(roles.get(role), dict) else None
+    top = ctx.section("speculative")
+    raw = ctx.section("roles").get(role)
+    over = raw.get("speculative") if isinstance(raw, dict) else None
     return {**top, **(over if isinstance(over, dict) else {})}

@@ -6,6 +6,8 @@ serving host) is reported once as info and the rules that need its facts are ski
 
 from __future__ import annotations
 
+from typing import Any
+
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.model_facts import ModelFacts
@@ -54,7 +56,7 @@ register(RuleDoc(
 ))
 
 
-def model_refs(ctx: RuleContext, role: str, cfg: dict) -> list[tuple[str, str, str]]:
+def model_refs(ctx: RuleContext, role: str, cfg: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(what, ref, path) for the target and, when used, the draft model of a role."""
     refs = [("target", cfg["model"].get("target"), ctx.path(role, "model", "target"))]
     spec = cfg["speculative"]

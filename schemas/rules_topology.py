@@ -92,9 +92,9 @@ def _same_host(a: str, b: str) -> bool:
 
 def listeners(ctx: RuleContext) -> list[tuple[str, str, int, str]]:
     """(label, host, port, path) of every listener the file declares."""
-    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else None
+    roles = ctx.data.get("roles")
     out: list[tuple[str, str, int, str]] = []
-    if roles is None:
+    if not isinstance(roles, dict):
         return [("colocated port", "127.0.0.1", 30000, "$")]
     for role, rcfg, label, base in _instances(roles):
         host = rcfg.get("host", "127.0.0.1")
@@ -142,7 +142,7 @@ def check(ctx: RuleContext) -> list[Finding]:
     if not ctx.topology_clean:
         return []
     out: list[Finding] = []
-    roles = ctx.data.get("roles") if isinstance(ctx.data.get("roles"), dict) else {}
+    roles = ctx.section("roles")
     for _role, rcfg, label, base in _instances(roles):
         if not isinstance(rcfg.get("host"), str):
             continue

@@ -100,13 +100,14 @@ register(RuleDoc(
 def schema() -> dict[str, Any]:
     """The deployment JSON Schema (package data)."""
     text = (resources.files("specctl.schemas") / "deployment.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    doc: dict[str, Any] = json.loads(text)
+    return doc
 
 
 @functools.lru_cache(maxsize=1)
 def _compiled() -> Any:
     # Compiled once per process: 1,000 files cost one compilation (issue 2, performance).
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 
     return Draft202012Validator(schema())
 
@@ -370,7 +371,7 @@ class Validator:
         tables: dict[str, Any] = {}
         for role, cfg in ctx.engine_roles("speculative", "serve"):
             base = "$"
-            raw_role = (ctx.data.get("roles") or {}).get(role) if isinstance(ctx.data.get("roles"), dict) else None
+            raw_role = ctx.section("roles").get(role)
             if isinstance(raw_role, dict) and isinstance(raw_role.get("speculative"), dict):
                 base = child_path("$.roles", role)
             engine = str(ctx.data.get("engine") or "builtin")
