@@ -132,6 +132,10 @@ STRICT = (
     "schemas/rules_fallback.py",
     "schemas/rules_model.py",
     "schemas/rules_topology.py",
+    "engine/__init__.py",
+    "engine/pd/registration.py",
+    "engine/pd/transfer.py",
+    "engine/pd/wire.py",
 )
 
 

@@ -72,7 +72,8 @@ class RegistrationInfo(msgspec.Struct, frozen=True, kw_only=True):
     host: str  # hostname; shm and ipc only work between processes on one host
 
     def to_json(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        return doc
 
     def fingerprint(self) -> str:
         """Short hash of everything the peers must agree on (not role, endpoints or host): equal
@@ -94,7 +95,8 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        return doc
 
 
 # --------------------------------------------------------------------------------------------- building

@@ -88,14 +88,14 @@ class TransferTimeout(TransferError):
 # --------------------------------------------------------------------------------------------- messages
 
 
-class TransferHeader(wire.Message, tag="transfer.payload"):
+class TransferHeader(wire.Message, tag="transfer.payload", frozen=True):
     request_id: str
     length: int
     components: list[str]
     extra: dict[str, Any] = {}
 
 
-class ShmPayload(wire.Message, tag="transfer.shm"):
+class ShmPayload(wire.Message, tag="transfer.shm", frozen=True):
     request_id: str
     length: int
     components: list[str]
@@ -105,7 +105,7 @@ class ShmPayload(wire.Message, tag="transfer.shm"):
     extra: dict[str, Any] = {}
 
 
-class TransferAck(wire.Message, tag="transfer.ack"):
+class TransferAck(wire.Message, tag="transfer.ack", frozen=True):
     request_id: str
     ok: bool
     error: str = ""
@@ -113,7 +113,7 @@ class TransferAck(wire.Message, tag="transfer.ack"):
     released: list[str] = []  # shm segments handed back, piggybacked to save a message
 
 
-class ShmRelease(wire.Message, tag="transfer.release"):
+class ShmRelease(wire.Message, tag="transfer.release", frozen=True):
     segment: str
 
 
@@ -156,7 +156,8 @@ class ComponentSpec:
         return tuple(pages if d == PAGES else d for d in self.shape)
 
 
-def _paged_kv(name: str, dtype: str, page_size: int, kv_item_lens, shapes: Mapping[str, int], draft: bool):
+def _paged_kv(name: str, dtype: str, page_size: int, kv_item_lens: Sequence[int], shapes: Mapping[str, int],
+              draft: bool) -> list[ComponentSpec]:
     if not kv_item_lens:
         return []
     kvh, hd = shapes.get("num_key_value_heads"), shapes.get("head_dim")
@@ -168,7 +169,8 @@ def _paged_kv(name: str, dtype: str, page_size: int, kv_item_lens, shapes: Mappi
     return [ComponentSpec(name, dtype, shape, page_size, sum(int(n) for n in kv_item_lens), draft=draft)]
 
 
-def _states(prefix: str, dtype: str, types, lens, dims, draft: bool) -> list[ComponentSpec]:
+def _states(prefix: str, dtype: str, types: Sequence[str], lens: Sequence[int], dims: Sequence[Sequence[int]],
+            draft: bool) -> list[ComponentSpec]:
     out: list[ComponentSpec] = []
     for j, t in enumerate(types):
         item = int(lens[j]) if j < len(lens) else None
@@ -369,7 +371,7 @@ class TransferSender:
         *,
         backend: str = "zmq",
         timeout_s: float = 30.0,
-        ctx: zmq.Context | None = None,
+        ctx: zmq.Context[Any] | None = None,
         shm_directory: str | None = None,
         max_shm_bytes: int = 2 << 30,
         key: bytes | None = None,
@@ -389,8 +391,8 @@ class TransferSender:
             cleanup_stale_segments(self._dir)  # what a predecessor killed with -9 left behind
         self._pending: dict[str, _Pending] = {}
         self._done: collections.deque[TransferResult] = collections.deque()
-        self._sock: zmq.Socket | None = None
-        self._monitor: zmq.Socket | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
         self._connect()
 
     # ------------------------------------------------------------------ connection
@@ -423,7 +425,7 @@ class TransferSender:
             wire.close_socket(self._sock)
         self._sock = self._monitor = None
 
-    def _fail_all(self, make_error) -> None:
+    def _fail_all(self, make_error: Callable[[str], TransferError]) -> None:
         """The connection is unusable: every pending request fails, and we start over on a fresh
         socket (dropping whatever was queued for the old peer); segments the peer may still view
         are unlinked rather than reused."""
@@ -568,7 +570,8 @@ class TransferSender:
                 )
             self._poll_once(min(0.05, deadline - time.monotonic()))
 
-    def _stage_shm(self, request_id, length, tensors, extra, deadline) -> tuple[ShmPayload, _Segment]:
+    def _stage_shm(self, request_id: str, length: int, tensors: Mapping[str, Any], extra: Mapping[str, Any] | None,
+                   deadline: float) -> tuple[ShmPayload, _Segment]:
         metas: list[TensorMeta] = []
         raws: list[memoryview] = []
         offsets: list[int] = []
@@ -711,7 +714,7 @@ class TransferReceiver:
         *,
         bind: str = "tcp://127.0.0.1:0",
         timeout_s: float = 30.0,
-        ctx: zmq.Context | None = None,
+        ctx: zmq.Context[Any] | None = None,
         as_torch: bool = True,
         shm_directory: str | None = None,
         auth: Callable[[str], bytes | None] | None = None,
@@ -804,7 +807,7 @@ class TransferReceiver:
         self._maps[name] = mm
         return mm
 
-    def _release_fn(self, identity: bytes, segment: str, key: bytes | None):
+    def _release_fn(self, identity: bytes, segment: str, key: bytes | None) -> Callable[[], None]:
         def release() -> None:
             with self._lock:  # release() may run on any thread; the socket is only used by recv()
                 self._releases.append((identity, segment, key))

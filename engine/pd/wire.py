@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -77,7 +77,7 @@ class Message(msgspec.Struct, frozen=True, tag=True, kw_only=True):
             while stack:
                 c = stack.pop()
                 stack.extend(c.__subclasses__())
-                _registry.setdefault(c.__struct_config__.tag, c)
+                _registry.setdefault(str(c.__struct_config__.tag), c)
             cls = _registry.get(tag)
         return cls
 
@@ -131,12 +131,12 @@ def tensor_buffer(x: Any) -> tuple[str, tuple[int, ...], memoryview]:
         t = t.contiguous()
         # View as bytes through uint8 so bfloat16 (no numpy dtype) travels too.
         flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        return dtype, tuple(t.shape), memoryview(flat.numpy()).cast("B")
+        return dtype, tuple(t.shape), flat.numpy().data.cast("B")
     arr = np.ascontiguousarray(x)
     dtype = str(arr.dtype)
     if dtype not in _DTYPES:
         raise WireError(f"unsupported tensor dtype {dtype!r}", hint=f"supported: {', '.join(_DTYPES)}")
-    return dtype, tuple(arr.shape), memoryview(arr.reshape(-1).view(np.uint8)).cast("B")
+    return dtype, tuple(arr.shape), arr.reshape(-1).view(np.uint8).data.cast("B")
 
 
 def buffer_tensor(buf: Any, meta: TensorMeta, *, as_torch: bool = True, offset: int = 0) -> Any:
@@ -176,7 +176,7 @@ class Envelope:
 _encoder = msgspec.msgpack.Encoder()
 _outer = msgspec.msgpack.Decoder(tuple[str, int, str, msgspec.Raw, msgspec.Raw])
 _metas = msgspec.msgpack.Decoder(list[TensorMeta])
-_body_decoders: dict[str, msgspec.msgpack.Decoder] = {}
+_body_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
 
 
 def encode(msg: Message, tensors: Mapping[str, Any] | None = None) -> list[Any]:
@@ -212,7 +212,7 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
     if cls is None:
         raise WireError(f"unknown message type {tag!r}")
     if expect and cls not in expect:
-        names = ", ".join(c.__struct_config__.tag for c in expect)
+        names = ", ".join(str(c.__struct_config__.tag) for c in expect)
         raise WireError(f"unexpected message type {tag!r} (expected {names})")
     dec = _body_decoders.get(tag)
     if dec is None:
@@ -241,9 +241,9 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
 # --------------------------------------------------------------------------------------------- sockets
 
 
-def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 1000) -> zmq.Socket:
+def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = 1000) -> zmq.Socket[Any]:
     """A socket that never lingers on close and never blocks forever on a full queue."""
-    sock = ctx.socket(kind)
+    sock: zmq.Socket[Any] = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
@@ -253,12 +253,12 @@ def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 1000) -> zmq.Socket:
     return sock
 
 
-def close_socket(sock: zmq.Socket | None) -> None:
+def close_socket(sock: zmq.Socket[Any] | None) -> None:
     if sock is not None and not sock.closed:
         sock.close(linger=0)
 
 
-def bind(sock: zmq.Socket, endpoint: str) -> str:
+def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
     """Bind `endpoint` ("tcp://127.0.0.1:0" picks a free port) and return the concrete endpoint."""
     try:
         sock.bind(endpoint)
@@ -288,7 +288,7 @@ def strip_mac(key: bytes, frames: Sequence[Any]) -> list[Any] | None:
 
 
 def send(
-    sock: zmq.Socket,
+    sock: zmq.Socket[Any],
     msg: Message,
     tensors: Mapping[str, Any] | None = None,
     *,
@@ -329,13 +329,13 @@ def send(
         raise WireError(f"could not send {type(msg).__name__}: {exc}") from None
 
 
-def readable(sock: zmq.Socket) -> bool:
+def readable(sock: zmq.Socket[Any]) -> bool:
     """Whether a message is waiting, without a poll call (cheap on hot paths)."""
-    return bool(sock.getsockopt(zmq.EVENTS) & _POLLIN)
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN)
 
 
 def recv(
-    sock: zmq.Socket,
+    sock: zmq.Socket[Any],
     *,
     timeout_s: float,
     as_torch: bool = True,
@@ -358,7 +358,7 @@ def recv(
 
 
 def request(
-    ctx: zmq.Context,
+    ctx: zmq.Context[Any],
     endpoint: str,
     msg: Message,
     *,
