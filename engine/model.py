@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -132,7 +132,8 @@ class ModelConfig:
         if isinstance(eos, list):  # Hugging Face allows several; the first one is the canonical stop token
             eos = eos[0] if eos else None
         # transformers >= 5 writes rope settings under `rope_parameters`, older versions at top level
-        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        raw_rope = cfg.get("rope_parameters")
+        rope: dict[str, Any] = raw_rope if isinstance(raw_rope, dict) else {}
         theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = rope if rope.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
         if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
@@ -184,6 +185,11 @@ class CacheContext(Protocol):
         """For a kernel that reads and writes the states in place: (conv pool [slots, conv_dim, d_conv-1],
         ssm pool [slots, heads, head_dim, d_state], each item's slot, each item's length), float32 and
         contiguous; None when the pools are not."""
+        ...
+
+    @property
+    def mamba_keep_rows(self) -> int:
+        """How many of a request's last states `mamba_keep` needs (the kernel's `keep`)."""
         ...
 
     def mamba_keep(self, layer: int, xcat: torch.Tensor, states: torch.Tensor) -> None:
@@ -239,7 +245,7 @@ def _can_pack(weight: torch.Tensor) -> bool:
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
+        and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call, unused-ignore]
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
@@ -293,7 +299,8 @@ class PackedLinear:
             return self.small.linear(x, self.wt, self.out_features, self.bias)
         if rows < self.min_rows:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out
 
 
 def _linear(
@@ -660,7 +667,7 @@ class Mamba(nn.Module):
         if ctx is None:
             conv = F.conv1d(xcat, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)  # [b, C, L]
         else:
-            conv = causal_conv(xcat, self.conv1d.weight, self.conv1d.bias)
+            conv = causal_conv(xcat, self.conv1d.weight, self.conv_bias)
         xbc = F.silu(conv.transpose(1, 2))
         xs, bm, cm = torch.split(xbc, [self.d_inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float())
@@ -701,11 +708,18 @@ class Mamba(nn.Module):
         ctx.mamba_keep(self.layer, xcat, states)
         return y
 
+    @property
+    def conv_bias(self) -> torch.Tensor:
+        """The conv's bias (built with one: `nn.Conv1d(..., bias=True)`)."""
+        bias = self.conv1d.bias
+        assert bias is not None
+        return bias
+
     def _short_consts(self) -> smallgemm.MambaConsts:
         """The weights `mamba_short` takes, in its layouts; rebuilt when a parameter changes in place."""
         cached = self._consts
-        params = cached[0] if cached is not None else (
-            self.conv1d.weight, self.conv1d.bias, self.dt_bias, self.A_log, self.D, self.norm.weight)
+        params: tuple[torch.Tensor, ...] = cached[0] if cached is not None else (
+            self.conv1d.weight, self.conv_bias, self.dt_bias, self.A_log, self.D, self.norm.weight)
         version = tuple(t._version for t in params)
         if cached is None or cached[1] != version:
             with torch.no_grad():
@@ -713,11 +727,12 @@ class Mamba(nn.Module):
                     d_inner=self.d_inner, conv_dim=self.conv_dim, heads=self.heads, head_dim=self.head_dim,
                     d_state=self.d_state, d_conv=self.d_conv, eps=self.norm.eps,
                     conv_wt=self.conv1d.weight.detach()[:, 0, :].t().float().contiguous(),
-                    conv_b=self.conv1d.bias.detach().float().contiguous(),
+                    conv_b=self.conv_bias.detach().float().contiguous(),
                     dt_bias=self.dt_bias.detach().float().contiguous(),
                     A=(-torch.exp(self.A_log.detach().float())).contiguous(),
                     D=self.D.detach().float().contiguous(), norm=self.norm.weight.detach().float().contiguous())
-            cached = self._consts = (params, version, consts)
+            self._consts = (params, version, consts)
+            return consts
         return cached[2]
 
 
@@ -747,7 +762,8 @@ class MLP(nn.Module):
             gu = self.gate_up_packed(x) if self.gate_up_packed is not None else F.linear(x, self.gate_up)
             gate, up = gu.chunk(2, dim=-1)
             return apply_linear(F.silu(gate) * up, self.down_proj)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -828,7 +844,7 @@ class _LonePlan:
             self.pos = torch.tensor([s for s, _ in spans], dtype=torch.long, device=dev)
             base_t = torch.tensor(bases, dtype=torch.long, device=dev)
             self.dst = base_t + self.pos
-            self.last = None
+            self.last: torch.Tensor | None = None
             ar = torch.arange(max(s for s, _ in spans) + 1, device=dev)
             # keys past a request's end are masked; clamped so a request near the pool's end reads inside it
             self.src = (base_t[:, None] + ar[None, :]).reshape(-1).clamp_(max=slots - 1)
@@ -844,7 +860,7 @@ class _LonePlan:
         self.t = len(flat_pos)
         self.pos = torch.tensor(flat_pos, dtype=torch.long, device=dev)
         self.dst = torch.tensor(dst, dtype=torch.long, device=dev)
-        self.last: torch.Tensor | None = torch.tensor(
+        self.last = torch.tensor(
             [o + n - 1 for o, (_, n) in zip(offsets, spans, strict=True)], device=dev)
         short = [r for r, (_, n) in enumerate(spans) if n <= LONE_SHORT]
         self.long = [(offsets[r], *spans[r], bases[r]) for r, (_, n) in enumerate(spans) if n > LONE_SHORT]
@@ -915,6 +931,11 @@ class HybridModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """`layers` as what they are (a ModuleList is typed as holding any Module)."""
+        return cast("Sequence[DecoderLayer]", self.layers)
+
 
 class HybridForCausalLM(nn.Module):
     """The whole model. `forward` is the cache-free reference; `forward_hidden` is the serving path."""
@@ -951,30 +972,30 @@ class HybridForCausalLM(nn.Module):
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight") or name.endswith("out_proj.weight"):
                 s = std / math.sqrt(2 * self.config.num_layers)
             p.copy_(torch.randn(p.shape, generator=g) * s)
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers:
             if layer.kind == "mamba":
                 layer.mixer.init_ssm(g)
 
     def fuse_for_inference(self) -> HybridForCausalLM:
         """Fuse q/k/v and gate/up projections for serving (fewer, larger matmuls). Call after loading
         weights and moving to the final device/dtype; training never fuses."""
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers:
             if layer.kind != "mamba":
                 layer.self_attn.fuse()
             layer.mlp.fuse()
             layer.bind_serving()
         self._pack()
-        self._serving_layers = tuple(layer.forward for layer in self.model.layers)
+        self._serving_layers = tuple(layer.forward for layer in self.model.decoder_layers)
         fp32 = all(p.dtype == torch.float32 for p in self.parameters())
-        if fp32 and all(layer.kind == "full" for layer in self.model.layers):
+        if fp32 and all(layer.kind == "full" for layer in self.model.decoder_layers):
             self._lone_layers = tuple(
                 (layer.input_layernorm.weight,
-                 _linear(layer.self_attn.qkv_packed, *layer.self_attn.qkv),
+                 _linear(layer.self_attn.qkv_packed, *(layer.self_attn.qkv or (None, None))),
                  _linear(getattr(layer.self_attn.o_proj, "packed", None), layer.self_attn.o_proj.weight, None),
                  layer.post_attention_layernorm.weight,
                  _linear(layer.mlp.gate_up_packed, layer.mlp.gate_up, None),
                  _linear(getattr(layer.mlp.down_proj, "packed", None), layer.mlp.down_proj.weight, None))
-                for layer in self.model.layers)
+                for layer in self.model.decoder_layers)
         return self
 
     def _pack(self) -> None:
@@ -983,10 +1004,10 @@ class HybridForCausalLM(nn.Module):
         if nbytes > PACKED_MAX_BYTES or not _can_pack(self.lm_head.weight):
             return
         try:
-            for layer in self.model.layers:
+            for layer in self.model.decoder_layers:
                 if layer.kind == "mamba":
-                    layer.mixer.in_proj.packed = PackedLinear(layer.mixer.in_proj.weight, None)
-                    layer.mixer.out_proj.packed = PackedLinear(layer.mixer.out_proj.weight, None)
+                    layer.mixer.in_proj.packed = PackedLinear(layer.mixer.in_proj.weight, None)  # type: ignore[assignment]
+                    layer.mixer.out_proj.packed = PackedLinear(layer.mixer.out_proj.weight, None)  # type: ignore[assignment]
                 else:
                     layer.self_attn.pack()
                 layer.mlp.pack()
@@ -1218,16 +1239,18 @@ class HybridForCausalLM(nn.Module):
         fused = self._fused_layers(input_ids, ctx) if ctx is not None and self._lone_layers else None
         if fused is not None:
             x = fused if rows is None else fused.reshape(-1, fused.shape[-1]).index_select(0, rows)
-            return self.model.norm(x)
+            out: torch.Tensor = self.model.norm(x)
+            return out
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
         bound = ctx.max_position + 1 if ctx is not None else input_ids.shape[1]
         rope = rope_cos_sin(positions, self._rope(bound, positions.device))
-        layers = self._serving_layers or tuple(self.model.layers)
+        layers = self._serving_layers or tuple(self.model.decoder_layers)
         for layer in layers[:-1] if rows is not None else layers:
             x = layer(x, positions, rope, ctx)
         if rows is not None:
             x = layers[-1](x, positions, rope, ctx, rows)
-        return self.model.norm(x)
+        normed: torch.Tensor = self.model.norm(x)
+        return normed
 
     def _rope(self, bound: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The rope tables covering positions < bound (grown by doubling, rebuilt on a device change)."""
@@ -1243,4 +1266,5 @@ class HybridForCausalLM(nn.Module):
         """Cache-free forward over whole sequences starting at position 0: [b, L] -> logits [b, L, vocab]."""
         b, n = input_ids.shape
         positions = torch.arange(n, device=input_ids.device).expand(b, n)
-        return self.lm_head(self.forward_hidden(input_ids, positions, None))
+        logits: torch.Tensor = self.lm_head(self.forward_hidden(input_ids, positions, None))
+        return logits

@@ -136,6 +136,7 @@ STRICT = (
     "engine/pd/registration.py",
     "engine/pd/transfer.py",
     "engine/pd/wire.py",
+    "engine/model.py",
 )
 
 
