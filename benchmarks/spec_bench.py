@@ -92,6 +92,9 @@ from specctl.engine.sampling import SamplingParams
 from specctl.engine.spec.decoder import SpeculativeDecoder
 from specctl.schemas.model_facts import resolve_model_dir
 
+# the batch sizes every engine here pads to (its graph sizes); adaptive buckets route by them
+GRAPH_BATCH_SIZES = (1, 2, 4, 8)
+
 
 def random_prompts(n: int, length: int, seed: int = 0) -> list[str]:
     """Random printable characters and digit groups: no structure either model can predict."""
@@ -192,7 +195,7 @@ def read_tuned(path: str) -> tuple[dict[str, Any], int]:
 
 def make_engine(args: argparse.Namespace, name: str, max_batch: int, kind: str = "") -> Engine:
     base = dict(model_ref=args.target, dtype="float32", device=args.device, page_size=16, max_tokens=16384,
-                max_batch_size=max(max_batch, 1), graph_batch_sizes=(1, 2, 4, 8))
+                max_batch_size=max(max_batch, 1), graph_batch_sizes=GRAPH_BATCH_SIZES)
     steps = [int(s) for s in args.steps.split(",")]
     if name == "none":
         return Engine(EngineConfig(speculative={"algorithm": "none"}, **base))  # type: ignore[arg-type]
@@ -261,7 +264,7 @@ def single_step(block: dict[str, Any], batch: int) -> int | None:
     cfg, _ = parse_deployment_adaptive(block)
     if cfg is None:
         return None
-    sets = {tuple(cfg.route(b, (1, 2, 4, 8)).candidate_steps) for b in range(1, batch + 1)}
+    sets = {tuple(cfg.route(b, GRAPH_BATCH_SIZES).candidate_steps) for b in range(1, batch + 1)}
     return sets.pop()[0] if len(sets) == 1 and len(next(iter(sets))) == 1 else None
 
 

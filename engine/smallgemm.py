@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,7 @@ class SmallGemm:
         if sampling is not None:
             sampling.check(shape, steps)
             temps = (ctypes.c_float * n)(*sampling.temperatures)
-            unif = (ctypes.c_float * (n * width))(*(u for row in sampling.uniforms for u in
-                                                    [*row, *[0.0] * (width - len(row))]))
+            unif = (ctypes.c_float * (n * width))(*_padded(sampling.uniforms, width, 0.0))
             probs = sampling.probs_out.data_ptr()
         arr = _layer_array(layers)
         offsets = [0]
@@ -278,9 +278,8 @@ class SmallGemm:
         logits = logits.contiguous()
         q = None if draft_probs is None else draft_probs.contiguous()
         k = k1 - 1
-        flat = (ctypes.c_long * max(1, b * k))(*(t for d, n in zip(drafts, nd, strict=True)
-                                                   for t in [*d[:n], *[0] * (k - n)]))
-        unif = (ctypes.c_float * (b * k1))(*(x for u in uniforms for x in [*u, *[0.0] * (k1 - len(u))]))
+        flat = (ctypes.c_long * max(1, b * k))(*_padded([d[:n] for d, n in zip(drafts, nd, strict=True)], k, 0))
+        unif = (ctypes.c_float * (b * k1))(*_padded(uniforms, k1, 0.0))
         scratch = torch.empty(2 * vocab, dtype=torch.float32)
         accepted = (_INT * b)()
         tokens = (ctypes.c_long * b)()
@@ -345,6 +344,13 @@ class SmallGemm:
         if rc != 0:
             raise RuntimeError("smallgemm: attention could not run (scratch allocation or shapes)")
         return out
+
+
+def _padded(rows: Sequence[Sequence[Any]], width: int, fill: Any) -> Iterator[Any]:
+    """The rows one after another, each filled out to `width` with `fill`: a [rows, width] C array's items."""
+    for row in rows:
+        yield from row
+        yield from itertools.repeat(fill, width - len(row))
 
 
 @dataclass(frozen=True)

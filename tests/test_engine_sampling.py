@@ -79,29 +79,49 @@ def test_zero_probability_tokens_never_drawn() -> None:
     assert set(ids.tolist()) <= {1, 3}
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_the_kernel_draws_what_the_torch_path_draws(seed: int) -> None:
-    """Temperature-only rows of float32 CPU logits (greedy rows among them) are drawn by the small-row
-    kernel; with the same generators it picks the tokens softmax + inverse CDF in torch pick."""
+def _spy_kernel_sample(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per call of the small-row kernel's `sample`, whether it answered (False: it declined, None); the calls
+    still run. Skips where the kernel does not build."""
     from specctl.engine import smallgemm
 
     if smallgemm.kernel() is None:
         pytest.skip("no small-row kernel on this machine (no C compiler)")
+    calls: list[bool] = []
+    real = smallgemm.SmallGemm.sample
+
+    def spy(self: smallgemm.SmallGemm, *args: object) -> torch.Tensor | None:
+        out = real(self, *args)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(smallgemm.SmallGemm, "sample", spy)
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_kernel_draws_what_the_torch_path_draws(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temperature-only rows of float32 CPU logits (greedy rows among them) are drawn by the small-row
+    kernel (one call, which answers); with the same generators it picks the tokens softmax + inverse CDF in
+    torch pick."""
+    calls = _spy_kernel_sample(monkeypatch)
     logits = _logits(8, vocab=260, seed=seed)
     params = [SamplingParams(temperature=0.4 + 0.2 * i, seed=100 * seed + i) if (i + seed) % 3 else SamplingParams()
               for i in range(8)]
     got = sample(logits, params, [make_generator(p, "cpu") for p in params])
+    assert calls == [True]
     want = sample_from_probs(probs_from_logits(logits, params), [make_generator(p, "cpu") for p in params])
     assert got.tolist() == want.tolist()
 
 
-def test_a_nan_in_a_greedy_row_takes_torchs_path_with_the_same_draws() -> None:
+def test_a_nan_in_a_greedy_row_takes_torchs_path_with_the_same_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel's argmax declines a NaN (torch ranks it highest); sampling then answers as torch does, the
     sampled rows with the uniforms already drawn."""
+    calls = _spy_kernel_sample(monkeypatch)
     logits = _logits(3, vocab=260, seed=5)
     logits[1, 7] = float("nan")
     params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(), SamplingParams(temperature=1.2, seed=2)]
     got = sample(logits, params, [make_generator(p, "cpu") for p in params])
+    assert calls == [False]  # asked, and declined
     want = sample_from_probs(probs_from_logits(logits, params), [make_generator(p, "cpu") for p in params])
     assert got.tolist() == want.tolist() and int(got[1]) == 7
 
