@@ -85,7 +85,7 @@ def _spy_kernel_sample(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     from specctl.engine import smallgemm
 
     if smallgemm.kernel() is None:
-        pytest.skip("no small-row kernel on this machine (no C compiler)")
+        pytest.skip("no small-row kernel here (no C compiler, or SPECCTL_SMALL_GEMM=0)")
     calls: list[bool] = []
     real = smallgemm.SmallGemm.sample
 
