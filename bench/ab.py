@@ -28,14 +28,17 @@ import dataclasses
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specctl.bench.config import BenchConfig
+from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult
 from specctl.bench.record import json_safe
 from specctl.bench.runner import PointRun, ProgressSink, Provenance, build_record, run_bench
 from specctl.engine.serve.ports import free_port
 from specctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 AB_BOOTSTRAP = 2000
 FILLED_WARN = 0.9  # a variant full for less of its measured time than this gets a note in the report
@@ -64,7 +67,7 @@ def parse_ab(values: Sequence[str]) -> list[tuple[str, ...]]:
     return out
 
 
-def port_overrides(raw: Any) -> list[str]:
+def port_overrides(raw: object) -> list[str]:
     """`roles.R.KEY=PORT` with a free port for every `port` / `*_port` field of every role, so a copy of
     the deployment can run next to the original."""
     roles = raw.get("roles") if isinstance(raw, dict) else None
@@ -238,17 +241,14 @@ def comparison(runs: Sequence[VariantRun]) -> dict[str, Any]:
     return out
 
 
-class _NamedPoint:
+@dataclasses.dataclass(frozen=True)
+class _NamedPoint(LoadPoint):
     """A load point that labels itself with the variant's name (the plot's legend)."""
 
-    def __init__(self, point: Any, name: str) -> None:
-        self._point, self._name = point, name
+    name: str = ""
 
     def label(self) -> str:
-        return self._name
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self._point, item)
+        return self.name
 
 
 def plot_runs(runs: Sequence[VariantRun]) -> list[PointRun]:
@@ -257,16 +257,18 @@ def plot_runs(runs: Sequence[VariantRun]) -> list[PointRun]:
     for run in runs:
         if run.merged is None:
             continue
-        load = dataclasses.replace(run.merged.load, point=_NamedPoint(run.merged.load.point, run.variant.name))  # type: ignore[arg-type]
+        point = run.merged.load.point
+        named = _NamedPoint(point.request_rate, point.max_concurrency, name=run.variant.name)
+        load = dataclasses.replace(run.merged.load, point=named)
         out.append(PointRun(load, run.merged.before, run.merged.after, run.merged.record))
     return out
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     return f"{v:.2f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
-def render_comparison(console: Any, comp: dict[str, Any]) -> None:
+def render_comparison(console: Console, comp: dict[str, Any]) -> None:
     """Each variant's figures, then its ratios to the base with 95% intervals, then the base's speed-up."""
     from rich.table import Table
 

@@ -19,7 +19,7 @@ import numpy as np
 from specctl.bench.request import RequestResult
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 

@@ -47,7 +47,7 @@ def pick(records: Sequence[dict[str, Any]], index: int, name: str) -> dict[str, 
         raise UsageError(f"{name} has {len(records)} record(s); --index {index} is out of range") from None
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

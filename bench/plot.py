@@ -15,14 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specctl.bench.acceptance import request_acceptance
 from specctl.errors import UsageError
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-def write_plot(path: str | Path, runs: Sequence[Any]) -> Path:
-    """Write the PNG for `runs` (runner.PointRun) and return its path."""
+    from specctl.bench.runner import PointRun
+
+
+def write_plot(path: str | Path, runs: Sequence[PointRun]) -> Path:
+    """Write the PNG for `runs` and return its path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,7 +74,7 @@ def write_plot(path: str | Path, runs: Sequence[Any]) -> Path:
                          color=c, label=f"{label} (no switches)")
             steps_xlabel = "steps (share of verify batches)"
         if switches:
-            by_bucket: dict[Any, list[tuple[float, float]]] = {}
+            by_bucket: dict[object, list[tuple[float, float]]] = {}
             for j, s in enumerate(switches):
                 t = s.get("t_rel_s")
                 by_bucket.setdefault(s.get("bucket"), []).append((t if t is not None else float(j), s["to_steps"]))
@@ -107,7 +112,7 @@ def write_plot(path: str | Path, runs: Sequence[Any]) -> Path:
     return out
 
 
-def _finish(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+def _finish(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_title(title)
     if not (ax.lines or ax.patches or ax.collections):
         ax.text(0.5, 0.5, "n/a: not reported by the server", ha="center", va="center", transform=ax.transAxes)

@@ -21,7 +21,7 @@ _LAT_ROWS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL (per token)", "itl"), ("C
 _LAT_COLS = ("mean", "median", "p90", "p99", "std", "max")
 
 
-def fmt(value: Any, digits: int = 2) -> str:
+def fmt(value: object, digits: int = 2) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, bool):

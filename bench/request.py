@@ -126,7 +126,7 @@ class RequestResult:
             self.end = time.perf_counter()
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -26,7 +26,7 @@ from typing import Any
 _SKIP = frozenset({"deployment", "raw", "resolved_role", "config", "registration"})
 
 
-def find_key(obj: Any, names: Iterable[str], *, depth: int = 6) -> Any:
+def find_key(obj: object, names: Iterable[str], *, depth: int = 6) -> Any:
     """The value of the first of `names` found in `obj` (breadth-first over nested dicts and lists,
     not descending into configuration echoes such as `deployment` or `resolved_role`)."""
     wanted = tuple(names)
@@ -47,7 +47,7 @@ def find_key(obj: Any, names: Iterable[str], *, depth: int = 6) -> Any:
     return None
 
 
-def fingerprint(info: Any) -> str | None:
+def fingerprint(info: object) -> str | None:
     value = find_key(info, ("fingerprint", "handshake_fingerprint", "fingerprints"))
     if isinstance(value, (str, int)):
         return str(value)
@@ -69,7 +69,7 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def server_accept_length(info: Any) -> float | None:
+def server_accept_length(info: object) -> float | None:
     ranks = sglang_accept_lengths(info)
     if ranks:
         return sum(ranks) / len(ranks)
@@ -78,7 +78,7 @@ def server_accept_length(info: Any) -> float | None:
     return float(value) if _is_number(value) else None
 
 
-def sglang_accept_lengths(info: Any) -> list[float]:
+def sglang_accept_lengths(info: object) -> list[float]:
     """`avg_spec_accept_length` of each DP rank in SGLang's `internal_states` (empty when absent)."""
     states = info.get("internal_states") if isinstance(info, dict) else None
     if not isinstance(states, list):
@@ -87,7 +87,7 @@ def sglang_accept_lengths(info: Any) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def time_per_step(info: Any) -> dict[str, float] | float | None:
+def time_per_step(info: object) -> dict[str, float] | float | None:
     value = find_key(info, ("time_per_step_ms", "step_time_ms", "avg_step_time_ms"))
     if value is None:
         seconds = find_key(info, ("mean_step_s",))
@@ -100,7 +100,7 @@ def time_per_step(info: Any) -> dict[str, float] | float | None:
     return None
 
 
-def adaptive_switches(before: Any, after: Any) -> list[dict[str, Any]] | None:
+def adaptive_switches(before: object, after: object) -> list[dict[str, Any]] | None:
     """The step switches that happened between two snapshots (None if the server reports none)."""
     after_list = find_key(after, ("switches", "step_switches"))
     if not isinstance(after_list, list):
@@ -115,7 +115,7 @@ def adaptive_switches(before: Any, after: Any) -> list[dict[str, Any]] | None:
     return out
 
 
-def batches_per_steps(before: Any, after: Any) -> dict[str, int] | None:
+def batches_per_steps(before: object, after: object) -> dict[str, int] | None:
     """Verify batches run at each step count during the run (after - before), or None."""
     a = find_key(after, ("batches_per_steps",))
     if not isinstance(a, dict):
@@ -132,13 +132,13 @@ def batches_per_steps(before: Any, after: Any) -> dict[str, int] | None:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0]) if kv[0].lstrip("-").isdigit() else 0))
 
 
-def adaptive_state(info: Any) -> Any:
+def adaptive_state(info: object) -> dict[str, Any] | None:
     """The server's adaptive snapshot as reported (a small dict), for the record."""
     value = find_key(info, ("adaptive",))
     return value if isinstance(value, dict) else None
 
 
-def _switch(item: Any) -> dict[str, Any] | None:
+def _switch(item: object) -> dict[str, Any] | None:
     if isinstance(item, dict):
         out = {k: item.get(k) for k in ("time", "bucket", "from_steps", "to_steps", "ema")}
         return out if _is_number(out["to_steps"]) else None
@@ -148,5 +148,5 @@ def _switch(item: Any) -> dict[str, Any] | None:
     return None
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -40,6 +40,11 @@ from specctl.engine.spec.trace import MAX_TRACE_LINE, TraceRecord, read_trace  #
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
+
+if TYPE_CHECKING:
+    from specctl.engine.spec.adaptive import AdaptivePolicy
+    from specctl.engine.spec.tune import TuneResult
+    from specctl.schemas.loader import Document
 
 adaptive_app = typer.Typer(
     help="Adaptive speculative steps: replay traces through the step policy (simulate), measure step costs "
@@ -84,7 +89,7 @@ class SimStep:
         }
 
 
-def _with_positions(findings: Sequence[Finding], doc: Any) -> list[Finding]:
+def _with_positions(findings: Sequence[Finding], doc: Document) -> list[Finding]:
     from dataclasses import replace
 
     out = []
@@ -210,7 +215,7 @@ def simulate(setup: SimulationSetup, records: Sequence[TraceRecord]) -> tuple[li
     return out, policy
 
 
-def render_text(setup: SimulationSetup, steps: Sequence[SimStep], policy: Any) -> str:
+def render_text(setup: SimulationSetup, steps: Sequence[SimStep], policy: AdaptivePolicy) -> str:
     """The per-record table and a summary: switches, batches run at each step, final bucket states."""
     head = ("index", "batch", "bucket", "ran", "accepted", "ema", "steps", "")
     rows = [
@@ -488,7 +493,7 @@ def _render_runs(runs: Sequence[Any]) -> list[str]:
     return lines
 
 
-def render_tune(result: Any) -> str:
+def render_tune(result: TuneResult) -> str:
     sp = result.speedups()
     sglang_json = result.sglang_json()
     lines: list[str] = []

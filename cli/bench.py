@@ -21,13 +21,13 @@ from specctl.cli.main import app
 from specctl.cli.options import SetOption
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from rich.console import Console
 
     from specctl.bench.config import BenchConfig
-    from specctl.bench.runner import Provenance
+    from specctl.bench.runner import PointRun, Provenance
 
 bench_app = typer.Typer(help="Load-test an OpenAI-compatible server or a deployment; compare results.",
                         invoke_without_command=True, no_args_is_help=False)
@@ -260,8 +260,8 @@ def _run(cfg: BenchConfig, deploy: str | None, overrides: list[str], *, output: 
         raise RuntimeFailure("no request completed", hint="see errors by kind in the report")
 
 
-def _emit(records: list[dict[str, Any]], trailer: list[dict[str, Any]], *, plot_input: Any, output: Path | None,
-          plot: Path | None, fmt: OutputFormat, tail: Callable[[Console], None]) -> None:
+def _emit(records: list[dict[str, Any]], trailer: list[dict[str, Any]], *, plot_input: Sequence[PointRun],
+          output: Path | None, plot: Path | None, fmt: OutputFormat, tail: Callable[[Console], None]) -> None:
     """What every bench writes: the records (then `trailer`, e.g. the A/B comparison) appended to --output as
     JSON Lines, the plot, and stdout in the same JSON Lines shape or as tables (`tail` renders what follows the
     per-record tables)."""

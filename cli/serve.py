@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 import time
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -23,6 +23,15 @@ from specctl.cli.common import OutputFormat, fail, handle_errors, stderr_console
 from specctl.cli.main import app
 from specctl.cli.options import ConfigOption, SetOption
 from specctl.errors import RuntimeFailure, SpecctlError, UsageError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from specctl.engine.serve.launcher import ProcessStatus
+    from specctl.schemas.deployment import Deployment
 
 UP_TIMEOUT_S = 300.0
 SGLANG_UP_TIMEOUT_S = 1200.0
@@ -35,7 +44,7 @@ class Role(str, enum.Enum):
     colocated = "colocated"
 
 
-def _load(config: str, overrides: tuple[str, ...]) -> Any:
+def _load(config: str, overrides: tuple[str, ...]) -> Deployment:
     from specctl.schemas.deployment import load_deployment
 
     return load_deployment(config, overrides=overrides)
@@ -94,7 +103,7 @@ def serve(
         _fast_exit(code)
 
 
-def _serve_sglang(deployment: Any, role: str, instance: int, *, print_command: bool) -> None:
+def _serve_sglang(deployment: Deployment, role: str, instance: int, *, print_command: bool) -> None:
     """engine: sglang: exec SGLang's server for the role (or print the command)."""
     from specctl.engine.serve import sglang_process as sp
     from specctl.engine.serve.router import OFFLINE_ENV
@@ -169,14 +178,14 @@ class _Stop(Exception):
     pass
 
 
-def run_up(deployment: Any, *, overrides: tuple[str, ...], timeout_s: float, log_dir: str | None,
+def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: float, log_dir: str | None,
            fmt: OutputFormat = OutputFormat.text) -> int:
     from specctl.engine.serve.launcher import Launcher
 
     err = stderr_console()
     launcher = Launcher(deployment, overrides=overrides, log_dir=log_dir)
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         raise _Stop(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -240,9 +249,9 @@ class _StatusDisplay:
 
     HEARTBEAT_S = 15.0  # plain mode: repeat a not-ready process's line this often (long model loads)
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
-        self.live: Any = None
+        self.live: Live | None = None
         self._last: dict[str, tuple[str, str]] = {}
         self._printed: dict[str, float] = {}
 
@@ -263,7 +272,7 @@ class _StatusDisplay:
                 self.live.__exit__(None, None, None)
             self.live = None
 
-    def update(self, statuses: list[Any]) -> None:
+    def update(self, statuses: list[ProcessStatus]) -> None:
         if self.live is not None:
             from rich.table import Table
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -92,12 +92,21 @@ def model_config(ref: str) -> tuple[ModelFacts, ModelConfig]:
     return facts, cfg
 
 
-def _progress(total: int, label: str) -> Any:
+class _Bar(Protocol):
+    """What loading reads of tqdm's bar (tqdm ships no types)."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, label: str) -> _Bar | None:
     if total < PROGRESS_BYTES:
         return None
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}", file=sys.stderr)
+    bar: _Bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}", file=sys.stderr)
+    return bar
 
 
 def load_state_dict(model_dir: Path, label: str) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ text, when it gives one, is authoritative.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 REPLACEMENT = "\ufffd"
 # A character never needs more than this many tokens (4 UTF-8 bytes in a byte-level vocabulary);
@@ -22,11 +22,17 @@ REPLACEMENT = "\ufffd"
 MAX_PENDING = 6
 
 
+class Decodes(Protocol):
+    """What the detokenizer needs of a tokenizer (a serving backend that decodes also does)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 class Detokenizer:
     """Turns a growing list of token ids into a growing string."""
 
-    def __init__(self, tokenizer: Any, *, holdback: int = 0) -> None:
-        self.tokenizer = tokenizer  # anything with decode(list[int]) -> str
+    def __init__(self, tokenizer: Decodes, *, holdback: int = 0) -> None:
+        self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""
         self.holdback = max(0, holdback)

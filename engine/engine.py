@@ -31,10 +31,10 @@ import gc
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -46,6 +46,9 @@ from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import InvalidInput, RuntimeFailure
+
+if TYPE_CHECKING:
+    from specctl.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ class PlainDecoder:
 
     lookahead = 1
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
     def decode(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -131,7 +134,7 @@ def _sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> Sampl
     return params
 
 
-def make_decoder(config: EngineConfig, runner: Any) -> Any:
+def make_decoder(config: EngineConfig, runner: ModelRunner) -> Decoder:
     if config.algorithm == "none":
         return PlainDecoder(runner)
     try:
@@ -156,7 +159,8 @@ def freeze_startup_heap() -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, runner: Any = None, decoder: Any = None) -> None:
+    def __init__(self, config: EngineConfig, *, runner: ModelRunner | None = None,
+                 decoder: Decoder | None = None) -> None:
         self.config = config
         if runner is None:
             from specctl.engine.model_runner import runner_for
@@ -349,7 +353,8 @@ class Engine:
         return out
 
     # -- phases --------------------------------------------------------------------------------
-    def _run(self, phase: Any, seqs: list[Sequence], batch: Batch, updated: list[Sequence]) -> None:
+    def _run(self, phase: Callable[[Batch, list[Sequence]], None], seqs: list[Sequence], batch: Batch,
+             updated: list[Sequence]) -> None:
         # An engine failure in one batch fails those requests clearly instead of killing the loop.
         try:
             phase(batch, updated)

@@ -16,17 +16,20 @@ Contract (OpenAI's definition, over the tokens generated so far, not the prompt)
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sequence import Sequence
 
-def _active(params: Any) -> bool:
-    return bool(getattr(params, "logit_bias", ()) or getattr(params, "presence_penalty", 0.0)
-                or getattr(params, "frequency_penalty", 0.0))
+
+def _active(params: SamplingParams) -> bool:
+    return bool(params.logit_bias or params.presence_penalty or params.frequency_penalty)
 
 
-def _apply(row: torch.Tensor, params: Any, counts: torch.Tensor) -> None:
+def _apply(row: torch.Tensor, params: SamplingParams, counts: torch.Tensor) -> None:
     """In place on one `[..., V]` block whose last-dim counts are `counts` (same shape)."""
     if params.frequency_penalty:
         row -= params.frequency_penalty * counts
@@ -44,7 +47,7 @@ def _counts(tokens: Seq[int], vocab: int, device: torch.device, dtype: torch.dty
     return torch.bincount(torch.as_tensor(list(tokens), device=device), minlength=vocab)[:vocab].to(dtype)
 
 
-def adjust(seqs: Seq[Any], logits: torch.Tensor) -> torch.Tensor:
+def adjust(seqs: Seq[Sequence], logits: torch.Tensor) -> torch.Tensor:
     """Next-token logits `[len(seqs), V]` with each request's processors applied."""
     rows = [i for i, s in enumerate(seqs) if _active(s.params)]
     if not rows:
@@ -57,7 +60,7 @@ def adjust(seqs: Seq[Any], logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def adjust_verify(seqs: Seq[Any], target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+def adjust_verify(seqs: Seq[Sequence], target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                   num_drafts: torch.Tensor) -> torch.Tensor:
     """Verify logits `[B, K + 1, V]` with the processors applied per position (module docstring)."""
     rows = [i for i, s in enumerate(seqs) if _active(s.params)]

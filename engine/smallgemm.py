@@ -46,7 +46,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -346,7 +346,10 @@ class SmallGemm:
         return out
 
 
-def _padded(rows: Sequence[Sequence[Any]], width: int, fill: Any) -> Iterator[Any]:
+_T = TypeVar("_T")
+
+
+def _padded(rows: Sequence[Sequence[_T]], width: int, fill: _T) -> Iterator[_T]:
     """The rows one after another, each filled out to `width` with `fill`: a [rows, width] C array's items."""
     for row in rows:
         yield from row

@@ -55,7 +55,7 @@ class FactsCache:
                     self._cache[ref] = f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
         return self._cache[ref]
 
-    def facts(self, ref: Any) -> ModelFacts | None:
+    def facts(self, ref: object) -> ModelFacts | None:
         if not isinstance(ref, str) or not ref:
             return None
         got = self.get(ref)
@@ -83,7 +83,7 @@ class RuleContext:
         """The document's top-level `key` when it is a mapping, else an empty one."""
         return mapping_at(self.data, key)
 
-    def facts(self, ref: Any) -> ModelFacts | None:
+    def facts(self, ref: object) -> ModelFacts | None:
         return self.facts_cache.facts(ref)
 
     def clean(self, role: str, *sections: str) -> bool:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specctl.errors import UsageError
 from specctl.schemas.catalog import RuleDoc, register
@@ -45,6 +45,10 @@ from specctl.schemas.deployment import ENGINE_ROLES, SECTIONS, declared_roles, m
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import Document, child_path, fast_data, parse_document, read_text
 from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
+
+if TYPE_CHECKING:
+    from specctl.schemas.adaptive_coverage import StepCoverage
+    from specctl.schemas.rules import RuleContext
 
 KINDS = ("auto", "deployment", "sglang", "sglang-command")
 
@@ -200,8 +204,8 @@ class Validator:
         self.kind = kind
         self.strict = strict
         self.facts = FactsCache()
-        self._coverage_cache: dict[str, tuple[Any, list[Finding]]] = {}
-        self._rendered_cache: dict[int, tuple[Any, dict[str, Any], str]] = {}
+        self._coverage_cache: dict[str, tuple[StepCoverage | None, list[Finding]]] = {}
+        self._rendered_cache: dict[int, tuple[StepCoverage, dict[str, Any], str]] = {}
         self._checks: list[Any] | None = None
 
     # -- public ------------------------------------------------------------------------------------
@@ -363,19 +367,17 @@ class Validator:
         engine_roles = [r for r in roles if r in ENGINE_ROLES]
         state.findings.extend(_merge_roles(rule_findings, single=len(engine_roles) <= 1))
 
-    def _steps(self, ctx: Any, state: _State) -> list[Finding]:
+    def _steps(self, ctx: RuleContext, state: _State) -> list[Finding]:
         """Step coverage (engineer A's rules 1-2) per engine role; the table of the decoding role."""
-        from specctl.schemas.adaptive import check_deployment_steps
-
         out: list[Finding] = []
-        tables: dict[str, Any] = {}
+        tables: dict[str, StepCoverage] = {}
         for role, cfg in ctx.engine_roles("speculative", "serve"):
             base = "$"
             raw_role = ctx.section("roles").get(role)
             if isinstance(raw_role, dict) and isinstance(raw_role.get("speculative"), dict):
                 base = child_path("$.roles", role)
             engine = str(ctx.data.get("engine") or "builtin")
-            coverage, found = self._coverage(check_deployment_steps, cfg, base, engine)
+            coverage, found = self._coverage(cfg, base, engine)
             out.extend(found)
             if coverage is not None:
                 tables[role] = coverage
@@ -385,18 +387,20 @@ class Validator:
                 break
         return out
 
-    def _coverage(self, check: Any, cfg: dict[str, Any], base: str, engine: str) -> tuple[Any, list[Finding]]:
+    def _coverage(self, cfg: dict[str, Any], base: str, engine: str) -> tuple[StepCoverage | None, list[Finding]]:
         """`check_deployment_steps` memoized on what it reads: files of one invocation (a repo's
         deployments, a PD pair) mostly share their speculative/serve sections. The key is the repr:
         equal reprs mean equal JSON values of equal types (1, 1.0 and True differ), in equal order."""
         key = repr((base, engine, cfg.get("speculative"), cfg.get("serve")))
         hit = self._coverage_cache.get(key)
         if hit is None:
-            hit = check(cfg, base_path=base, engine=engine)
+            from specctl.schemas.adaptive import check_deployment_steps
+
+            hit = check_deployment_steps(cfg, base_path=base, engine=engine)
             self._coverage_cache[key] = hit
         return hit[0], list(hit[1])
 
-    def _rendered(self, coverage: Any) -> tuple[dict[str, Any], str]:
+    def _rendered(self, coverage: StepCoverage) -> tuple[dict[str, Any], str]:
         """(JSON, text table) of a coverage result, once per distinct result (they are cached above and
         read-only: reports only serialise them)."""
         hit = self._rendered_cache.get(id(coverage))

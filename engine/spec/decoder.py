@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,6 +50,11 @@ from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, Ngr
 from specctl.engine.spec.trace import TraceWriter
 from specctl.engine.spec.verify import greedy_accept, rejection_accept, rejection_accept_logits
 from specctl.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from specctl.engine.config import EngineConfig
+    from specctl.engine.model_runner import ModelRunner
+    from specctl.engine.spec.adaptive import AdaptivePolicy
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class RuntimeState:
         return sum(t.numel() * t.element_size() for t in self.buffers().values())
 
 
-def _role_view(config: Any) -> dict[str, Any]:
+def _role_view(config: EngineConfig) -> dict[str, Any]:
     """The parts of a merged role dict that step coverage reads, rebuilt from an EngineConfig."""
     return {
         "speculative": dict(config.speculative),
@@ -92,7 +97,7 @@ def _role_view(config: Any) -> dict[str, Any]:
     }
 
 
-def make_drafter(config: Any, runner: Any) -> Drafter:
+def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
     """The drafter the deployment's `speculative` block asks for (its own ModelRunner for a draft model)."""
     spec = config.speculative
     algorithm = str(spec.get("algorithm") or "none")
@@ -123,7 +128,7 @@ def make_drafter(config: Any, runner: Any) -> Drafter:
 class SpeculativeDecoder:
     """Draft k tokens, verify k + 1 positions in one target forward, accept per request, roll back the rest."""
 
-    def __init__(self, runner: Any, config: Any, *, drafter: Drafter | None = None) -> None:
+    def __init__(self, runner: ModelRunner, config: EngineConfig, *, drafter: Drafter | None = None) -> None:
         from specctl.schemas.adaptive import check_deployment_steps, parse_deployment_adaptive
 
         self.runner = runner
@@ -143,7 +148,7 @@ class SpeculativeDecoder:
             raise RuntimeFailure(f"refusing to start speculative decoding: {detail}", hint=fix)
         self.coverage = coverage
         self.initial_steps = coverage.initial_steps
-        self.policy: Any = None
+        self.policy: AdaptivePolicy | None = None
         if spec.get("adaptive") is not None:
             from specctl.engine.spec.adaptive import AdaptivePolicy
 
@@ -161,15 +166,15 @@ class SpeculativeDecoder:
         device = torch.device(runner.device)
         # `--trace-steps K` drafts K every step whatever the policy says (a counterfactual-complete
         # trace, engine/spec/trace.py); K gets its runtime state like any selectable step.
-        self.trace_steps: int | None = getattr(config, "trace_steps", None)
+        self.trace_steps: int | None = config.trace_steps
         selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps else set())
         self.states: dict[int, RuntimeState] = {
             s: RuntimeState.build(s, self.max_batch_size, vocab, device, self.drafter.samples)
             for s in sorted(selectable)
         }
         self.lookahead = max(self.states) + 1
-        runner_max = getattr(runner, "max_draft_tokens", None)
-        if runner_max is not None and max(self.states) > int(runner_max):
+        runner_max = runner.max_draft_tokens
+        if max(self.states) > runner_max:
             # The runner keeps per-position rollback state for max_draft_tokens drafts + the last token.
             raise RuntimeFailure(
                 f"the target ModelRunner was built with max_draft_tokens={runner_max}, but steps "
@@ -184,7 +189,7 @@ class SpeculativeDecoder:
         self._draft_s = 0.0
         self._verify_s = 0.0
         self.trace: TraceWriter | None = None
-        if getattr(config, "trace_out", None):
+        if config.trace_out:
             self.trace = TraceWriter(config.trace_out, trace_steps=self.trace_steps)
 
     def pin_steps(self, steps: int) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from specctl.engine.sampling import draws, inverse_cdf, probs_from_logits, tempe
 from specctl.engine.sequence import Sequence
 from specctl.engine.smallgemm import ChainSampling
 from specctl.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from specctl.engine.model_runner import ModelRunner
 
 
 @dataclass
@@ -211,14 +214,13 @@ class ModelDrafter:
     name = "draft"
     samples = True
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         # A draft of full-attention layers only can truncate to any length, so each draft forward feeds just
         # the newest proposal; sliding-window and mamba drafts re-feed from c' (see the class docstring).
-        cache = getattr(runner, "cache", None)
-        self.incremental = cache is not None and not (getattr(cache, "swa_index", None)
-                                                      or getattr(cache, "mamba_index", None))
-        if cache is not None and self.incremental:
+        cache = runner.cache
+        self.incremental = not (cache.swa_index or cache.mamba_index)
+        if self.incremental:
             # keep each request's draft cache on consecutive pages: the lean chain (draft_chain) needs them
             cache.keep_contiguous = True
         self._owner: dict[int, int] = {}  # rid -> id(Sequence) that filled its draft cache

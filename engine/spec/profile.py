@@ -40,11 +40,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specctl.engine.config import EngineConfig
 from specctl.engine.spec.tune import CostModel
 from specctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from specctl.engine.engine import Engine
 
 SETTLE = 8  # untimed steps after a point's prefill before its steps are timed
 REFILL_STEPS = 6  # steps timed after a joining request's prefill (later ones ran within 3% of settled ones)
@@ -119,7 +122,7 @@ def profile_costs(
     return CostModel(table, meta, sampled, joins, sampled_joins)
 
 
-def _prompts(engine: Any, tokens: int | None, count: int) -> list[list[int]]:
+def _prompts(engine: Engine, tokens: int | None, count: int) -> list[list[int]]:
     """`count` different prompts for the profiled requests: windows of _PROMPT repeated, each starting a few
     characters further in, `tokens` ids long (default: _PROMPT's own length). Different prompts (and, when
     sampling, different seeds) make the requests of a step disagree as a real batch's do: each accepts
@@ -139,7 +142,7 @@ def _prompts(engine: Any, tokens: int | None, count: int) -> list[list[int]]:
 
 
 def _measure(
-    engine: Any,
+    engine: Engine,
     prompts: Sequence[list[int]],
     batch_sizes: Sequence[int],
     steps: Sequence[int],
@@ -155,8 +158,10 @@ def _measure(
     many of the settled steps timed just before it (0 where noise puts it below); without `turnover`, settled
     steps only (the refill table empty)."""
     from specctl.engine.sampling import SamplingParams
+    from specctl.engine.spec.decoder import SpeculativeDecoder
 
-    decoder: Any = engine.decoder
+    decoder = engine.decoder
+    assert isinstance(decoder, SpeculativeDecoder)  # profile_costs refused a deployment that does not speculate
     kmax = max(steps)
     # Each point starts from fresh requests, so every point is timed over the same context lengths. Requests
     # that kept decoding across the whole table grew by ~170 tokens a round (at steps up to 7), and the

@@ -94,7 +94,7 @@ def _bad_line(path: str, line: int, what: str) -> UsageError:
     )
 
 
-def _shown(v: Any) -> str:
+def _shown(v: object) -> str:
     return str(v) if isinstance(v, float) and not math.isfinite(v) else json.dumps(v)
 
 
@@ -126,7 +126,7 @@ def _opt_float(obj: dict[str, Any], key: str, name: str, lineno: int) -> float |
     return float(v)
 
 
-def parse_record(obj: Any, name: str, lineno: int) -> TraceRecord:
+def parse_record(obj: object, name: str, lineno: int) -> TraceRecord:
     """One decoded JSON line -> TraceRecord; UsageError naming the file, line and field otherwise."""
     if not isinstance(obj, dict):
         raise _bad_line(name, lineno, f"expected a JSON object, got {type(obj).__name__}")

@@ -185,7 +185,7 @@ class CostModel:
         }
 
     @classmethod
-    def from_json(cls, obj: Any, *, source: str = "cost model") -> CostModel:
+    def from_json(cls, obj: object, *, source: str = "cost model") -> CostModel:
         hint = "write one with `specctl adaptive profile -c DEPLOY --output cost.json`"
         if not isinstance(obj, dict) or obj.get("kind") != COST_KIND:
             raise UsageError(f"{source}: not a specctl cost model (kind {COST_KIND!r} missing)", hint=hint)
@@ -229,7 +229,7 @@ def _table_json(table: Mapping[int, Mapping[int, float]]) -> dict[str, dict[str,
     return {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(table.items())}
 
 
-def _parse_table(table: Any, key: str, source: str, hint: str, zero: bool = False) -> dict[int, dict[int, float]]:
+def _parse_table(table: object, key: str, source: str, hint: str, zero: bool = False) -> dict[int, dict[int, float]]:
     """A {batch size: {steps: seconds}} table; seconds > 0 (>= 0 with `zero`: a refill can be nothing)."""
     if not isinstance(table, dict) or not table:
         raise UsageError(f"{source}: {key} must map batch sizes to {{steps: seconds}}", hint=hint)
