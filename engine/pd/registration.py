@@ -21,11 +21,14 @@ import hashlib
 import json
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from specctl.engine.pd.wire import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from specctl.schemas.model_facts import ModelFacts
 
 ROLES = ("prefill", "decode")
 BACKENDS = ("zmq", "shm")
@@ -122,7 +125,7 @@ def max_draft_tokens(speculative: Mapping[str, Any] | None) -> int:
     return top + 1 if top > 0 else 0
 
 
-def _shapes(layout: Mapping[str, Any], facts: Any | None) -> dict[str, int]:
+def _shapes(layout: Mapping[str, Any], facts: ModelFacts | None) -> dict[str, int]:
     shapes = {k: int(v) for k, v in dict(layout.get("shapes") or {}).items()}
     if facts is not None:
         shapes.setdefault("vocab_size", int(facts.vocab_size))
@@ -137,7 +140,7 @@ def _shapes(layout: Mapping[str, Any], facts: Any | None) -> dict[str, int]:
     return shapes
 
 
-def tokenizer_fingerprint(facts: Any | None, layout: Mapping[str, Any] | None = None) -> str:
+def tokenizer_fingerprint(facts: ModelFacts | None, layout: Mapping[str, Any] | None = None) -> str:
     """ "bytes" for the builtin byte tokenizer, else a hash of tokenizer.json (or "unknown")."""
     if layout and layout.get("tokenizer"):
         return str(layout["tokenizer"])
@@ -154,7 +157,7 @@ def tokenizer_fingerprint(facts: Any | None, layout: Mapping[str, Any] | None = 
         return "unknown"
 
 
-def model_fingerprint(layout: Mapping[str, Any], facts: Any | None = None) -> ModelFingerprint:
+def model_fingerprint(layout: Mapping[str, Any], facts: ModelFacts | None = None) -> ModelFingerprint:
     """Fingerprint from a `ModelRunner.layout()` dict (plus `ModelFacts` for shapes and tokenizer)."""
     return ModelFingerprint(
         architecture=str(layout.get("architecture") or (facts.architecture if facts else "?")),
@@ -181,8 +184,8 @@ def build_registration(
     draft_layout: Mapping[str, Any] | None = None,
     transfer_backend: str = "zmq",
     endpoints: Mapping[str, str] | None = None,
-    facts: Any | None = None,
-    draft_facts: Any | None = None,
+    facts: ModelFacts | None = None,
+    draft_facts: ModelFacts | None = None,
     host: str | None = None,
 ) -> RegistrationInfo:
     """RegistrationInfo of one process from its runner's layout() and its speculative settings.

@@ -270,7 +270,7 @@ class Payload:
     tensors: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
-    _release: Any = None  # weakref.finalize, or None
+    _release: weakref.finalize[[], Payload] | None = None  # hands the transport memory back
 
     def release(self) -> None:
         """Hand the transport memory back (shm: the segment returns to prefill). Idempotent."""
