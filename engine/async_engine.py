@@ -23,9 +23,17 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # the engine modules import torch; this one stays light (the HTTP front imports it)
+    from specctl.engine.engine import Engine
+    from specctl.engine.logprobs import TokenLogprob
+    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sequence import Sequence as EngineSequence
 
 log = logging.getLogger("specctl.async_engine")
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -40,13 +48,13 @@ class RequestOutput:
     accept_lengths: list[int] = dataclasses.field(default_factory=list)  # per verify step (final delta only)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     text: str | None = None  # the engine's full text so far (cut at a stop string); final delta only
-    logprobs: list[Any] | None = None  # a TokenLogprob (or None) per new token, when the request asked for them
+    logprobs: list[TokenLogprob | None] | None = None  # one (None: not known) per new token, when the request asked
     # HTTP status of an error: None is a server-side failure (503); 408 is a PD room whose other half never came,
     # which a direct client causes by posting to one side only (the router always posts to both)
     error_status: int | None = None
 
 
-def seq_finished(seq: Any) -> bool:
+def seq_finished(seq: EngineSequence) -> bool:
     """Whether an engine Sequence is finished, tolerant of the status spelling."""
     status = getattr(seq, "status", None)
     name = getattr(status, "name", None) or (str(status) if status is not None else "")
@@ -62,7 +70,7 @@ def seq_finished(seq: Any) -> bool:
     return getattr(seq, "finish_reason", None) is not None
 
 
-def seq_accept_lengths(seq: Any) -> list[int]:
+def seq_accept_lengths(seq: EngineSequence) -> list[int]:
     values = getattr(seq, "accepted_per_step", None)
     return [int(v) for v in values] if values else []
 
@@ -71,7 +79,7 @@ def seq_accept_lengths(seq: Any) -> list[int]:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[RequestOutput]
-    admit: Callable[[Any], int]
+    admit: Callable[[Engine], int | EngineSequence]
     sent: int = 0
     rid: int | None = None
     done: bool = False
@@ -89,7 +97,7 @@ class _Stream:
 class AsyncEngine:
     """Runs `engine` on a daemon thread; async callers submit, stream, abort and call into it."""
 
-    def __init__(self, engine: Any, *, name: str = "engine", idle_poll_s: float = 0.1) -> None:
+    def __init__(self, engine: Engine, *, name: str = "engine", idle_poll_s: float = 0.1) -> None:
         self.engine = engine
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._live: dict[int, _Stream] = {}
@@ -100,7 +108,7 @@ class AsyncEngine:
         self.steps = 0
         self.failed_steps = 0
         self.last_error: str | None = None
-        self.on_step: Callable[[Any], None] | None = None  # called on the engine thread after each step
+        self.on_step: Callable[[Engine], None] | None = None  # called on the engine thread after each step
         # Deltas of one step, handed to each event loop in ONE thread-safe call (one wake-up of the loop, not
         # one per request: at batch 8 that is 8x fewer self-pipe writes and GIL hand-overs per step).
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
@@ -128,9 +136,9 @@ class AsyncEngine:
     async def generate(
         self,
         prompt_ids: Sequence[int],
-        params: Any,
+        params: SamplingParams,
         *,
-        admit: Callable[[Any], Any] | None = None,
+        admit: Callable[[Engine], int | EngineSequence] | None = None,
         coalesce: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request. `admit(engine)` replaces `engine.add_request(ids, params)`: it returns the
@@ -160,14 +168,14 @@ class AsyncEngine:
                 stream.cancelled = True
                 self._inbox.put(("abort", stream))
 
-    async def call(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
+    async def call(self, fn: Callable[[Engine], T], timeout: float | None = 30.0) -> T:
         """Run `fn(engine)` on the engine thread and return its result (exceptions propagate)."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._inbox.put(("call", (fn, fut)))
         return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
 
-    def call_sync(self, fn: Callable[[Any], Any], timeout: float | None = 30.0) -> Any:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def call_sync(self, fn: Callable[[Engine], T], timeout: float | None = 30.0) -> T:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._inbox.put(("call", (fn, fut)))
         return fut.result(timeout)
 
@@ -256,7 +264,7 @@ class AsyncEngine:
             except Exception:
                 log.debug("on_step hook failed", exc_info=True)
 
-    def _emit(self, seq: Any) -> None:
+    def _emit(self, seq: EngineSequence) -> None:
         stream = self._live.get(int(seq.rid))
         if stream is None:
             return
@@ -302,7 +310,7 @@ def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
         stream.queue.put_nowait(item)
 
 
-def seq_timings(seq: Any) -> dict[str, float]:
+def seq_timings(seq: EngineSequence) -> dict[str, float]:
     """Server-side seconds of one request: queue/prefill until the first token, then decoding."""
     out: dict[str, float] = {}
     arrival = getattr(seq, "arrival_time", None)
@@ -317,7 +325,7 @@ def seq_timings(seq: Any) -> dict[str, float]:
     return out
 
 
-def _finish_name(reason: Any) -> str:
+def _finish_name(reason: str | None) -> str:
     name = getattr(reason, "value", None) or getattr(reason, "name", None) or reason
     text = str(name).lower() if name is not None else "stop"
     if text in {"eos", "stop", "stop_string", "stop_token"}:

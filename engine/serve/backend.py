@@ -19,13 +19,19 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
-from specctl.engine.tokenizer import prompt_token_ids
+from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
 from specctl.errors import RuntimeFailure
+
+if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
+    from specctl.engine.engine import Engine
+    from specctl.engine.model_runner import ModelRunner
+    from specctl.engine.sampling import SamplingParams
+    from specctl.schemas.deployment import Deployment
 
 log = logging.getLogger("specctl.serve")
 
@@ -52,7 +58,7 @@ class RoleState:
 
 @dataclasses.dataclass
 class RoleContext:
-    deployment: Any  # schemas.deployment.Deployment
+    deployment: Deployment
     role_name: str
     role: dict[str, Any]
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
@@ -95,7 +101,7 @@ class RoomFailure(Exception):
         self.status = status
 
 
-def sampling_params_of(params: dict[str, Any]) -> Any:
+def sampling_params_of(params: dict[str, Any]) -> SamplingParams:
     from specctl.engine.sampling import SamplingParams
 
     return SamplingParams(
@@ -132,6 +138,8 @@ class TokenizingBackend:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
+        # A Tokenizer once the subclass's load() ran, None before. Untyped because /tokenize reaches encode()
+        # before loading (it does not wait for readiness): `Tokenizer | None` would need a not-loaded check there.
         self.tokenizer: Any = None
 
     def encode(self, text: str) -> list[int]:
@@ -149,7 +157,7 @@ class EngineBackend(TokenizingBackend):
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
 
     async def load(self) -> None:
@@ -223,8 +231,8 @@ class EngineBackend(TokenizingBackend):
             await asyncio.to_thread(self.aengine.stop)
 
 
-def engine_tokenizer(engine: Any) -> Any:
-    tok = getattr(engine, "tokenizer", None)
+def engine_tokenizer(engine: Engine) -> Tokenizer:
+    tok: Tokenizer | None = getattr(engine, "tokenizer", None)
     if tok is None:
         tok = getattr(getattr(engine, "runner", None), "tokenizer", None)
     if tok is None:
@@ -232,7 +240,7 @@ def engine_tokenizer(engine: Any) -> Any:
     return tok
 
 
-def engine_fingerprints(engine: Any) -> dict[str, Any]:
+def engine_fingerprints(engine: Engine | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     runner = getattr(engine, "runner", None)
     if runner is not None:
@@ -243,7 +251,7 @@ def engine_fingerprints(engine: Any) -> dict[str, Any]:
     return out
 
 
-def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine: Any) -> None:
+def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine: Engine | None) -> None:
     if isinstance(stats, dict) and isinstance(stats.get("num_running"), int):
         metrics.running.set(stats["num_running"])
         metrics.waiting.set(int(stats.get("num_waiting") or 0))
@@ -287,6 +295,8 @@ def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
                     host)
 
 
-def draft_runner_of(engine: Any) -> Any:
+def draft_runner_of(engine: Engine | None) -> ModelRunner | None:
+    """The draft model's runner (a draft-model drafter only; n-gram drafting and plain decoding have none)."""
     drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
-    return getattr(drafter, "runner", None)
+    runner: ModelRunner | None = getattr(drafter, "runner", None)
+    return runner

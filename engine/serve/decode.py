@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -56,6 +56,14 @@ from specctl.engine.serve.backend import (
 from specctl.engine.serve.router import connect_host, role_instances
 from specctl.engine.tokenizer import prompt_token_ids
 
+if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
+    from specctl.engine.engine import Engine
+    from specctl.engine.pd.bootstrap import HandshakeRejected, Pairing
+    from specctl.engine.pd.registration import RegistrationInfo
+    from specctl.engine.pd.transfer import Payload, TransferReceiver
+    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sequence import Sequence
+
 log = logging.getLogger("specctl.decode")
 
 HEARTBEAT_S = 1.0
@@ -69,7 +77,7 @@ class PrefillLink:
         self.backend = backend
         self.port = int(role["bootstrap_port"])
         self.endpoint = f"tcp://{connect_host(role)}:{self.port}"
-        self.pairing: Any = None
+        self.pairing: Pairing | None = None
         self.sock: zmq.asyncio.Socket | None = None
         self.ready = False
         self.progress_at = 0.0  # loop time of this prefill's latest sign of progress on any room
@@ -87,8 +95,10 @@ class PrefillLink:
         missed = 0
         while not b.fatal.is_set():
             await asyncio.sleep(HEARTBEAT_S)
+            pairing = self.pairing
+            assert pairing is not None  # register() paired, or was refused and set `fatal`
             try:
-                ok = await asyncio.to_thread(ping, self.pairing, timeout_s=1.0, retries=1)
+                ok = await asyncio.to_thread(ping, pairing, timeout_s=1.0, retries=1)
                 missed = 0
             except wire.WireError:
                 missed += 1
@@ -110,12 +120,14 @@ class PrefillLink:
         from specctl.engine.pd.bootstrap import HandshakeRejected, register
         b = self.backend
         secret = secret_of(b.ctx)
+        info = b.info
+        assert info is not None  # load() builds it before any link runs
         attempt = 0
         while True:
             attempt += 1
             b.ctx.state.set("pairing", f"registering with prefill at {self.endpoint} (attempt {attempt})")
             try:
-                pairing = await asyncio.to_thread(register, self.endpoint, b.info, secret=secret,
+                pairing = await asyncio.to_thread(register, self.endpoint, info, secret=secret,
                                                   timeout_s=min(5.0, b.ctx.timeout_s), retries=1)
             except HandshakeRejected as exc:
                 b.refused(exc)
@@ -127,13 +139,15 @@ class PrefillLink:
             self.paired(pairing)
             return
 
-    def paired(self, pairing: Any) -> None:
+    def paired(self, pairing: Pairing) -> None:
         b = self.backend
         old = self.pairing
         self.pairing = pairing
         b.handshakes += 1
         b.handshake_latency_s = pairing.latency_s
         control = pairing.prefill.endpoints.get("control")
+        # Every prefill of this engine version advertises one (the handshake refuses another version).
+        assert control is not None, "prefill's registration names no control endpoint"
         if old is None or old.prefill.endpoints.get("control") != control or self.sock is None:
             sock = b.zctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -195,14 +209,14 @@ class DecodeBackend(EngineBackend):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.fatal = asyncio.Event()
-        self.info: Any = None
-        self.receiver: Any = None
+        self.info: RegistrationInfo | None = None
+        self.receiver: TransferReceiver | None = None
         self.zctx = zmq.asyncio.Context()
         self.links: dict[int, PrefillLink] = {}  # by bootstrap port
-        self.waiting: dict[str, asyncio.Future[Any]] = {}
+        self.waiting: dict[str, asyncio.Future[Payload]] = {}
         self._recent: dict[str, tuple[bytes, float]] = {}  # room -> (its session key, loop time it expires)
         self.stage: dict[str, tuple[str, float]] = {}  # room -> (prefill stage, loop time it was reported)
-        self.bg: list[asyncio.Task[Any]] = []
+        self.bg: list[asyncio.Task[None]] = []
         self._stop = threading.Event()
         self._recv_thread: threading.Thread | None = None
         self.handshakes = 0
@@ -215,6 +229,7 @@ class DecodeBackend(EngineBackend):
         from specctl.engine.pd.registration import build_registration
         from specctl.engine.pd.transfer import PayloadSpec, TransferReceiver
         await super().load()
+        assert self.engine is not None  # super().load() built it
         self.loop = asyncio.get_running_loop()
         # Admission never exceeds the batch: a request whose KV arrived waits here for a running slot.
         self._batch_slots = asyncio.Semaphore(self.engine.config.max_batch_size)
@@ -296,7 +311,7 @@ class DecodeBackend(EngineBackend):
         else:
             self.ctx.state.set("ready", ready=True)
 
-    def refused(self, exc: Any) -> None:
+    def refused(self, exc: HandshakeRejected) -> None:
         self.ctx.state.set("refused", exc.reason)
         print(f"decode: {exc}", file=sys.stderr, flush=True)
         log.error("handshake refused: %s", json.dumps({"event": "handshake_refused", **exc.to_json()},
@@ -333,7 +348,7 @@ class DecodeBackend(EngineBackend):
         link = self.links[int(params["bootstrap_port"])]
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        payload: Any = None
+        payload: Payload | None = None
         claimed = got_payload = finished = slot = False
         try:
             if not link.ready or link.pairing is None:
@@ -393,7 +408,7 @@ class DecodeBackend(EngineBackend):
                 with contextlib.suppress(Exception):
                     await link.send(PdAbort(req_id=req_id, pairing_id=link.pairing.session_id))
 
-    async def _await_payload(self, link: PrefillLink, req_id: str, fut: asyncio.Future[Any]) -> Any:
+    async def _await_payload(self, link: PrefillLink, req_id: str, fut: asyncio.Future[Payload]) -> Payload:
         """Wait for the room's payload; the timeout measures prefill's liveness (see the module doc)."""
         timeout = self.ctx.timeout_s
         sent_at = self.loop.time()
@@ -419,9 +434,11 @@ class DecodeBackend(EngineBackend):
         """Transfer receiver thread: hand each payload to the request waiting for it."""
         from specctl.engine.pd.transfer import TransferError, TransferTimeout
 
+        receiver = self.receiver
+        assert receiver is not None  # load() binds it before starting this thread
         while not self._stop.is_set():
             try:
-                payload = self.receiver.recv(timeout_s=0.25)
+                payload = receiver.recv(timeout_s=0.25)
             except TransferTimeout:
                 continue
             except TransferError as exc:
@@ -440,7 +457,7 @@ class DecodeBackend(EngineBackend):
                 continue
             self.loop.call_soon_threadsafe(self._resolve, payload.request_id, payload, None)
 
-    def _resolve(self, req_id: str, payload: Any, exc: BaseException | None) -> None:
+    def _resolve(self, req_id: str, payload: Payload | None, exc: BaseException | None) -> None:
         fut = self.waiting.get(req_id)
         for link in self.links.values():
             if req_id in link.waiting:
@@ -452,6 +469,7 @@ class DecodeBackend(EngineBackend):
         if exc is not None:
             fut.set_exception(exc)
         else:
+            assert payload is not None  # _receive_loop hands over a payload or an error
             fut.set_result(payload)
 
     def fail_waiting(self, link: PrefillLink, reason: str) -> None:
@@ -481,13 +499,14 @@ class _Admit:
     """Runs on the engine thread: install a transferred request in the engine (`Engine.add_imported`) as a
     running Sequence with prefill's first token and generator state (the drafter rebuilds its own cache)."""
 
-    def __init__(self, backend: DecodeBackend, prompt_ids: list[int], params: Any, payload: Any) -> None:
+    def __init__(self, backend: DecodeBackend, prompt_ids: list[int], params: SamplingParams, payload: Payload
+                 ) -> None:
         self.backend = backend
         self.prompt_ids = prompt_ids
         self.params = params
         self.payload = payload
 
-    def __call__(self, engine: Any) -> Any:
+    def __call__(self, engine: Engine) -> Sequence:
         import torch
 
         payload = self.payload

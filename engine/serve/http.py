@@ -47,10 +47,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.detokenizer import Detokenizer
@@ -65,6 +66,9 @@ from specctl.engine.serve.openai_request import (
     parse_completion,
     parse_json_body,
 )
+
+if TYPE_CHECKING:
+    from specctl.engine.logprobs import TokenLogprob  # torch; the front stays light
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "chat_prompt", "error_body",
            "json_error", "sampling_params", "start_http"]
@@ -138,7 +142,7 @@ def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) 
     return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context))
 
 
-def logprobs_of(backend: Backend, ids: list[int], entries: list[Any] | None, *, chat: bool,
+def logprobs_of(backend: Backend, ids: list[int], entries: list[TokenLogprob | None] | None, *, chat: bool,
                 offset: int = 0) -> dict[str, Any]:
     """OpenAI's `logprobs` object for generated `ids` and their TokenLogprob entries (None: not known).
 
@@ -204,7 +208,7 @@ class OpenAIServer:
         add_sglang_routes(self)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             resp: web.StreamResponse = await handler(request)
             return resp
@@ -348,7 +352,7 @@ class OpenAIServer:
         t0 = time.perf_counter()
         clock = TokenClock(self.metrics)
         out: list[int] = []
-        lps: list[Any] = []
+        lps: list[TokenLogprob | None] = []
         final: RequestOutput | None = None
         async for item in self.backend.generate(ids, req.params, stream=False):
             if item.token_ids:
@@ -395,7 +399,7 @@ class OpenAIServer:
         offset = [len(self._echo(req))]  # text_offset of the next token (completions' logprobs)
 
         def chunk(text: str | None, finish: str | None, *, token_ids: list[int] | None = None,
-                  logprobs: list[Any] | None = None) -> dict[str, Any]:
+                  logprobs: list[TokenLogprob | None] | None = None) -> dict[str, Any]:
             c: dict[str, Any]
             if chat:
                 c = {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish,
@@ -485,7 +489,7 @@ class _PeerLimit:
     def __init__(self, server: web.Server, limit: int) -> None:
         self.limit = limit
         self.counts: dict[str, int] = {}
-        self.peers: dict[Any, str] = {}  # handler -> its client address (aiohttp's handlers have __slots__)
+        self.peers: dict[web.RequestHandler, str] = {}  # handler -> its client address (handlers have __slots__)
         self._made = server.connection_made
         self._lost = server.connection_lost
         server.connection_made = self.connection_made  # type: ignore[method-assign]
@@ -496,7 +500,7 @@ class _PeerLimit:
         peer = transport.get_extra_info("peername")
         return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 
-    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         peer = self._peer(transport)
         self.peers[handler] = peer
         self.counts[peer] = self.counts.get(peer, 0) + 1
@@ -509,7 +513,7 @@ class _PeerLimit:
             handler.force_close()
             transport.close()
 
-    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+    def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
         peer = self.peers.pop(handler, None)
         if peer is not None:
             left = self.counts.get(peer, 1) - 1

@@ -57,6 +57,7 @@ from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:
     from specctl.preflight.check import PreflightReport
+    from specctl.schemas.deployment import Deployment
 
 # (role, instance index) -> the argv of that engine process.
 Planner = Callable[[str, int], list[str]]
@@ -196,7 +197,7 @@ def log_tail(path: str, lines: int = 15) -> str:
 class Launcher:
     def __init__(
         self,
-        deployment: Any,
+        deployment: Deployment,
         *,
         overrides: Sequence[str] = (),
         log_dir: str | Path | None = None,

@@ -34,8 +34,9 @@ import contextlib
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -55,6 +56,15 @@ from specctl.engine.serve.backend import (
     warn_unauthenticated,
 )
 from specctl.engine.serve.metrics import ServingMetrics
+
+if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
+    import torch
+
+    from specctl.engine.engine import Engine
+    from specctl.engine.pd.bootstrap import BootstrapServer
+    from specctl.engine.pd.registration import RegistrationInfo
+    from specctl.engine.pd.transfer import TransferResult, TransferSender
+    from specctl.engine.sequence import Sequence
 
 log = logging.getLogger("specctl.prefill")
 
@@ -83,16 +93,19 @@ class PrefillBackend(EngineBackend):
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.bootstrap: Any = None
-        self.info: Any = None
+        self.bootstrap: BootstrapServer | None = None
+        self.info: RegistrationInfo | None = None
         self.faults = ctx.faults
         self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
-        self._senders: dict[tuple[str, bytes | None], Any] = {}
+        self._senders: dict[tuple[str, bytes | None], TransferSender] = {}
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
-        self._pending: set[Any] = set()  # Sequences admitted, first token not yet sampled (engine thread only)
-        self._bg: list[asyncio.Task[Any]] = []
+        self._pending: set[Sequence] = set()  # admitted, first token not yet sampled (engine thread only)
+        # (start, seconds) of the step that sampled a room's first token, set on the engine thread; weak, so an
+        # entry lives as long as its Sequence
+        self._prefill_steps: weakref.WeakKeyDictionary[Sequence, tuple[float, float]] = weakref.WeakKeyDictionary()
+        self._bg: list[asyncio.Task[None]] = []
         self.completed = 0
         self.failed = 0
         self.auth_failures = 0
@@ -106,7 +119,7 @@ class PrefillBackend(EngineBackend):
         from specctl.engine.pd.transfer import PayloadSpec
 
         await super().load()
-        assert self.aengine is not None
+        assert self.aengine is not None and self.engine is not None
         self.aengine.on_step = self._on_step
         engine = self.engine
         host = str(self.ctx.role.get("host") or "127.0.0.1")
@@ -247,7 +260,7 @@ class PrefillBackend(EngineBackend):
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error, error_status=error_status)
 
-    def _on_step(self, engine: Any) -> None:
+    def _on_step(self, engine: Engine) -> None:
         """Engine thread, after each step: the step that sampled a room's first token splits the room's time on
         prefill into queueing (its arrival -> that step's start) and compute (that step: its batch's forward
         and export)."""
@@ -256,16 +269,16 @@ class PrefillBackend(EngineBackend):
         duration = self.aengine.step_times[-1]
         start = time.monotonic() - duration
         for seq in [s for s in self._pending if s.first_token_time is not None]:
-            seq.prefill_step = (start, duration)
+            self._prefill_steps[seq] = (start, duration)
             self._pending.discard(seq)
 
-    async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Any, RequestOutput]:
+    async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Sequence | None, RequestOutput]:
         # Prefill samples token 1 only; decode applies the request's stop conditions to it (add_imported),
         # so here nothing may finish the request before its caches are exported.
         sp = dataclasses.replace(sampling_params_of(params), max_tokens=2, stop=(), ignore_eos=True)
-        holder: dict[str, Any] = {}
+        holder: dict[str, Sequence | None] = {}
 
-        def admit(engine: Any) -> int:
+        def admit(engine: Engine) -> int:
             rid = int(engine.add_request(prompt_ids, sp, export_after_prefill=True))
             seq = holder["seq"] = engine._seqs.get(rid)  # the Sequence carries the export and the generator
             if seq is not None:
@@ -280,13 +293,13 @@ class PrefillBackend(EngineBackend):
         seq = holder.get("seq")
         if seq is not None:
             await self.aengine.call(lambda eng: self._pending.discard(seq))
-            step = getattr(seq, "prefill_step", None)
+            step = self._prefill_steps.get(seq)
             if step is not None:
                 final.timings["queue_s"] = max(0.0, float(step[0]) - seq.arrival_time)
                 final.timings["compute_s"] = float(step[1])
         return seq, final
 
-    def _empty_draft(self) -> dict[str, Any]:
+    def _empty_draft(self) -> dict[str, torch.Tensor]:
         """The draft's components for zero cached tokens. Prefill does not run the draft model: decode's
         drafter builds its cache from the prompt at its first step, as a colocated engine does after its first
         token, so the draft's prefill stays out of TTFT. The components are still sent (the registration
@@ -302,9 +315,11 @@ class PrefillBackend(EngineBackend):
             out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)
         return out
 
-    async def _send(self, room: _Room, seq: Any, first: int, out: RequestOutput, draft: dict[str, Any]) -> Any:
+    async def _send(self, room: _Room, seq: Sequence, first: int, out: RequestOutput, draft: dict[str, torch.Tensor]
+                    ) -> TransferResult:
         import torch
 
+        assert seq.exported is not None  # generate() checked it; only this method clears it
         exported: dict[str, Any] = {**seq.exported, **draft}
         tensors = {n: exported[n] for n in self._component_order if n in exported}
         tensors.update({n: t for n, t in exported.items() if n not in tensors})
@@ -425,7 +440,7 @@ class PrefillBackend(EngineBackend):
 
     # sender thread --------------------------------------------------------------------------------
     def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
-                   extra: dict[str, Any]) -> Any:
+                   extra: dict[str, Any]) -> TransferResult:
         from specctl.engine.pd.transfer import TransferSender
 
         # One sender per decode session: with a secret every payload carries that session's MAC.

@@ -29,12 +29,17 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specctl.engine.serve.backend import EngineBackend, RoleContext
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.router import role_instances
 from specctl.errors import RuntimeFailure, SpecctlError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from specctl.schemas.deployment import Deployment
 
 __all__ = ["EngineBackend", "RoleContext", "role_instances", "serve_role"]
 
@@ -43,7 +48,7 @@ log = logging.getLogger("specctl.serve")
 # --------------------------------------------------------------------------------------------- process
 
 
-async def _run_http(ctx: RoleContext, backend: Any) -> Any:
+async def _run_http(ctx: RoleContext, backend: EngineBackend) -> web.AppRunner:
     from specctl.engine.serve.http import OpenAIServer, start_http
 
     server = OpenAIServer(backend, metrics=ctx.metrics)
@@ -55,7 +60,7 @@ async def _run_http(ctx: RoleContext, backend: Any) -> Any:
     return runner
 
 
-def make_backend(ctx: RoleContext) -> Any:
+def make_backend(ctx: RoleContext) -> EngineBackend:
     if ctx.role_name == "colocated":
         return EngineBackend(ctx)
     if ctx.role_name == "prefill":
@@ -100,14 +105,14 @@ async def _serve(ctx: RoleContext, stop: asyncio.Event) -> int:
         log.debug("http closed")
 
 
-async def _load(ctx: RoleContext, backend: Any) -> None:
+async def _load(ctx: RoleContext, backend: EngineBackend) -> None:
     ctx.state.set("loading", "loading the model")
     await backend.load()
     if ctx.role_name in ("colocated",):
         ctx.state.set("ready", ready=True)
 
 
-def serve_role(deployment: Any, role_name: str, instance: int = 0, *, faults: FaultPlan | None = None) -> int:
+def serve_role(deployment: Deployment, role_name: str, instance: int = 0, *, faults: FaultPlan | None = None) -> int:
     """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
     `instance` picks one of several prefill or decode instances; `faults` is a test's FaultPlan."""
     if role_name == "router":

@@ -19,16 +19,20 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from specctl.schemas.deployment import Deployment
 
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def role_instances(deployment: Any, name: str) -> list[dict[str, Any]]:
+def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
     instances = getattr(deployment, "instances", None)
     if callable(instances):
@@ -46,7 +50,7 @@ def http_url(role: dict[str, Any]) -> str:
     return f"http://{connect_host(role)}:{role['port']}"
 
 
-def router_argv(deployment: Any, *, python: str = sys.executable) -> list[str]:
+def router_argv(deployment: Deployment, *, python: str = sys.executable) -> list[str]:
     router = deployment.role("router")
     decode = deployment.role("decode")
     timeout_s = float((decode.get("transfer") or {}).get("timeout_s", 30))
@@ -86,12 +90,12 @@ def check_installed(python: str = sys.executable) -> None:
                                  hint="pip install sglang-router==0.3.2 (scripts/setup.sh installs it)")
 
 
-def run_router(deployment: Any) -> int:
+def run_router(deployment: Deployment) -> int:
     """Run sglang-router in the foreground until SIGINT/SIGTERM; its exit code (0 on a clean stop)."""
     check_installed()
     proc = subprocess.Popen(router_argv(deployment), env=router_env(), stdin=subprocess.DEVNULL)
 
-    def forward(signum: int, frame: Any) -> None:
+    def forward(signum: int, frame: FrameType | None) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
 

@@ -159,6 +159,7 @@ def meta_info(rid: str, prompt_len: int, out: list[int], final: RequestOutput | 
 class SglangRoutes:
     def __init__(self, server: OpenAIServer) -> None:
         self.server = server
+        # Untyped: /tokenize reaches `backend.tokenizer`, which the Backend protocol does not declare.
         self.backend: Any = server.backend
 
     async def model_info(self, request: web.Request) -> web.Response:
