@@ -3,12 +3,15 @@
 # (no CUDA graphs are captured: the runtime states per step are the buffers a capture would bind to).
 #
 # Made for the `device` tool's H200 machine, where python3 already holds a CUDA torch, typer, rich,
-# pyyaml, safetensors and tokenizers (see /work/.library/device/KINDS.md); the few pure-Python packages
-# specctl needs that the image lacks (msgspec, jsonschema, pyzmq) travel as wheels in .whl/ when present.
-# Run it from the repository root, e.g. through `run` with timeout_s 480:
+# pyyaml, safetensors and tokenizers (see /work/.library/device/KINDS.md); the few packages
+# specctl needs that the image lacks (msgspec, jsonschema, pyzmq) travel as wheels in .whl/ when present
+# (`bash benchmarks/gpu_wheels.sh` fills it here; hand it over with carry=[".whl"]).
+# Run it from the repository root, e.g. through `run` with timeout_s 480 and carry [".whl"]:
 #
 #     bash benchmarks/gpu_run.sh            # DEVICE=cuda, writes $OUT/*.txt (or ./gpu-out without $OUT)
 #     DEVICE=cpu QUICK=1 bash benchmarks/gpu_run.sh   # the same script on this machine, to check it runs
+#     (checked so with a bare CPython 3.12 venv holding only the image's packages and torch 2.13.0+cu130:
+#     the wheels install and all three steps pass)
 #
 # Steps, each bounded by `timeout` so one hang cannot eat the device budget: a smoke test that greedy
 # speculative output equals plain greedy on the device (the correctness oracle), verify_bench (k-position
