@@ -260,6 +260,34 @@ def pool_free(server: Server) -> tuple[int, int]:
     return server.backend.aengine.call_sync(lambda eng: (runner.num_free_pages, runner.num_total_pages))
 
 
+def test_every_route_answers_json_without_a_500_or_a_traceback_while_the_model_loads(
+        model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before load() the server already listens (/health says loading); every route it serves, OpenAI's and
+    SGLang's, answers a plausible request with a status below 500, or 503 service_unavailable, and logs no
+    error. (/tokenize and /detokenize read the tokenizer that loads with the model: they answered a
+    500 and logged an AttributeError's traceback.)"""
+    body = {"prompt": "x", "text": "x", "tokens": [1, 2], "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2}
+    s = Server(model_dir)
+    try:
+        seen = []
+        for route in s.server.app.router.routes():
+            path = route.resource.canonical if route.resource is not None else ""
+            if route.method not in ("GET", "POST") or not path:
+                continue
+            url = s.url + path.replace("{model_id}", "x")
+            code, text = post(url, body) if route.method == "POST" else get(url)
+            seen.append(path)
+            assert code < 500 or code == 503, (path, code, text)
+            if code == 503 and path != "/health":  # /health answers {"status": "loading"}
+                assert text["error"]["code"] == "service_unavailable", (path, text)
+        assert {"/tokenize", "/detokenize", "/generate", "/v1/completions", "/v1/chat/completions"} <= set(seen)
+        errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+        assert not errors, [r.getMessage() for r in errors]
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "unary"])
 def test_client_disconnect_aborts_and_frees_pages(server: Server, stream: bool) -> None:
     """Streaming or not (a unary request hears from the engine only at its first token and its end), a
