@@ -550,3 +550,52 @@ def test_a_burst_is_prefilled_in_batches_within_a_short_transfer_timeout(
     finally:
         for p in procs:
             p.stop()
+
+
+def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models: dict[str, Path]) -> None:
+    """A prefill backend in this process (its real engine thread and ZMQ sockets on loopback): a request admitted
+    and then aborted before its first token was sampled (the client went away) no longer stays in the set of
+    rooms awaiting their first token, which every engine step scans (it did, forever). The engine thread is
+    held by two gates so the order is fixed: admission, then the client's cancel, then the abort."""
+    import asyncio
+    import contextlib
+
+    from specctl.engine.serve.backend import RoleContext
+    from specctl.engine.serve.prefill import PrefillBackend
+    from specctl.schemas.deployment import load_deployment
+
+    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    dep = load_deployment(deployment_yaml(models["root"] / "pending-pd.yaml", target=models["target"], draft=None,
+                                          ports=ports, timeout_s=6))
+    backend = PrefillBackend(RoleContext(deployment=dep, role_name="prefill", role=dep.instances("prefill")[0]))
+
+    async def scenario() -> tuple[int, int]:
+        await backend.load()
+        aengine = backend.aengine
+        assert aengine is not None
+        try:
+            first, second = threading.Event(), threading.Event()
+            held = asyncio.ensure_future(aengine.call(lambda eng: first.wait(10)))
+            await asyncio.sleep(0.1)  # the engine thread is inside the first gate
+            task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), {"max_tokens": 4}))
+            await asyncio.sleep(0.1)  # its "add" is queued behind the gate
+            held_again = asyncio.ensure_future(aengine.call(lambda eng: second.wait(10)))
+            await asyncio.sleep(0.1)
+            first.set()  # the engine admits the request, then waits in the second gate before any step
+            await held
+            await asyncio.sleep(0.1)
+            admitted = await asyncio.to_thread(lambda: len(backend._pending))
+            task.cancel()  # the client goes away: its abort is queued behind the second gate
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            second.set()
+            await held_again
+            _, out = await backend._prefill(list(range(5, 20)), {"max_tokens": 4})  # later requests step on
+            assert out.finish_reason != "error", out
+            return admitted, await aengine.call(lambda eng: len(backend._pending))
+        finally:
+            await backend.close()
+
+    admitted, left = asyncio.run(scenario())
+    assert admitted == 1  # the aborted request had been admitted and was waiting for its first token
+    assert left == 0

@@ -263,13 +263,15 @@ class PrefillBackend(EngineBackend):
     def _on_step(self, engine: Engine) -> None:
         """Engine thread, after each step: the step that sampled a room's first token splits the room's time on
         prefill into queueing (its arrival -> that step's start) and compute (that step: its batch's forward
-        and export)."""
+        and export). A request that finished without one (its client went away mid-prefill: aborted) leaves
+        too; `_prefill`, cancelled, never got to discard it."""
         if not self._pending or self.aengine is None or not self.aengine.step_times:
             return
         duration = self.aengine.step_times[-1]
         start = time.monotonic() - duration
-        for seq in [s for s in self._pending if s.first_token_time is not None]:
-            self._prefill_steps[seq] = (start, duration)
+        for seq in [s for s in self._pending if s.first_token_time is not None or s.is_finished]:
+            if seq.first_token_time is not None:
+                self._prefill_steps[seq] = (start, duration)
             self._pending.discard(seq)
 
     async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Sequence | None, RequestOutput]:
