@@ -599,3 +599,23 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
     admitted, left = asyncio.run(scenario())
     assert admitted == 1  # the aborted request had been admitted and was waiting for its first token
     assert left == 0
+
+
+def test_a_decode_whose_background_link_fails_exits_3_naming_it(models: dict[str, Path], tmp_path: Path) -> None:
+    """A failure the links do not expect (a bug; here the test-only `decode_link_error` fault) ends the decode
+    role with exit 3 and the reason on its output, where the task used to die unseen and /health said
+    "pairing" for ever. No prefill runs: the fault fires before registering."""
+    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    cfg = deployment_yaml(tmp_path / "linkfail-pd.yaml", target=models["target"], draft=None, ports=ports,
+                          timeout_s=6)
+    plan = tmp_path / "linkfail.json"
+    plan.write_text(json.dumps({"decode_link_error": "planted link failure"}))
+    dec = Proc("decode", cfg, tmp_path / "decode.log", fault_plan=plan)
+    try:
+        dec.p.wait(START_TIMEOUT)
+    finally:
+        dec.stop()
+    text = dec.text()
+    assert dec.p.returncode == 3, text
+    assert f"the link to prefill tcp://127.0.0.1:{ports['bootstrap']} failed: RuntimeError: planted link failure" \
+        in text, text

@@ -33,7 +33,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -91,6 +91,8 @@ class PrefillLink:
         from specctl.engine.pd.bootstrap import ping
 
         b = self.backend
+        if b.ctx.faults.decode_link_error:
+            raise RuntimeError(b.ctx.faults.decode_link_error)  # a test's stand-in for a bug (serve/faults.py)
         await self.register()
         missed = 0
         while not b.fatal.is_set():
@@ -153,7 +155,7 @@ class PrefillLink:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(control)
             self.sock = sock  # the previous socket's receive loop closes it once it sees it was replaced
-            b.bg.append(asyncio.create_task(self.receive(sock)))
+            b.spawn(self.receive(sock), f"the receive loop for prefill {self.endpoint}")
         self.ready = True
         b.update_state()
         log.info("paired with prefill %s in %.3fs (fingerprint %s)", self.endpoint, pairing.latency_s,
@@ -263,7 +265,31 @@ class DecodeBackend(EngineBackend):
             self.links[link.port] = link
         self.update_state()
         for link in self.links.values():
-            self.bg.append(asyncio.create_task(link.run()))
+            self.spawn(link.run(), f"the link to prefill {link.endpoint}")
+
+    def spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run `coro` in the background for the life of the role. One that fails (a bug: the links handle
+        every failure they expect) ends the role with exit 3 naming it, rather than dying unseen while
+        /health says "pairing" for ever."""
+        task = asyncio.create_task(coro)
+        task.add_done_callback(lambda t: self._ended(t, what))
+        self.bg.append(task)
+
+    def _ended(self, task: asyncio.Task[None], what: str) -> None:
+        if task.cancelled() or self._stop.is_set():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        from specctl.errors import RuntimeFailure
+
+        reason = f"{what} failed: {type(exc).__name__}: {exc}"
+        log.error("%s", reason, exc_info=exc)
+        self.ctx.state.set("failed", reason)
+        if self.ctx.state.fatal is None:
+            self.ctx.state.fatal = RuntimeFailure(f"decode: {reason}",
+                                                  hint="a specctl bug: the log above has the traceback; restart decode")
+        self.fatal.set()
 
     async def close(self) -> None:
         self._stop.set()

@@ -10,6 +10,10 @@ Faults (prefill, engine/serve/prefill.py):
 - `prefill_hold_s`: hold each payload this long before sending it (so a test can kill decode "mid-transfer").
 - `prefill_corrupt_marker`: a prompt containing this text has its state components sent in reverse order
   (decode's verification against the registration must fail that request alone).
+
+Faults (decode, engine/serve/decode.py):
+- `decode_link_error`: each link to a prefill raises RuntimeError(this text) as it starts, standing for a bug
+  in a background task (the role must exit 3 naming it, not wait in "pairing" forever).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class FaultPlan:
 
     prefill_hold_s: float = 0.0
     prefill_corrupt_marker: str = ""
+    decode_link_error: str = ""
 
     @classmethod
     def from_file(cls, path: str | Path) -> FaultPlan:
@@ -45,7 +50,9 @@ class FaultPlan:
         hold = data.get("prefill_hold_s", 0.0)
         if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not math.isfinite(hold) or hold < 0:
             raise UsageError(f"--fault-plan {path}: prefill_hold_s must be a number >= 0, got {hold!r}")
-        marker = data.get("prefill_corrupt_marker", "")
-        if not isinstance(marker, str):
-            raise UsageError(f"--fault-plan {path}: prefill_corrupt_marker must be a string, got {marker!r}")
-        return cls(prefill_hold_s=float(hold), prefill_corrupt_marker=marker)
+        texts = {}
+        for key in ("prefill_corrupt_marker", "decode_link_error"):
+            texts[key] = data.get(key, "")
+            if not isinstance(texts[key], str):
+                raise UsageError(f"--fault-plan {path}: {key} must be a string, got {texts[key]!r}")
+        return cls(prefill_hold_s=float(hold), **texts)
