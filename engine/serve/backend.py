@@ -58,7 +58,7 @@ class RoleState:
 
 @dataclasses.dataclass
 class RoleContext:
-    deployment: Deployment
+    deployment: Deployment | None  # None for a server a test builds in process from a role dict alone
     role_name: str
     role: dict[str, Any]
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
@@ -83,8 +83,8 @@ class RoleContext:
             "status": self.state.status,
             "ready": self.state.ready,
             "uptime_s": round(time.time() - self.started, 3),
-            "deployment": {"name": getattr(dep, "name", None), "path": getattr(dep, "path", None),
-                           "raw": getattr(dep, "raw", None)},
+            "deployment": {"name": dep.name if dep else None, "path": dep.path if dep else None,
+                           "raw": dep.raw if dep else None},
             "resolved_role": self.role,
         }
 

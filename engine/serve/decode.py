@@ -55,6 +55,7 @@ from specctl.engine.serve.backend import (
 )
 from specctl.engine.serve.router import connect_host, role_instances
 from specctl.engine.tokenizer import prompt_token_ids
+from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
@@ -260,6 +261,8 @@ class DecodeBackend(EngineBackend):
         self.ctx.state.extra.update({"fingerprint": self.info.fingerprint()})
         self._recv_thread = threading.Thread(target=self._receive_loop, name="specctl-transfer-recv", daemon=True)
         self._recv_thread.start()
+        if self.ctx.deployment is None:
+            raise RuntimeFailure("a decode role pairs with the prefills its deployment lists: it needs one")
         for pre in role_instances(self.ctx.deployment, "prefill"):
             link = PrefillLink(self, pre)
             self.links[link.port] = link
@@ -281,8 +284,6 @@ class DecodeBackend(EngineBackend):
         exc = task.exception()
         if exc is None:
             return
-        from specctl.errors import RuntimeFailure
-
         reason = f"{what} failed: {type(exc).__name__}: {exc}"
         log.error("%s", reason, exc_info=exc)
         self.ctx.state.set("failed", reason)
@@ -342,8 +343,6 @@ class DecodeBackend(EngineBackend):
         print(f"decode: {exc}", file=sys.stderr, flush=True)
         log.error("handshake refused: %s", json.dumps({"event": "handshake_refused", **exc.to_json()},
                                                       default=str))
-        from specctl.errors import RuntimeFailure
-
         self.ctx.state.fatal = RuntimeFailure(
             f"decode refused by prefill: {exc.reason}",
             hint="the diff above lists every field that differs; fix them and restart decode")

@@ -207,7 +207,7 @@ class Launcher:
         preflight_timeout_s: float = 60.0,
         preflight: bool = True,
     ) -> None:
-        if not getattr(deployment, "path", None):
+        if not deployment.path:
             raise RuntimeFailure("the launcher needs a deployment loaded from a file (its processes re-read it)")
         self.deployment = deployment
         self.overrides = tuple(overrides)
@@ -216,7 +216,7 @@ class Launcher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **(env or {}), **OFFLINE_ENV}
         self.python = python
-        self.engine = str(getattr(deployment, "engine", "builtin"))
+        self.engine = deployment.engine
         self._custom_planner = planner is not None
         self.planner: Planner = planner or (self.sglang_command if self.engine == "sglang" else self.builtin_command)
         self.preflight_timeout_s = preflight_timeout_s

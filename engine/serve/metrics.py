@@ -17,10 +17,6 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from specctl.engine.async_engine import RequestOutput
 
 # Latency buckets (seconds) wide enough for tiny CPU models and real GPUs alike.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -276,13 +272,3 @@ class TokenClock:
             self.metrics.itl.observe((now - self.last) / n)
         self.last = now
         self.metrics.generation_tokens.inc(n)
-
-    def finish(self, item: RequestOutput, *, prompt_tokens: int | None) -> None:
-        """Record the request once its last delta (`RequestOutput`) arrived."""
-        error = getattr(item, "finish_reason", None) == "error"
-        self.metrics.record_request(
-            status="error" if error else (getattr(item, "finish_reason", None) or "stop"),
-            e2e_s=time.perf_counter() - self.start,
-            ttft_s=None if self.first is None else self.first - self.start,
-            prompt_tokens=None if error else prompt_tokens,
-            accept_lengths=() if error else list(getattr(item, "accept_lengths", ()) or ()))

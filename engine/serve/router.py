@@ -34,10 +34,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
-    instances = getattr(deployment, "instances", None)
-    if callable(instances):
-        return list(instances(name))
-    return [deployment.role(name)]
+    return deployment.instances(name)
 
 
 def connect_host(role: dict[str, Any]) -> str:
