@@ -149,8 +149,9 @@ class PrefillLink:
         b.handshakes += 1
         b.handshake_latency_s = pairing.latency_s
         control = pairing.prefill.endpoints.get("control")
-        # Every prefill of this engine version advertises one (the handshake refuses another version).
-        assert control is not None, "prefill's registration names no control endpoint"
+        if control is None:  # every prefill of this version advertises one (the handshake refuses others)
+            raise RuntimeFailure(f"prefill {self.endpoint} paired but advertised no control endpoint",
+                                 hint="run prefill and decode from the same specctl version")
         if old is None or old.prefill.endpoints.get("control") != control or self.sock is None:
             sock = b.zctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
