@@ -574,17 +574,16 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
         aengine = backend.aengine
         assert aengine is not None
         try:
-            first, second = threading.Event(), threading.Event()
+            # The engine thread takes its inbox in order: gate 1, the request's admission, gate 2.
+            first, second, in_second = threading.Event(), threading.Event(), threading.Event()
             held = asyncio.ensure_future(aengine.call(lambda eng: first.wait(10)))
-            await asyncio.sleep(0.1)  # the engine thread is inside the first gate
             task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), {"max_tokens": 4}))
-            await asyncio.sleep(0.1)  # its "add" is queued behind the gate
-            held_again = asyncio.ensure_future(aengine.call(lambda eng: second.wait(10)))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the task ran up to queueing its admission (event-loop work only)
+            held_again = asyncio.ensure_future(aengine.call(lambda eng: (in_second.set(), second.wait(10))))
             first.set()  # the engine admits the request, then waits in the second gate before any step
             await held
-            await asyncio.sleep(0.1)
-            admitted = await asyncio.to_thread(lambda: len(backend._pending))
+            assert await asyncio.to_thread(in_second.wait, 10)
+            admitted = len(backend._pending)  # the engine thread is parked in the gate
             task.cancel()  # the client goes away: its abort is queued behind the second gate
             with contextlib.suppress(asyncio.CancelledError):
                 await task
