@@ -580,6 +580,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
             task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), {"max_tokens": 4}))
             await asyncio.sleep(0.1)  # the task ran up to queueing its admission (event-loop work only)
             held_again = asyncio.ensure_future(aengine.call(lambda eng: (in_second.set(), second.wait(10))))
+            await asyncio.sleep(0.1)  # that call is queued too (its task's first step: event-loop work only)
             first.set()  # the engine admits the request, then waits in the second gate before any step
             await held
             assert await asyncio.to_thread(in_second.wait, 10)
