@@ -138,15 +138,23 @@ class TokenizingBackend:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
-        # A Tokenizer once the subclass's load() ran, None before. Untyped because /tokenize reaches encode()
-        # before loading (it does not wait for readiness): `Tokenizer | None` would need a not-loaded check there.
-        self.tokenizer: Any = None
+        self.tokenizer: Tokenizer | None = None  # set by the subclass's load()
+
+    def loaded_tokenizer(self) -> Tokenizer:
+        """The tokenizer; while the model (and with it the tokenizer) still loads, a 503 for the client:
+        /tokenize and /detokenize answer before readiness, as SGLang's do once its tokenizer is up."""
+        if self.tokenizer is None:
+            from specctl.engine.serve.openai_request import RequestError
+
+            raise RequestError("server not ready (loading): the tokenizer loads with the model", status=503,
+                               code="service_unavailable")
+        return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
-        return prompt_token_ids(self.tokenizer, text)  # the one rule every role shares
+        return prompt_token_ids(self.loaded_tokenizer(), text)  # the one rule every role shares
 
     def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids))
+        return self.loaded_tokenizer().decode(ids)
 
 
 class EngineBackend(TokenizingBackend):

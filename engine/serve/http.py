@@ -69,6 +69,7 @@ from specctl.engine.serve.openai_request import (
 
 if TYPE_CHECKING:
     from specctl.engine.logprobs import TokenLogprob  # torch; the front stays light
+    from specctl.engine.tokenizer import Tokenizer
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "chat_prompt", "error_body",
            "json_error", "sampling_params", "start_http"]
@@ -92,6 +93,8 @@ class Backend(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
+    def loaded_tokenizer(self) -> Tokenizer:
+        """The tokenizer; a 503 RequestError while it still loads."""
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
                  ) -> AsyncIterator[RequestOutput]:

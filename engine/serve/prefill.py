@@ -326,7 +326,7 @@ class PrefillBackend(EngineBackend):
         tensors = {n: exported[n] for n in self._component_order if n in exported}
         tensors.update({n: t for n, t in exported.items() if n not in tensors})
         marker = self.faults.prefill_corrupt_marker
-        if marker and marker in self.tokenizer.decode(list(seq.prompt_ids)):
+        if marker and marker in self.decode(list(seq.prompt_ids)):
             tensors = dict(reversed(list(tensors.items())))
         ttft = float(out.timings.get("ttft_s", 0.0))
         extra: dict[str, Any] = {"first_token": first, "prefill_s": float(out.timings.get("compute_s", ttft)),

@@ -159,8 +159,7 @@ def meta_info(rid: str, prompt_len: int, out: list[int], final: RequestOutput | 
 class SglangRoutes:
     def __init__(self, server: OpenAIServer) -> None:
         self.server = server
-        # Untyped: /tokenize reaches `backend.tokenizer`, which the Backend protocol does not declare.
-        self.backend: Any = server.backend
+        self.backend = server.backend
 
     async def model_info(self, request: web.Request) -> web.Response:
         model_path, tok_path = model_paths(self.backend.model_name)
@@ -178,31 +177,17 @@ class SglangRoutes:
                                    "num_waiting_reqs": int(info.get("num_waiting_reqs", 0)),
                                    "num_tokens": int(info.get("num_tokens", 0))}])
 
-    def _no_tokenizer(self) -> web.Response | None:
-        """503 while the model (and with it the tokenizer) is still loading: /tokenize and /detokenize need
-        only the tokenizer, so they answer as soon as it is there (a decode still pairing tokenizes too)."""
-        if self.backend.tokenizer is not None:
-            return None
-        self.server.metrics.http_errors.inc(code="503")
-        return json_error("server not ready (loading): the tokenizer loads with the model", status=503)
-
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self.server._body(request)
-        loading = self._no_tokenizer()
-        if loading is not None:
-            return loading
         prompt = body.get("prompt", body.get("text"))
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", param="prompt")
         ids = self.backend.encode(prompt) if body.get("add_special_tokens", True) else \
-            self.backend.tokenizer.encode(prompt)
+            self.backend.loaded_tokenizer().encode(prompt)
         return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": self.backend.max_context})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self.server._body(request)
-        loading = self._no_tokenizer()
-        if loading is not None:
-            return loading
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise RequestError("tokens must be a list of token ids", param="tokens")
