@@ -54,27 +54,6 @@ class RequestOutput:
     error_status: int | None = None
 
 
-def seq_finished(seq: EngineSequence) -> bool:
-    """Whether an engine Sequence is finished, tolerant of the status spelling."""
-    status = getattr(seq, "status", None)
-    name = getattr(status, "name", None) or (str(status) if status is not None else "")
-    if name.upper() in {"FINISHED", "ABORTED", "FAILED", "ERROR", "DONE"}:
-        return True
-    if getattr(seq, "error", None):
-        return True
-    finished = getattr(seq, "is_finished", None)
-    if callable(finished):
-        return bool(finished())
-    if finished is not None:
-        return bool(finished)
-    return getattr(seq, "finish_reason", None) is not None
-
-
-def seq_accept_lengths(seq: EngineSequence) -> list[int]:
-    values = getattr(seq, "accepted_per_step", None)
-    return [int(v) for v in values] if values else []
-
-
 @dataclasses.dataclass(eq=False)
 class _Stream:
     loop: asyncio.AbstractEventLoop
@@ -268,7 +247,7 @@ class AsyncEngine:
         stream = self._live.get(int(seq.rid))
         if stream is None:
             return
-        finished = seq_finished(seq)
+        finished = seq.is_finished
         if stream.coalesce and stream.sent and not finished:
             return  # its first tokens went out; the rest go with the finish
         out = list(seq.output_ids)
@@ -276,20 +255,18 @@ class AsyncEngine:
         if new or finished:
             stream.sent = len(out)
             item = RequestOutput(token_ids=new, completion_tokens=len(out))
-            lps = getattr(seq, "output_logprobs", None)
+            lps = seq.output_logprobs
             if lps:
                 item.logprobs = list(lps[stream.sent - len(new) : stream.sent])
             if finished:
                 if stream.rid is not None:
                     self._live.pop(stream.rid, None)
                 item.finished = True
-                item.error = getattr(seq, "error", None) or None
-                reason = getattr(seq, "finish_reason", None)
-                item.finish_reason = "error" if item.error else _finish_name(reason)
-                item.accept_lengths = seq_accept_lengths(seq)
+                item.error = seq.error or None
+                item.finish_reason = "error" if item.error else (seq.finish_reason or "stop")
+                item.accept_lengths = list(seq.accepted_per_step)
                 item.timings = seq_timings(seq)
-                text = getattr(seq, "text", None)
-                item.text = text if isinstance(text, str) else None
+                item.text = seq.text
             self._outbox.setdefault(stream.loop, []).append((stream, item))
 
     def _flush(self) -> None:
@@ -313,26 +290,14 @@ def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
 def seq_timings(seq: EngineSequence) -> dict[str, float]:
     """Server-side seconds of one request: queue/prefill until the first token, then decoding."""
     out: dict[str, float] = {}
-    arrival = getattr(seq, "arrival_time", None)
-    first = getattr(seq, "first_token_time", None)
-    finish = getattr(seq, "finish_time", None)
-    if arrival is not None and first is not None:
+    arrival, first, finish = seq.arrival_time, seq.first_token_time, seq.finish_time
+    if first is not None:
         out["ttft_s"] = first - arrival
     if first is not None and finish is not None:
         out["decode_s"] = finish - first
-    if arrival is not None and finish is not None:
+    if finish is not None:
         out["engine_total_s"] = finish - arrival
     return out
-
-
-def _finish_name(reason: str | None) -> str:
-    name = getattr(reason, "value", None) or getattr(reason, "name", None) or reason
-    text = str(name).lower() if name is not None else "stop"
-    if text in {"eos", "stop", "stop_string", "stop_token"}:
-        return "stop"
-    if text in {"length", "max_tokens"}:
-        return "length"
-    return text
 
 
 def _describe(exc: BaseException) -> str:
