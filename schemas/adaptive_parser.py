@@ -85,79 +85,78 @@ class _Parser:
     def knob(self, name: str, value: Any, path: str) -> Any | None:
         """The value if valid for `name`, else None after recording a finding."""
         if name == "ema_alpha":
-            if _is_number(value) and 0 < value <= 1:
-                return value
-            self.add(
-                "ADP212", "error", path,
+            return self._valid(
+                _is_number(value) and 0 < value <= 1, value,
+                "ADP212", path,
                 f"ema_alpha is {_show(value)}; it must be a number with 0 < ema_alpha <= 1 "
                 "(0 freezes the EMA; above 1 it overshoots every observation)",
                 "set ema_alpha to a number in (0, 1], e.g. 0.2 (SGLang's default)",
             )
-        elif name == "update_interval":
-            if _is_int(value) and value >= 1:
-                return value
+        if name == "update_interval":
             why = " (SGLang divides by it: ZeroDivisionError at the first decision)" if value == 0 else ""
-            self.add(
-                "ADP211", "error", path,
+            return self._valid(
+                _is_int(value) and value >= 1, value,
+                "ADP211", path,
                 f"update_interval is {_show(value)}; it must be an integer >= 1{why}",
                 "set update_interval to a positive integer, e.g. 5 (SGLang's default)",
             )
-        elif name == "warmup_batches":
-            if _is_int(value) and value >= 0:
-                return value
-            self.add(
-                "ADP213", "error", path,
+        if name == "warmup_batches":
+            return self._valid(
+                _is_int(value) and value >= 0, value,
+                "ADP213", path,
                 f"warmup_batches is {_show(value)}; it must be an integer >= 0",
                 "set warmup_batches to a non-negative integer, e.g. 10 (SGLang's default)",
             )
-        elif name in ("down_hysteresis", "up_hysteresis"):
-            if _is_number(value):
-                return value
-            self.add(
-                "ADP214", "error", path,
+        if name in ("down_hysteresis", "up_hysteresis"):
+            return self._valid(
+                _is_number(value), value,
+                "ADP214", path,
                 f"{name} is {_show(value)}; it must be a finite number",
                 f"set {name} to a number, e.g. {KNOB_DEFAULTS[name]} (SGLang's default)",
             )
-        elif name == "ceiling_coeff":
-            if _is_number(value) and value >= 0:
-                return value
-            self.add(
-                "ADP214", "error", path,
+        if name == "ceiling_coeff":
+            return self._valid(
+                _is_number(value) and value >= 0, value,
+                "ADP214", path,
                 f"ceiling_coeff is {_show(value)}; it must be a finite number >= 0 (0 disables the ceiling)",
                 "set ceiling_coeff to 0 (off) or a positive number",
             )
-        elif name == "zero_backoff":
-            if _is_int(value) and value >= 1:
-                return value
-            self.add(
-                "ADP214", "error", path,
+        if name == "zero_backoff":
+            return self._valid(
+                _is_int(value) and value >= 1, value,
+                "ADP214", path,
                 f"zero_backoff is {_show(value)}; it must be an integer >= 1: the longest stay at steps 0, in "
                 "decision intervals, after repeated failed probes (1 = SGLang: probe at every decision)",
                 "set zero_backoff to 1 (off, SGLang's behaviour) or a cap such as 16",
             )
-        elif name == "zero_threshold":
-            if _is_number(value) and value >= 0:
-                return value
-            self.add(
-                "ADP214", "error", path,
+        if name == "zero_threshold":
+            return self._valid(
+                _is_number(value) and value >= 0, value,
+                "ADP214", path,
                 f"zero_threshold is {_show(value)}; it must be a finite number >= 0: the EMA of accepted drafts at "
                 "or below which the bucket steps down to 0 (null = SGLang's bar, 0.5 + down_hysteresis)",
                 "set zero_threshold to a number such as 0.5, or remove it (SGLang's behaviour)",
             )
-        elif name in THROUGHPUT_KEYS:
+        if name in THROUGHPUT_KEYS:
             ok = value is None if name.startswith(("profile_run_batch", "max_profile", "profile_run_seq")) else False
             if name == "profile_run_batch_sizes" and isinstance(value, list):
                 ok = all(_is_int(v) and v >= 1 for v in value)
             elif _is_int(value):
                 ok = value >= (0 if name == "profile_run_n_warmup" else 1)
-            if ok:
-                return value
-            self.add(
-                "ADP214", "error", path,
+            return self._valid(
+                ok, value,
+                "ADP214", path,
                 f"{name} is {_show(value)}; throughput_aware needs a positive integer here"
                 + (" (or a list of them)" if name == "profile_run_batch_sizes" else ""),
                 f"set {name} to a positive integer or remove it to use SGLang's default",
             )
+        return None
+
+    def _valid(self, ok: bool, value: Any, code: str, path: str, message: str, fix: str) -> Any | None:
+        """`value` when `ok`, else None after recording the finding (`knob`'s every branch)."""
+        if ok:
+            return value
+        self.add(code, "error", path, message, fix)
         return None
 
     def strategy(self, obj: Mapping[str, Any]) -> str:
