@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from specctl.bench.ab import FILLED_WARN, bootstrap_ratio, parse_ab, port_overrides
 from specctl.bench.stub_server import StubBehaviour, StubServer
 from specctl.cli.main import app
+from specctl.engine.serve.ports import free_port
 from specctl.errors import UsageError
 
 runner = CliRunner()
@@ -87,21 +88,13 @@ def test_variants_move_every_role_port_and_bad_values_are_usage_errors():
     assert res.exit_code == 2 and "-c DEPLOY" in res.output
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_ab_launches_a_variant_next_to_the_deployment_and_traces_the_base(tmp_path: Path) -> None:
     """The issue's command on the colocated builtin preset: base (speculative) vs algorithm=none."""
     import subprocess
     import sys
 
-    port = _free_port()
+    port = free_port()
     trace = tmp_path / "verify.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "specctl.cli", "bench", "-c", "tiny-colocated", "--set", f"roles.colocated.port={port}",

@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from specctl.engine.serve.ports import free_port
 
 
 @pytest.mark.slow
 def test_bench_launches_benches_and_tears_down_the_builtin_deployment(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     out, png = tmp_path / "r.jsonl", tmp_path / "r.png"
     proc = subprocess.run(
         [sys.executable, "-m", "specctl.cli", "bench", "-c", "tiny-colocated", "--set", f"roles.colocated.port={port}",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +21,9 @@ import yaml
 from specctl.bench import server_info as si
 from specctl.bench.probe import merge_metrics, merge_server_info
 from specctl.bench.prometheus import metrics_delta, sglang_metrics
+from specctl.engine.serve.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def test_merged_metrics_keep_each_instance_apart_and_diff_per_instance() -> None:
@@ -87,7 +76,7 @@ def test_two_decodes_merge_into_one_server_info() -> None:
 
 def test_bench_of_tiny_pd_reads_the_roles_behind_the_router(tmp_path: Path) -> None:
     dep = yaml.safe_load((ROOT / "presets" / "tiny-pd.yaml").read_text())
-    router, prefill, boot, decode = _free_ports(4)
+    router, prefill, boot, decode = free_ports(4)
     dep["roles"] = {"prefill": {"host": "127.0.0.1", "port": prefill, "bootstrap_port": boot},
                     "decode": {"host": "127.0.0.1", "port": decode},
                     "router": {"host": "127.0.0.1", "port": router}}

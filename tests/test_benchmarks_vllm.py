@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from specctl.engine.serve.ports import ephemeral_start, free_port
+
 from script_support import load_script  # isort: skip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,15 +166,13 @@ def test_a_server_that_dies_at_start_is_exit_3_with_a_hint_and_nothing_is_left_r
 def _free_port_pair() -> int:
     """A port p with p and p + 1 free on 127.0.0.1 just now (vLLM on p, specctl on p + 1)."""
     for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
+        p = free_port()  # below the ephemeral range (engine/serve/ports.py); so must p + 1 be
+        if p + 1 >= ephemeral_start():
+            continue
+        with socket.socket() as b:
+            try:
+                b.bind(("127.0.0.1", p + 1))
+            except OSError:
                 continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-            return int(p)
+        return p
     raise RuntimeError("no two adjacent free ports")

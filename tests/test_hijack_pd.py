@@ -22,6 +22,7 @@ from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import HandshakeRejected, register, seal
 from specctl.engine.pd.messages import PdClaim
 from specctl.engine.pd.registration import build_registration
+from specctl.engine.serve.ports import free_ports
 
 from test_serve_pd import (  # isort: skip
     PROMPTS,
@@ -30,7 +31,6 @@ from test_serve_pd import (  # isort: skip
     complete,
     concurrent,
     deployment_yaml,
-    free_port,
     healthy,
     info,
     models,  # noqa: F401 - the module fixture
@@ -45,7 +45,7 @@ SECRET_ENV = "SPECCTL_TEST_PD_SECRET"
 
 
 def _topology(dirs: dict[str, Path], name: str, *, secret: str | None) -> Iterator[dict[str, Any]]:
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     cfg = deployment_yaml(dirs["root"] / f"{name}.yaml", target=dirs["target"], draft=None, ports=ports,
                           timeout_s=3, secret_env=SECRET_ENV if secret else None)
     logs = dirs["root"] / f"{name}-logs"

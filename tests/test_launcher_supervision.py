@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from specctl.engine.serve.launcher import Launcher
+from specctl.engine.serve.ports import free_ports
 from specctl.errors import RuntimeFailure
 from specctl.schemas.deployment import load_deployment
 
@@ -86,21 +87,11 @@ FAKE = textwrap.dedent(
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch):
     src = Path(__file__).resolve().parents[1] / "presets" / "tiny-pd.yaml"
     doc = yaml.safe_load(src.read_text())
-    p, d, r, b = _free_ports(4)
+    p, d, r, b = free_ports(4)
     doc["roles"] = {
         "prefill": {"host": "127.0.0.1", "port": p, "bootstrap_port": b},
         "decode": {"host": "127.0.0.1", "port": d},

@@ -24,8 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.engine.checkpoint import write_random_model
-
-from test_serve_pd import free_port  # isort: skip
+from specctl.engine.serve.ports import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +69,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     root = tmp_path_factory.mktemp("metrics")
     target = write_random_model(root / "target", sliding_window=6)
     draft = write_random_model(root / "draft", layer_kinds=("full",), seed=1)
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     cfg = root / "pd.yaml"
     cfg.write_text(f"""version: 1
 name: metrics-pd

@@ -21,6 +21,23 @@ def test_a_free_port_is_below_the_ephemeral_range_and_bindable():
             s.listen()
 
 
+def test_a_set_of_ports_is_distinct_and_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch):
+    got = ports.free_ports(8)
+    assert len(got) == len(set(got)) == 8
+    assert all(ports.PORT_FLOOR <= p < ports.ephemeral_start() for p in got)
+    # a window of exactly three free ports: all three, each once, however the draws fall
+    base = ports.free_port()
+    monkeypatch.setattr(ports, "PORT_FLOOR", base)
+    monkeypatch.setattr(ports, "ephemeral_start", lambda: base + 3)
+    with socket.socket() as a, socket.socket() as b:
+        try:
+            a.bind(("127.0.0.1", base + 1))
+            b.bind(("127.0.0.1", base + 2))
+        except OSError:
+            pytest.skip(f"port {base + 1} or {base + 2} is busy on this machine")
+    assert sorted(ports.free_ports(3)) == [base, base + 1, base + 2]
+
+
 def test_a_port_something_listens_on_or_a_taken_one_is_never_handed_out(monkeypatch: pytest.MonkeyPatch):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -21,6 +21,7 @@ from sglang_fixture_server import FixtureServer, fixture, json_answer, text_answ
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
+from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
 from specctl.preflight.check import run_preflight
 from specctl.preflight.facts import normalise
@@ -196,15 +197,9 @@ def test_differences_exit_3_with_an_itemized_table(pair_of: Any) -> None:
                                                                        ("transfer_backend", "mooncake", "nixl")}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_server_down_is_a_clear_error(pair_of: Any) -> None:
     pair = pair_of()
-    down = f"http://127.0.0.1:{_free_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     res = runner.invoke(app, ["preflight", "--prefill", pair.prefill.url, "--decode", down])
     assert res.exit_code == 3
     assert "decode server" in _out(res) and "not reachable" in _out(res) and "Traceback" not in _out(res)
@@ -287,7 +282,7 @@ def test_adaptive_config_compared_by_content_and_a_fifo_path_is_not_read(tmp_pat
 def test_bootstrap_port_with_nothing_listening_names_the_flag(pair_of: Any) -> None:
     pair = pair_of()
     res = runner.invoke(app, ["preflight", "--prefill", pair.prefill.url, "--decode", pair.decode.url,
-                              "--bootstrap-port", str(_free_port()), "--timeout", "0.5"])
+                              "--bootstrap-port", str(free_port()), "--timeout", "0.5"])
     assert res.exit_code == 3
     out = _out(res)
     assert "connection refused" in out and "--disaggregation-bootstrap-port" in out
@@ -324,7 +319,7 @@ def test_engine_sglang_deployment_gives_urls_and_bootstrap_port(pair_of: Any, tm
     pair = pair_of(prefill={"model_path": HYBRID})
     pair.prefill.routes["/server_info"] = [json_answer({**fixture("server_info_prefill.json"),
                                                         "model_path": HYBRID,
-                                                        "disaggregation_bootstrap_port": _free_port()})]
+                                                        "disaggregation_bootstrap_port": free_port()})]
     pair.decode.routes["/server_info"] = [json_answer({**fixture("server_info_decode.json"), "model_path": HYBRID})]
     deploy = tmp_path / "sg.yaml"
     deploy.write_text(

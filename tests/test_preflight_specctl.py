@@ -9,7 +9,6 @@ against the base is refused with exactly its field(s) in the diff.
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 
 from specctl.cli.main import app
 from specctl.engine.checkpoint import write_random_model
+from specctl.engine.serve.ports import free_port, free_ports
 from specctl.preflight.check import run_preflight
 
 from test_serve_pd import Proc  # isort: skip  (one `specctl serve` process helper for the PD tests)
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.slow
 
 START_TIMEOUT = 180.0
 runner = CliRunner()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def healthy(url: str) -> bool:
@@ -84,7 +78,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
               "full": write_random_model(root / "full", layer_kinds=("full", "full")),
               "draft": write_random_model(root / "draft", layer_kinds=("full",), seed=1),
               "draft2": write_random_model(root / "draft2", layer_kinds=("full",), seed=2)}
-    ports = {k: free_port() for k in ("colocated", "prefill", "bootstrap", "decode")}
+    ports = dict(zip(("colocated", "prefill", "bootstrap", "decode"), free_ports(4), strict=True))
     cfg = write_deployment(root / "pd.yaml", target=models["target"], draft=models["draft"], roles=(
         f"  prefill: {{host: 127.0.0.1, port: {ports['prefill']}, bootstrap_port: {ports['bootstrap']}}}\n"
         f"  decode: {{host: 127.0.0.1, port: {ports['decode']}}}\n"))

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
+from specctl.engine.serve.ports import free_port, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +44,6 @@ START_TIMEOUT = 120.0
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ADAPTIVE = ("{algorithm: draft, draft: %s, num_steps: 3, adaptive: {strategy: ema, warmup_batches: 2, "
             "update_interval: 2, buckets: {1: {candidate_steps: [1, 3]}, 4: {candidate_steps: [0, 1, 3]}}}}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 60.0) -> tuple[int | None, Any]:
@@ -69,14 +63,16 @@ def http(method: str, url: str, body: Any = None, timeout: float = 60.0) -> tupl
         return None, {}
 
 
-def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.1) -> Any:
+def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.1, *, show: Sequence[Proc] = ()) -> Any:
+    """Poll `pred` until it is truthy; on timeout fail naming `what`, with the exit status and log tail of
+    each process in `show` (a CI failure then says why a server never came up)."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + "".join(p.tail() for p in show))
         time.sleep(poll)
 
 
@@ -137,6 +133,9 @@ class Proc:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def tail(self, chars: int = 3000) -> str:
+        return f"\n--- {self.log.name} (exit status {self.p.poll()}) ---\n{self.text()[-chars:]}"
 
 
 def healthy(url: str) -> bool:
@@ -204,8 +203,8 @@ def info(url: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def spec_topology(models: dict[str, Path]) -> Iterator[dict[str, Any]]:
-    ports: dict[str, Any] = {"prefill": [(free_port(), free_port()) for _ in range(2)],
-                             "decode": [free_port() for _ in range(2)], "router": free_port()}
+    p = free_ports(7)
+    ports: dict[str, Any] = {"prefill": [(p[0], p[1]), (p[2], p[3])], "decode": [p[4], p[5]], "router": p[6]}
     cfg = deployment_yaml(models["root"] / "spec-pd.yaml", target=models["target"], draft=models["draft"],
                           ports=ports, timeout_s=20)
     out_path, err = models["root"] / "up.out", models["root"] / "up.err"
@@ -315,7 +314,7 @@ def test_native_generate_through_the_router_reports_accept_length(
 
 @pytest.fixture(scope="module")
 def plain(models: dict[str, Path]) -> Iterator[dict[str, Any]]:
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     cfg = deployment_yaml(models["root"] / "plain-pd.yaml", target=models["target"], draft=None, ports=ports,
                           timeout_s=4)
     logs = models["root"] / "plain-logs"
@@ -330,7 +329,7 @@ def plain(models: dict[str, Path]) -> Iterator[dict[str, Any]]:
     t["decode"] = Proc("decode", cfg, logs / "decode.log")
     try:
         wait_for(lambda: healthy(t["url"]["prefill"]) and healthy(t["url"]["decode"]), START_TIMEOUT,
-                 "plain prefill and decode ready")
+                 "plain prefill and decode ready", show=(t["prefill"], t["decode"]))
         t["router"] = Proc("router", cfg, logs / "router.log")
         wait_for(lambda: router_ready(t["url"]["router"]), START_TIMEOUT, "sglang-router ready")
         yield t
@@ -467,9 +466,10 @@ def test_kill_decode_mid_transfer_frees_prefill_pages(plain: dict[str, Any], off
     # A new decode pairs again and the router serves through it.
     plain["decode"].stop()
     plain["decode"] = Proc("decode", plain["cfg"], plain["logs"] / "decode2.log")
-    wait_for(lambda: healthy(plain["url"]["decode"]), START_TIMEOUT, "restarted decode to pair")
+    wait_for(lambda: healthy(plain["url"]["decode"]), START_TIMEOUT, "restarted decode to pair",
+             show=(plain["prefill"], plain["decode"]))
     wait_for(lambda: complete(plain["url"]["router"], PROMPTS[0])[0] == 200, 30, "the router to route again",
-             poll=0.5)
+             poll=0.5, show=(plain["router"], plain["prefill"], plain["decode"]))
     code, body = complete(plain["url"]["router"], PROMPTS[0])
     assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[0]]
 
@@ -493,9 +493,9 @@ def test_kill_prefill_fails_in_flight_requests_and_decode_repairs(
     plain["prefill"].stop()
     plain["prefill"] = Proc("prefill", plain["cfg"], plain["logs"] / "prefill2.log", fault_plan=plain["hold"])
     wait_for(lambda: healthy(plain["url"]["prefill"]) and healthy(plain["url"]["decode"]), START_TIMEOUT,
-             "decode to re-pair")
+             "decode to re-pair", show=(plain["prefill"], plain["decode"]))
     wait_for(lambda: complete(plain["url"]["router"], PROMPTS[2])[0] == 200, 30, "the router to route again",
-             poll=0.5)
+             poll=0.5, show=(plain["router"], plain["prefill"], plain["decode"]))
     code, body = complete(plain["url"]["router"], PROMPTS[2])
     assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[2]]
 
@@ -519,7 +519,7 @@ def test_a_burst_is_prefilled_in_batches_within_a_short_transfer_timeout(
     # than the 1.5 s transfer timeout would allow one at a time... the timeout measures liveness, not
     # queueing, so every request completes, exactly; and prefill ran them in batches (fewer engine steps
     # than requests).
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     cfg = deployment_yaml(models["root"] / "burst-pd.yaml", target=models["target"], draft=None, ports=ports,
                           timeout_s=30)
     logs = models["root"] / "burst-logs"
@@ -564,7 +564,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
     from specctl.engine.serve.prefill import PrefillBackend
     from specctl.schemas.deployment import load_deployment
 
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     dep = load_deployment(deployment_yaml(models["root"] / "pending-pd.yaml", target=models["target"], draft=None,
                                           ports=ports, timeout_s=6))
     backend = PrefillBackend(RoleContext(deployment=dep, role_name="prefill", role=dep.instances("prefill")[0]))
@@ -605,7 +605,7 @@ def test_a_decode_whose_background_link_fails_exits_3_naming_it(models: dict[str
     """A failure the links do not expect (a bug; here the test-only `decode_link_error` fault) ends the decode
     role with exit 3 and the reason on its output, where the task used to die unseen and /health said
     "pairing" for ever. No prefill runs: the fault fires before registering."""
-    ports = {k: free_port() for k in ("prefill", "decode", "router", "bootstrap")}
+    ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     cfg = deployment_yaml(tmp_path / "linkfail-pd.yaml", target=models["target"], draft=None, ports=ports,
                           timeout_s=6)
     plan = tmp_path / "linkfail.json"

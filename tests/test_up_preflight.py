@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.serve.launcher import Launcher, Planner, PreflightRefused, ProcessStatus
+from specctl.engine.serve.ports import free_ports
 from specctl.errors import RuntimeFailure
 from specctl.schemas.deployment import load_deployment
 
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 START_TIMEOUT = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +44,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def write_deployment(path: Path, models: dict[str, Path], *, engine: str, prefills: int = 1) -> Path:
+    port = iter(free_ports(2 * prefills + 2))
     path.write_text(f"""version: 1
 name: {path.stem}
 engine: {engine}
@@ -66,9 +61,9 @@ serve: {{max_batch_size: 4}}
 transfer: {{backend: zmq, timeout_s: 10}}
 roles:
   prefill:
-{"".join(f"    - {{host: 127.0.0.1, port: {free_port()}, bootstrap_port: {free_port()}}}{chr(10)}"
-         for _ in range(prefills))}  decode: {{host: 127.0.0.1, port: {free_port()}}}
-  router: {{host: 127.0.0.1, port: {free_port()}}}
+{"".join(f"    - {{host: 127.0.0.1, port: {next(port)}, bootstrap_port: {next(port)}}}{chr(10)}"
+         for _ in range(prefills))}  decode: {{host: 127.0.0.1, port: {next(port)}}}
+  router: {{host: 127.0.0.1, port: {next(port)}}}
 """)
     return path
 

@@ -49,3 +49,11 @@ def free_port(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct ports from `free_port`, for a set of servers launched together."""
+    chosen: list[int] = []
+    for _ in range(n):
+        chosen.append(free_port(host, set(chosen)))
+    return chosen
