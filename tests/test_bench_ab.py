@@ -46,11 +46,15 @@ def test_ab_url_gives_the_known_ratio_with_an_interval(stubs, tmp_path: Path):
     assert base["ab"]["variant"] == "base" and len(base["ab"]["rounds"]) == 5
     row = comp["variants"][1]
     thr = row["output_throughput_ratio"]
-    assert 1.7 < thr["ratio"] < 2.3, thr  # 2x, less the fixed per-request overhead
+    # 2x, less the client's and the stub's own time per token, which a loaded machine stretches: with two
+    # CPU burners on 2 cores it measured 1.57x (1.96x idle); swapped variants give 0.5x, no effect 1.0x.
+    assert 1.4 < thr["ratio"] < 2.3, thr
     lo, hi = thr["ci95"]
-    assert lo <= thr["ratio"] <= hi and hi - lo < 0.6
+    # The interval brackets the ratio and excludes "no difference"; its width is the machine's noise (under
+    # a CPU burner it reached 0.8, so only an absurd width fails).
+    assert 1.0 < lo <= thr["ratio"] <= hi < 3.0
     tpot = row["mean_tpot_ms_ratio"]
-    assert 0.4 < tpot["ratio"] < 0.6, tpot
+    assert 0.4 < tpot["ratio"] < 0.72, tpot  # 0.5x, plus the same per-token overhead
     # JSONL: one record per variant, then the comparison
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x.get("kind") for x in lines] == [None, None, "ab-comparison"]
