@@ -120,15 +120,19 @@ class CostModel:
     # (`profile`). None in cost models written before it was measured: then no step pays it.
     refill_s: Mapping[int, Mapping[int, float]] | None = None
     sampled_refill_s: Mapping[int, Mapping[int, float]] | None = None
+    # Seconds every step pays beyond its profiled time when served (`ServingOverhead.per_verify`, in the
+    # profile's time: tune sets it from the trace; never written to the cost model's file). In `price` only.
+    step_overhead_s: float = 0.0
     # (batch size, steps, sampled, joined) -> `price`: tune replays the same steps thousands of times
     _prices: dict[tuple[int, int, float, bool], float] = field(default_factory=dict, compare=False, repr=False)
 
     def price(self, batch_size: int, steps: int, sampled: float, joined: bool) -> float:
-        """`step_time`, plus `refill_time` when requests `joined` since the last step; memoised."""
+        """`step_time` plus `step_overhead_s`, plus `refill_time` when requests `joined` since the last step;
+        memoised."""
         key = (batch_size, steps, sampled, joined)
         t = self._prices.get(key)
         if t is None:
-            t = self.step_time(batch_size, steps, sampled)
+            t = self.step_time(batch_size, steps, sampled) + self.step_overhead_s
             if joined:
                 t += self.refill_time(batch_size, steps, sampled)
             self._prices[key] = t
@@ -352,11 +356,19 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 
 @dataclass(frozen=True)
 class ServingOverhead:
-    """What a traced run spent beyond the cost model's price of its verifies, in the two forms it takes.
+    """What a traced run spent beyond the cost model's price of its verifies, in the forms it takes.
 
-    `between`: seconds per emitted token between consecutive verifies of one run (colocated prefill of new
-    requests, admitting transferred ones, streaming, scheduling): work every config does the same amount of
-    (the prompts, the output tokens), so `tune` adds the same seconds per token to every prediction.
+    The time between consecutive verifies of one run is of two kinds. `per_verify`: seconds between two
+    verifies where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to
+    the front), paid once per step whatever the step emits, so a config that emits the same tokens in fewer
+    steps pays less of it (`tune` adds it to the price of every replayed step). Measured on tiny-pd traces
+    (2 cores, code and random, drafting 7): 0.43-0.53 ms at batch 1, flat in the tokens a verify emits
+    (0.2-0.3 ms for 1 token, 0.3-0.4 ms for 8). `between`: the rest, per emitted token: what the verifies
+    where requests joined took beyond `per_verify` (a colocated prefill, admitting transferred KV: 4-8 ms
+    each there), work every config does the same amount of (the prompts), so `tune` adds the same seconds
+    per token to every prediction. Priced all per token, the loop's turn undercharged plain decoding (one
+    token a step) against speculation (several): predicted speed-ups on code fell 12-15% short of what
+    `bench --ab` measured.
     `scale`: the served verifies' wall time over their price. A verify on a machine shared with the prefill
     server, the router and the clients runs slower than the same step profiled alone, and by a factor, not
     by a time per token: traces of tiny-pd at fixed steps 0 and 7 (random, 4 clients, 2 cores) measured
@@ -367,22 +379,23 @@ class ServingOverhead:
     between: float
     scale: float
     excess: float
+    per_verify: float = 0.0
 
     @property
     def per_token(self) -> float:
         return max(0.0, self.between)
 
     def to_json(self) -> dict[str, float]:
-        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "verify_scale": self.scale,
-                "verify_excess_s": self.excess}
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "per_verify_s": self.per_verify,
+                "verify_scale": self.scale, "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
     predicted speed-up is decode-only: a ratio of profiled prices, away from what `bench --ab` measures."""
-    gap = served = price = 0.0
-    gap_tokens = tokens = 0
+    gap = steady = served = price = 0.0
+    gaps = steadies = gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
     seen: dict[str | None, set[int]] = {}
     for rec in records:
@@ -393,9 +406,11 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         k = max(drafted) if drafted else 0
         served += rec.draft_s + rec.verify_s
         price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        joined = False
         if rec.rids is not None:  # the first verify with a new request pays its join's refill, as replays do
             known = seen.setdefault(rec.run, set())
             if not known.issuperset(rec.rids):
+                joined = True
                 price += cost.refill_time(rec.batch_size, k, rec.sampled or 0)
                 known.update(rec.rids)
         tokens += emitted
@@ -407,11 +422,16 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         if g > IDLE_GAP_S:
             continue
         gap += max(0.0, g)
+        gaps += 1
         gap_tokens += emitted
+        if not joined:
+            steady += max(0.0, g)
+            steadies += 1
     if not tokens:
         return None
-    return ServingOverhead(gap / gap_tokens if gap_tokens else 0.0, served / price if price > 0 else 1.0,
-                           (served - price) / tokens)
+    per_verify = steady / steadies if steadies else 0.0
+    return ServingOverhead((gap - per_verify * gaps) / gap_tokens if gap_tokens else 0.0,
+                           served / price if price > 0 else 1.0, (served - price) / tokens, per_verify)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -555,7 +575,7 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
             # a drafter that proposed fewer than it was asked for (an n-gram miss) would at k propose min(k, d):
             # the verify spans the longest proposal, not k
             priced = max(min(k, lim) if lim is not None else k for lim in limits)
-        acc.verify(rec.batch_size, k, sum(got) + n, cost.step_time(rec.batch_size, priced, rec.sampled or 0))
+        acc.verify(rec.batch_size, k, sum(got) + n, cost.price(rec.batch_size, priced, rec.sampled or 0, False))
         policy.on_verify_complete(got, rec.batch_size)
 
 
@@ -1137,6 +1157,13 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
+    # The serving time the trace measured beyond the cost model (`ServingOverhead`). The serving loop's turn
+    # between steps joins the price of every replayed step, so the search weighs it (fewer, longer steps pay
+    # it less often); a factor on every price and a per-token constant change no ranking, only the ratios,
+    # and are added to what is reported (`add` below).
+    ovh = None if setup.decode_only else serving_overhead(records, cost)
+    if ovh is not None and ovh.per_verify > 0:
+        cost = replace(cost, step_overhead_s=ovh.per_verify / ovh.scale, _prices={})
     depth = trace_depth(records)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
@@ -1167,8 +1194,9 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
                      f"of {len(touched)} run(s)")
         best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, not setup.sglang)
         if progress is not None:
+            what = "decode only" if ovh is None else "decode and the serving loop's turn per step"
             progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
-                     f"sizes, decode only ({n} configs replayed)")
+                     f"sizes, {what} ({n} configs replayed)")
         evaluated += n
         chosen.append(best)
         chosen_sglang.append(best_sglang)
@@ -1194,10 +1222,6 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
         else:
             sglang_choice = SGLangChoice(s_cfg, s_init, s_pred)
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
-
-    # A per-token constant and a factor on every decode price change no ranking above, only the ratios: add
-    # them to what is reported.
-    ovh = None if setup.decode_only else serving_overhead(records, cost)
 
     def add(p: Prediction) -> Prediction:
         return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=ovh.scale)
