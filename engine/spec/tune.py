@@ -361,9 +361,9 @@ class ServingOverhead:
     The time between consecutive verifies of one run is of two kinds. `per_verify`: seconds between two
     verifies where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to
     the front), paid once per step whatever the step emits, so a config that emits the same tokens in fewer
-    steps pays less of it (`tune` adds it to the price of every replayed step). Measured on tiny-pd traces
-    (2 cores, code and random, drafting 7): 0.43-0.53 ms at batch 1, flat in the tokens a verify emits
-    (0.2-0.3 ms for 1 token, 0.3-0.4 ms for 8). `between`: the rest, per emitted token: what the verifies
+    steps pays less of it (`tune` adds its mean to the price of every replayed step). Measured on tiny-pd
+    traces (2 cores, code and random, drafting 7): means 0.43-0.53 ms, medians 0.25-0.35 ms flat from batch
+    1 to 4 and from 1 to 28 tokens emitted. `between`: the rest, per emitted token: what the verifies
     where requests joined took beyond `per_verify` (a colocated prefill, admitting transferred KV: 4-8 ms
     each there), work every config does the same amount of (the prompts), so `tune` adds the same seconds
     per token to every prediction. Priced all per token, the loop's turn undercharged plain decoding (one
