@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -154,9 +155,7 @@ def test_the_loops_turn_per_step_moves_the_choice_to_deeper_steps():
     # A drafter right 3 times in 4 (geometric runs): decode alone, where a draft costs 0.6 of a step, the best
     # fixed step is shallow (1); a serving turn of 4 plain steps between verifies makes tokens per verify
     # count, and deeper steps win (4).
-    import random as _random
-
-    rng = _random.Random(5)
+    rng = random.Random(5)
     acc = []
     for _ in range(400):
         a = 0
@@ -506,8 +505,6 @@ def requests_trace(per_request: list[list[int]]) -> list[TraceRecord]:
 
 
 def test_speedup_intervals_come_from_resampling_the_requests():
-    import random
-
     same = requests_trace([[K] * 20 for _ in range(12)])  # every request alike: every resample is the trace
     res = tune(setup(), same, cost_model())
     assert res.intervals is not None

@@ -25,7 +25,6 @@ from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
-from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
@@ -174,7 +173,7 @@ class EngineBackend(TokenizingBackend):
 
         cfg = EngineConfig.from_role(self.ctx.role)
         self.engine = await asyncio.to_thread(Engine, cfg)
-        self.tokenizer = engine_tokenizer(self.engine)
+        self.tokenizer = self.engine.tokenizer
         # A request the KV pool can never hold is the client's to fix: the front answers 400, not the engine 503.
         self.max_context = min(self.max_context, int(self.engine.scheduler.max_request_tokens()))
         self.aengine = AsyncEngine(self.engine, name=self.ctx.role_name).start()
@@ -237,15 +236,6 @@ class EngineBackend(TokenizingBackend):
     async def close(self) -> None:
         if self.aengine is not None:
             await asyncio.to_thread(self.aengine.stop)
-
-
-def engine_tokenizer(engine: Engine) -> Tokenizer:
-    tok: Tokenizer | None = getattr(engine, "tokenizer", None)
-    if tok is None:
-        tok = getattr(getattr(engine, "runner", None), "tokenizer", None)
-    if tok is None:
-        raise RuntimeFailure("engine exposes no tokenizer")
-    return tok
 
 
 def engine_fingerprints(engine: Engine | None) -> dict[str, Any]:
