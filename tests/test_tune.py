@@ -329,6 +329,34 @@ def test_profile_on_the_cpu_clock(tmp_path: Path):
     assert r.returncode == 2 and "--clock" in r.stderr
 
 
+def test_profile_rounds_interleave_batch_sizes_and_steps(monkeypatch: pytest.MonkeyPatch):
+    """Each round of `profile_costs` measures every (batch size, steps) point once, so a slow phase of a shared
+    machine lands on every batch size alike, not on the one measured then. Recorded from the real engine: the
+    steps each point pins and the requests it adds (a PD decode role: no turnover, so b requests a point)."""
+    from specctl.cli.adaptive import _engine_config
+    from specctl.engine.engine import Engine
+    from specctl.engine.spec.decoder import SpeculativeDecoder
+    from specctl.engine.spec.profile import profile_costs
+
+    points: list[list[int]] = []  # [steps, requests added]
+    pin, add = SpeculativeDecoder.pin_steps, Engine.add_request
+
+    def pinned(self: SpeculativeDecoder, k: int) -> None:
+        points.append([k, 0])
+        pin(self, k)
+
+    def added(self: Engine, *a: object, **kw: object) -> object:
+        points[-1][1] += 1
+        return add(self, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpeculativeDecoder, "pin_steps", pinned)
+    monkeypatch.setattr(Engine, "add_request", added)
+    cfg, role = _engine_config("tiny-pd", [])
+    assert role == "decode"
+    cm = profile_costs(cfg, [1, 2], [0, 2], rounds=2, iters=1, refill=False)
+    assert [tuple(p) for p in points if p[1]] == [(0, 1), (2, 1), (0, 2), (2, 2)] * 2
+    assert cm.batch_sizes == (1, 2) and cm.steps == (0, 2)
+
 def test_sampled_share_prices_each_verify():
     """A cost model with a sampled table prices a verify by the share of its requests that sample, and a
     trace record carrying `sampled` is replayed at that price; without the table, greedy prices everything."""

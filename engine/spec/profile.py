@@ -1,18 +1,22 @@
 """Step-cost profiling: the time of one decode step (draft + verify) per (batch size, steps).
 
-`profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with
-its runtime sized for the largest step, and for each batch size keeps that many requests decoding
-(greedy, or sampled at `temperature`: rejection sampling costs more than greedy verify; with
-`sampled_temperature` a second table is measured for sampled requests, which `tune` mixes per verify
-batch by the share of requests that sample — traces record it) while it pins the decoder to each step
-in turn (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is
-timed over `iters` engine steps JOINS times in each of `rounds` rounds, the steps interleaved within a
-round so load drift on a shared machine hits every point alike; a point's cost is the median over all
-its timed steps. Six rounds by default: with three, a slow phase of a 2-core Xeon priced batch 1's steps 7
-10% above steps 6 (verify_bench: 8 positions 5% above 5), enough to make `tune` run steps 6 on code, whose
-best is 7; with six, 3%. Each point starts from that many fresh requests (prefilled, then SETTLE untimed
-steps; `prompt_tokens` long: a step costs more at longer contexts), long enough not to finish within
-it, so every step runs the full batch.
+`profile_costs(config, batch_sizes, steps)` builds one Engine for the deployment's decoding role, with its
+runtime sized for the largest step, and for each batch size keeps that many requests decoding (greedy, or
+sampled at `temperature`: rejection sampling costs more than greedy verify; with `sampled_temperature` a
+second table is measured for sampled requests, which `tune` mixes per verify batch by the share of requests
+that sample — traces record it) while it pins the decoder to each step in turn
+(`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed over
+`iters` engine steps JOINS times in each of `rounds` rounds; a round measures every batch size and, within
+it, every step, so load drift on a shared machine hits every point alike (a table measured one batch size
+after another priced batch 2's plain step at 1.77 ms and batch 4's at 1.27 ms); a point's cost is the median
+over all its timed steps. (On a 2-core EPYC VM whose 100 ms windows of the same point varied up to 2x,
+neither this order nor twelve rounds narrowed the run-to-run spread: two profiles' ratios to the plain step
+differ by 11-15% on average either way. `benchmarks/tune_confirm.py` reads medians of repeated chains for
+that.) Six rounds by default: with three, a slow phase of a 2-core Xeon priced batch 1's steps 7 10% above
+steps 6 (verify_bench: 8 positions 5% above 5), enough to make `tune` run steps 6 on code, whose best is 7;
+with six, 3%. Each point starts from that many fresh requests (prefilled, then SETTLE untimed steps;
+`prompt_tokens` long: a step costs more at longer contexts), long enough not to finish within it, so every
+step runs the full batch.
 
 After each `iters` timed steps one request leaves and a fresh one joins (a closed loop's turnover), and
 the REFILL_STEPS steps after its prefill are timed: what they take beyond as many of the settled steps
@@ -193,8 +197,8 @@ def _measure(
         while any(len(engine._seqs[r].output_ids) == 0 for r in rids):
             engine.step()
 
-    for b in batch_sizes:
-        for _ in range(rounds):
+    for r in range(rounds):
+        for b in batch_sizes:
             for k in steps:
                 decoder.pin_steps(k)
                 drain()
@@ -221,7 +225,10 @@ def _measure(
                     # against the settled steps just before it: the requests' contexts grow over a point
                     joins[b][k].append(now() - t0 - REFILL_STEPS * statistics.median(settled))
         drain()
-        if progress is not None:
+        if progress is not None and r + 1 < rounds:
+            progress(f"round {r + 1} of {rounds} measured")
+    if progress is not None:
+        for b in batch_sizes:
             row = ", ".join(f"{k}: {statistics.median(samples[b][k]) * 1e3:.2f} ms" for k in steps)
             progress(f"batch {b}: {row}")
     table = {b: {k: statistics.median(v) for k, v in row.items()} for b, row in samples.items()}
