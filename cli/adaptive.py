@@ -530,10 +530,10 @@ def render_tune(result: TuneResult) -> str:
     if result.overhead is not None:
         o = result.overhead
         lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at {o.scale:.2f}x "
-                     f"their profiled price ({o.excess * 1e3:+.3f} ms per token), the serving loop's turn of "
-                     f"{o.per_verify * 1e3:.3f} ms between verifies, and {o.per_token * 1e3:.3f} ms per token more "
-                     "where requests joined; every config's decode price is scaled by the first, pays the second at "
-                     "each step and the third per token; --decode-only leaves them out)")
+                     f"their profiled price ({o.excess * 1e3:+.3f} ms per token), the serving loop's turn between "
+                     f"verifies at {o.turn * 100:.0f}% of a verify's time, and {o.per_token * 1e3:.3f} ms per token "
+                     f"more where requests joined; every config's decode price is scaled by the first two "
+                     f"({o.factor:.2f}x) and pays the third per token; --decode-only leaves them out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     lines += _render_runs(result.runs)

@@ -120,19 +120,15 @@ class CostModel:
     # (`profile`). None in cost models written before it was measured: then no step pays it.
     refill_s: Mapping[int, Mapping[int, float]] | None = None
     sampled_refill_s: Mapping[int, Mapping[int, float]] | None = None
-    # Seconds every step pays beyond its profiled time when served (`ServingOverhead.per_verify`, in the
-    # profile's time: tune sets it from the trace; never written to the cost model's file). In `price` only.
-    step_overhead_s: float = 0.0
     # (batch size, steps, sampled, joined) -> `price`: tune replays the same steps thousands of times
     _prices: dict[tuple[int, int, float, bool], float] = field(default_factory=dict, compare=False, repr=False)
 
     def price(self, batch_size: int, steps: int, sampled: float, joined: bool) -> float:
-        """`step_time` plus `step_overhead_s`, plus `refill_time` when requests `joined` since the last step;
-        memoised."""
+        """`step_time`, plus `refill_time` when requests `joined` since the last step; memoised."""
         key = (batch_size, steps, sampled, joined)
         t = self._prices.get(key)
         if t is None:
-            t = self.step_time(batch_size, steps, sampled) + self.step_overhead_s
+            t = self.step_time(batch_size, steps, sampled)
             if joined:
                 t += self.refill_time(batch_size, steps, sampled)
             self._prices[key] = t
@@ -358,44 +354,52 @@ IDLE_GAP_S = 1.0  # a longer pause between two verifies of one run is an idle se
 class ServingOverhead:
     """What a traced run spent beyond the cost model's price of its verifies, in the forms it takes.
 
-    The time between consecutive verifies of one run is of two kinds. `per_verify`: seconds between two
-    verifies where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to
-    the front), paid once per step whatever the step emits, so a config that emits the same tokens in fewer
-    steps pays less of it (`tune` adds its mean to the price of every replayed step). Measured on tiny-pd
-    traces (2 cores, code and random, drafting 7): means 0.43-0.53 ms, medians 0.25-0.35 ms flat from batch
-    1 to 4 and from 1 to 28 tokens emitted. `between`: the rest, per emitted token: what the verifies
-    where requests joined took beyond `per_verify` (a colocated prefill, admitting transferred KV: 4-8 ms
-    each there), work every config does the same amount of (the prompts), so `tune` adds the same seconds
-    per token to every prediction. Priced all per token, the loop's turn undercharged plain decoding (one
-    token a step) against speculation (several): predicted speed-ups on code fell 12-15% short of what
-    `bench --ab` measured.
+    The time between consecutive verifies of one run is of two kinds. `turn`: the time between two verifies
+    where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to the front,
+    the other processes' share of a small machine), as a share of the served time of the verify it precedes.
+    It follows the steps' time, not their number nor their tokens: tiny-pd traces of bench's code load (64
+    prompts, 4 clients, 2-core EPYC) at fixed steps 0, 3 and 7 measured mean turns of 0.26-0.47, 0.61-0.69
+    and 0.32-0.95 ms, 1.2-2.8x apart at steps 0 and 7 in the same hour, yet 10-14% of the verifies' served
+    time at every step count (16 traces; docs/adaptive.md). So `tune` prices it as a factor on every step,
+    which changes no ranking, only the ratios. Priced per step (the mean turn of a trace drafting 7 added to
+    every replayed step) it charged plain decoding the deep steps' turn, and predicted code's speed-up at
+    1.11 of what `bench --ab` measured (median of 5 chains); priced per token, at 0.85 on an earlier day.
+    `between`: the rest, per emitted token: what the verifies where requests joined waited beyond their
+    turn (a colocated prefill, admitting transferred KV: 4-8 ms each there), work every config does the
+    same amount of (the prompts), so `tune` adds the same seconds per token to every prediction.
     `scale`: the served verifies' wall time over their price. A verify on a machine shared with the prefill
     server, the router and the clients runs slower than the same step profiled alone, and by a factor, not
     by a time per token: traces of tiny-pd at fixed steps 0 and 7 (random, 4 clients, 2 cores) measured
     their verifies at 1.58x and 1.51x their price, 0.22 and 0.11 ms per token beyond it (docs/adaptive.md).
-    So `tune` multiplies every config's decode price by it (below 1 when the profile ran on a busier machine).
-    `excess`: the same time per token, reported. Neither changes a ranking, only the ratios."""
+    So `tune` multiplies every config's decode price by `factor`, the scale with the turn on top (below 1
+    when the profile ran on a busier machine). `excess`: the verifies' time beyond their price per token,
+    reported."""
 
     between: float
     scale: float
     excess: float
-    per_verify: float = 0.0
+    turn: float = 0.0
 
     @property
     def per_token(self) -> float:
         return max(0.0, self.between)
 
+    @property
+    def factor(self) -> float:
+        """What a served step takes, turn included, over its profiled price."""
+        return self.scale * (1.0 + self.turn)
+
     def to_json(self) -> dict[str, float]:
-        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "per_verify_s": self.per_verify,
-                "verify_scale": self.scale, "verify_excess_s": self.excess}
+        return {"per_token_s": self.per_token, "between_verifies_s": self.between, "turn_share": self.turn,
+                "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
     predicted speed-up is decode-only: a ratio of profiled prices, away from what `bench --ab` measures."""
-    gap = steady = served = price = 0.0
-    gaps = steadies = gap_tokens = tokens = 0
+    gap = steady = steady_served = gap_served = served = price = 0.0
+    gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
     seen: dict[str | None, set[int]] = {}
     for rec in records:
@@ -404,7 +408,8 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         emitted = sum(rec.accepted) + len(rec.accepted)
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
-        served += rec.draft_s + rec.verify_s
+        step = rec.draft_s + rec.verify_s
+        served += step
         price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
         joined = False
         if rec.rids is not None:  # the first verify with a new request pays its join's refill, as replays do
@@ -418,20 +423,20 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         last[rec.run] = rec
         if prev is None or prev.time is None:
             continue
-        g = rec.time - prev.time - rec.draft_s - rec.verify_s
+        g = rec.time - prev.time - step
         if g > IDLE_GAP_S:
             continue
         gap += max(0.0, g)
-        gaps += 1
+        gap_served += step
         gap_tokens += emitted
         if not joined:
             steady += max(0.0, g)
-            steadies += 1
+            steady_served += step
     if not tokens:
         return None
-    per_verify = steady / steadies if steadies else 0.0
-    return ServingOverhead((gap - per_verify * gaps) / gap_tokens if gap_tokens else 0.0,
-                           served / price if price > 0 else 1.0, (served - price) / tokens, per_verify)
+    turn = steady / steady_served if steady_served > 0 else 0.0
+    return ServingOverhead((gap - turn * gap_served) / gap_tokens if gap_tokens else 0.0,
+                           served / price if price > 0 else 1.0, (served - price) / tokens, turn)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -1157,13 +1162,10 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
-    # The serving time the trace measured beyond the cost model (`ServingOverhead`). The serving loop's turn
-    # between steps joins the price of every replayed step, so the search weighs it (fewer, longer steps pay
-    # it less often); a factor on every price and a per-token constant change no ranking, only the ratios,
-    # and are added to what is reported (`add` below).
+    # The serving time the trace measured beyond the cost model (`ServingOverhead`): a factor on every step's
+    # price (the verifies' slow-down and the loop's turn) and a per-token constant (joins) change no ranking,
+    # only the ratios, so the search runs on profiled prices and they are added to what is reported (`add`).
     ovh = None if setup.decode_only else serving_overhead(records, cost)
-    if ovh is not None and ovh.per_verify > 0:
-        cost = replace(cost, step_overhead_s=ovh.per_verify / ovh.scale, _prices={})
     depth = trace_depth(records)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
@@ -1194,9 +1196,8 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
                      f"of {len(touched)} run(s)")
         best, score, best_sglang, _, n = _search_bucket(base, b, runs, cost, graphs, allowed, not setup.sglang)
         if progress is not None:
-            what = "decode only" if ovh is None else "decode and the serving loop's turn per step"
             progress(f"bucket {b.min_batch_size}: steps {list(best.candidate_steps)}, {score:.0f} tok/s at its batch "
-                     f"sizes, {what} ({n} configs replayed)")
+                     f"sizes, decode at profiled prices ({n} configs replayed)")
         evaluated += n
         chosen.append(best)
         chosen_sglang.append(best_sglang)
@@ -1224,7 +1225,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
     def add(p: Prediction) -> Prediction:
-        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=ovh.scale)
+        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=ovh.factor)
 
     best_pred, current, none = add(best_pred), add(current), add(none)
     fixed = {k: add(v) for k, v in fixed.items()}
