@@ -358,8 +358,8 @@ class ServingOverhead:
     where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to the front,
     the other processes' share of a small machine), as a share of the served time of the verify it precedes.
     It follows the steps' time, not their number nor their tokens: tiny-pd traces of bench's code load (64
-    prompts, 4 clients, 2-core EPYC) at fixed steps 0, 3 and 7 measured mean turns of 0.26-0.47, 0.61-0.69
-    and 0.32-0.95 ms, 1.2-2.8x apart at steps 0 and 7 in the same hour, yet 10-14% of the verifies' served
+    prompts, 4 clients, 2-core EPYC) at fixed steps 0, 3 and 7 measured mean turns of 0.20-0.47, 0.61-0.69
+    and 0.32-0.95 ms, pairs of runs 1.0-2.9x apart at steps 0 and 7, yet 10-14% of the verifies' served
     time at every step count (16 traces; docs/adaptive.md). So `tune` prices it as a factor on every step,
     which changes no ranking, only the ratios. Priced per step (the mean turn of a trace drafting 7 added to
     every replayed step) it charged plain decoding the deep steps' turn, and predicted code's speed-up at
