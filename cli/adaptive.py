@@ -413,12 +413,6 @@ def tune_command(
         show_default=False)],
     cost: Annotated[Path, typer.Option("--cost", help="Cost model from `specctl adaptive profile`.",
                                        show_default=False)],
-    plain_trace: Annotated[Optional[Path], typer.Option(  # noqa: UP045
-        "--plain-trace", help="A trace of the same load served without drafting (`bench -c DEPLOY --trace-out "
-        "FILE --trace-steps 0`), recorded right after --trace: its served plain steps calibrate the cost "
-        "model's price of plain decoding against the drafted trace's steps (a profile taken in another phase "
-        "of a shared machine can price them 1.5x apart). Runs in --trace recorded at --trace-steps 0 count "
-        "as one too.", show_default=False)] = None,
     initial_steps: Annotated[Optional[int], typer.Option(  # noqa: UP045
         "--initial-steps", min=0, help="The current config's initial steps (default: as `simulate`).",
         show_default=False)] = None,
@@ -453,7 +447,7 @@ def tune_command(
     include the serving time the trace measured beyond the cost model, as a real run pays it, unless
     --decode-only: the time between verifies (prefill, admission, streaming) per token, and the factor by
     which served verifies ran slower than profiled (a machine shared with the prefill server, the router and
-    the clients). With --plain-trace, plain decoding is priced as served next to the drafted trace.
+    the clients).
     The speed-ups over the best fixed step and no speculation come with 95% intervals over resamples of the
     trace's requests: a short trace of sampled text cannot tell configs a few percent apart, and says so.
     A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run
@@ -465,7 +459,6 @@ def tune_command(
 
         setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
-        plain = read_trace(plain_trace) if plain_trace is not None else []
         cost_model = read_cost(cost)
         rows = setup.coverage.rows
         max_bs = rows[-1].batch_max if rows else None
@@ -476,8 +469,7 @@ def tune_command(
             sys.stderr.write(f"tune: {line}\n")
 
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
-                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress,
-                      plain=plain)
+                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress)
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
@@ -544,11 +536,6 @@ def render_tune(result: TuneResult) -> str:
                      f"({o.factor:.2f}x) and pays the third per token; --decode-only leaves them out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
-    if result.calibration is not None:
-        c = result.calibration
-        lines.append(f"(plain decoding priced at {c.plain_factor:.2f}x the profile's price, as {c.verifies} served "
-                     f"plain steps measured it against the trace's steps {c.depth}: served at {c.plain_scale:.2f}x "
-                     f"and {c.drafted_scale:.2f}x their price)")
     lines += _render_runs(result.runs)
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
     if result.sglang_only:

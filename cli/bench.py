@@ -106,8 +106,8 @@ def bench(
         "--trace-out", metavar="FILE", help="With -c: the launched engines append one JSON line per verify "
         "batch to FILE (see `specctl serve --trace-out`).")] = None,
     trace_steps: Annotated[int | None, typer.Option(
-        "--trace-steps", min=0, metavar="K", help="With --trace-out: draft K every step (a counterfactual trace "
-        "for `specctl adaptive tune`); 0: draft nothing (a plain trace for `tune --plain-trace`).")] = None,
+        "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K every step (a counterfactual trace "
+        "for `specctl adaptive tune`).")] = None,
 ) -> None:
     """Load-test a server (--url) or launch a deployment and load-test it (-c); report latency, throughput,
     goodput, errors and speculative acceptance."""
@@ -128,10 +128,10 @@ def bench(
             raise UsageError("--set applies to a deployment (-c), not to --url")
         if preflight_pair and config is not None:
             raise UsageError("--preflight applies to --url; with -c the launched pair is preflighted itself")
-        if (trace_out or trace_steps is not None) and config is None:
+        if (trace_out or trace_steps) and config is None:
             raise UsageError("--trace-out records the engines bench launches: it needs -c DEPLOY, not --url",
                              hint="run `specctl serve --trace-out FILE` on the server you pass to --url")
-        if trace_out or trace_steps is not None:
+        if trace_out or trace_steps:
             from specctl.cli.serve import set_trace_env
 
             set_trace_env(trace_out, trace_steps)

@@ -67,9 +67,8 @@ def serve(
         "accepted and drafted per request, draft and verify seconds) to FILE: the trace `specctl adaptive "
         "simulate|tune` read.")] = None,
     trace_steps: Annotated[int | None, typer.Option(
-        "--trace-steps", min=0, metavar="K", help="With --trace-out: draft K tokens every step whatever the "
-        "adaptive policy says, so the trace answers what any k <= K would have accepted. 0: draft nothing (a "
-        "plain trace, which `adaptive tune --plain-trace` prices plain decoding from).")] = None,
+        "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K tokens every step whatever the "
+        "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
     instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
                                           "(roles.prefill / roles.decode as a list), from 0.")] = 0,
     print_command: Annotated[bool, typer.Option(

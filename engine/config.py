@@ -94,9 +94,9 @@ def _trace_settings() -> dict[str, Any]:
         try:
             steps = int(raw)
         except ValueError:
-            steps = -1
-        if steps < 0:
-            raise InvalidInput(f"{TRACE_STEPS_ENV}={raw!r}: --trace-steps must be an integer >= 0")
+            steps = 0
+        if steps < 1:
+            raise InvalidInput(f"{TRACE_STEPS_ENV}={raw!r}: --trace-steps must be a positive integer")
         if out is None:
             raise InvalidInput("--trace-steps needs --trace-out: a counterfactual trace must be written somewhere")
     return {"trace_out": out, "trace_steps": steps}

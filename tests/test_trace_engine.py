@@ -126,29 +126,9 @@ def test_trace_steps_needs_trace_out_and_env_reaches_the_config(monkeypatch):
     monkeypatch.setenv(TRACE_OUT_ENV, "/tmp/x.jsonl")
     cfg = EngineConfig.from_role(role)
     assert (cfg.trace_out, cfg.trace_steps, cfg.max_draft_tokens) == ("/tmp/x.jsonl", 4, 5)
-    monkeypatch.setenv(TRACE_STEPS_ENV, "0")  # a plain trace
-    assert EngineConfig.from_role(role).trace_steps == 0
-    for bad in ("zero", "-1"):
-        monkeypatch.setenv(TRACE_STEPS_ENV, bad)
-        with pytest.raises(InvalidInput, match=">= 0"):
-            EngineConfig.from_role(role)
-
-
-def test_trace_steps_0_records_plain_steps_and_the_same_text(tmp_path):
-    """A plain trace (`--trace-steps 0`): every step plain whatever the policy says (steps 3 here), each
-    recorded with its time and no drafts; the text is the speculative engine's (greedy: the plain text)."""
-    path = tmp_path / "plain.jsonl"
-    eng = Engine(config(3, trace_out=str(path), trace_steps=0))
-    tokens = [eng.generate(p, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))[0].token_ids for p in PROMPTS]
-    stats = eng.stats()["speculative"]
-    eng.decoder.trace.close()
-    _, _, spec_tokens = run_one_at_a_time(config(3))
-    assert tokens == spec_tokens
-    recs = read_trace(path)
-    assert stats["draft_tokens"] == 0 and len(recs) == stats["verify_batches"] > 0
-    for r in recs:
-        assert (r.steps, r.trace_steps, r.accepted, r.drafted) == (0, 0, (0,), (0,))
-        assert r.time is not None and r.draft_s == 0.0 and r.verify_s is not None and r.verify_s > 0
+    monkeypatch.setenv(TRACE_STEPS_ENV, "zero")
+    with pytest.raises(InvalidInput, match="positive integer"):
+        EngineConfig.from_role(role)
 
 
 def test_serve_refuses_trace_steps_without_trace_out():

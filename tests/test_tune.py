@@ -30,7 +30,6 @@ from specctl.engine.spec.tune import (
     TuneSetup,
     Unanswerable,
     _worst_run_ratio,
-    calibrate_plain,
     fixed_config,
     replay,
     replay_positions,
@@ -178,64 +177,6 @@ def test_a_turn_that_follows_the_steps_time_prices_plain_decoding_from_a_deep_tr
     assert served.recommended == bare.recommended and served.best_fixed_steps == bare.best_fixed_steps
 
 
-def plain_timed(n: int, step_s: float, t0: float = 9000.0, run: str = "p") -> list[TraceRecord]:
-    """A plain trace (`--trace-steps 0`): n steps of one request, each served in step_s, back to back."""
-    return [TraceRecord(line=i + 1, batch_size=1, accepted=(0,), steps=0, drafted=(0,), trace_steps=0,
-                        time=t0 + (i + 1) * step_s, draft_s=0.0, verify_s=step_s, run=run) for i in range(n)]
-
-
-def test_a_plain_trace_prices_plain_decoding_as_served():
-    # A profile taken in a slow phase of a shared machine priced the plain step like 1.7x its deep steps' share
-    # (docs/adaptive.md): here the profile says a plain step costs 1 ms, but served next to the drafted trace
-    # (whose steps K ran exactly at their price) plain steps took 0.5 ms. tune must price plain decoding at
-    # 0.5 ms: an always-right drafter then pays 8 tokens / 2.05 ms against 1 / 0.5 ms, 1.95x, not 3.9x.
-    cost = cost_model()
-    p0, pk = cost.step_time(1, 0), cost.step_time(1, K)
-    drafted = timed([K] * 200, step_s=pk, gap_s=0.0)
-    bare = tune(setup(), drafted, cost)
-    res = tune(setup(), drafted, cost, plain=plain_timed(100, 0.5 * p0))
-    assert bare.calibration is None and bare.speedups()["vs_none"] == pytest.approx(8 * p0 / pk)
-    c = res.calibration
-    assert c is not None and (c.verifies, c.depth) == (100, K)
-    assert (c.plain_scale, c.drafted_scale, c.plain_factor) == pytest.approx((0.5, 1.0, 0.5))
-    assert res.speedups()["vs_none"] == pytest.approx(8 * 0.5 * p0 / pk)
-    assert res.none.tokens_per_s == pytest.approx(1 / (0.5 * p0))
-    assert res.predicted.tokens_per_s == pytest.approx(bare.predicted.tokens_per_s)  # steps K: as profiled
-    assert res.to_json()["plain_calibration"]["plain_price_factor"] == pytest.approx(0.5)
-    # the steps between keep the profile's additive shape: a fixed part (now 0.5 p0) + a part per position
-    cal, _ = calibrate_plain(cost, plain_timed(100, 0.5 * p0), drafted)
-    per = (pk - 0.5 * p0) / K
-    for k in range(K + 1):
-        assert cal.step_time(1, k) == pytest.approx(0.5 * p0 + per * k)
-    # a drafter whose first draft is right 3 times in 10, never a second: at the profile's prices steps 1 pays
-    # (1.3 tokens for 1.15 ms against 1 for 1), at the served ones plain wins (1.3 for 0.72 ms against 1 for 0.5)
-    rng = random.Random(3)
-    weak = timed([1 if rng.random() < 0.3 else 0 for _ in range(300)], step_s=pk, gap_s=0.0)
-    assert tune(setup(), weak, cost).best_fixed_steps > 0
-    assert tune(setup(), weak, cost, plain=plain_timed(100, 0.5 * p0)).best_fixed_steps == 0
-
-
-def test_plain_runs_in_the_trace_calibrate_and_are_not_replayed():
-    cost = cost_model()
-    p0, pk = cost.step_time(1, 0), cost.step_time(1, K)
-    drafted, plain = timed([K] * 200, step_s=pk, gap_s=0.0), plain_timed(100, 0.5 * p0)
-    apart = tune(setup(), drafted, cost, plain=plain)
-    together = tune(setup(), drafted + plain, cost)  # one file the two bench runs appended to
-    assert together.to_json() == apart.to_json()
-    with pytest.raises(UsageError, match="no drafted verify records") as exc:
-        tune(setup(), plain, cost)
-    assert "--trace-steps" in str(exc.value.hint)
-    with pytest.raises(UsageError, match="fewer than"):
-        tune(setup(), drafted, cost, plain=plain[:5])
-    with pytest.raises(UsageError, match="drafted tokens"):
-        calibrate_plain(cost, drafted, drafted)
-    no_plain = CostModel({1: {k: v for k, v in cost.step_s[1].items() if k}})
-    with pytest.raises(UsageError, match="no steps 0"):
-        calibrate_plain(no_plain, plain, drafted)
-    with pytest.raises(UsageError, match="no verify timings"):
-        calibrate_plain(cost, [replace(r, time=None) for r in plain], drafted)
-
-
 def test_recommendation_validates_and_round_trips_as_sglang_json():
     res = tune(setup({"1": {"candidate_steps": [1, 3]}, "4": {"candidate_steps": [0, 1]}}),
                records([K] * 100) + records([0] * 100, batch=4), cost_model())
@@ -332,26 +273,6 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
     bad.write_text("{}")
     r = _cli("adaptive", "tune", str(cfg), "--trace", str(trace), "--cost", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "cost model" in r.stderr
-
-
-def test_tune_cli_reads_a_plain_trace(tmp_path: Path):
-    cost = cost_model()
-    p0, pk = cost.step_time(1, 0), cost.step_time(1, K)
-    trace, plain, cost_file = tmp_path / "t.jsonl", tmp_path / "plain.jsonl", tmp_path / "cost.json"
-    trace.write_text("".join(json.dumps(r.to_json()) + "\n" for r in timed([K] * 200, step_s=pk, gap_s=0.0)))
-    plain.write_text("".join(json.dumps(r.to_json()) + "\n" for r in plain_timed(100, 0.5 * p0)))
-    assert {r.trace_steps for r in read_trace(plain)} == {0}
-    cost_file.write_text(json.dumps(cost.to_json()))
-    args = ("adaptive", "tune", "tiny-colocated", "--trace", str(trace), "--cost", str(cost_file))
-    r = _cli(*args, "--plain-trace", str(plain), "--format", "json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["plain_calibration"]["plain_price_factor"] == pytest.approx(0.5)
-    assert out["speedup"]["vs_none"] == pytest.approx(8 * 0.5 * p0 / pk, rel=1e-3)
-    r = _cli(*args, "--plain-trace", str(plain))
-    assert r.returncode == 0 and "plain decoding priced at 0.50x the profile's price, as 100 served" in r.stdout
-    r = _cli(*args, "--plain-trace", str(trace))  # the drafted trace given as the plain one: a usage error
-    assert r.returncode == 2 and "--trace-steps 0" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_tune_and_trace_modules_do_not_import_torch():

@@ -167,7 +167,7 @@ class SpeculativeDecoder:
         # `--trace-steps K` drafts K every step whatever the policy says (a counterfactual-complete
         # trace, engine/spec/trace.py); K gets its runtime state like any selectable step.
         self.trace_steps: int | None = config.trace_steps
-        selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps is not None else set())
+        selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps else set())
         self.states: dict[int, RuntimeState] = {
             s: RuntimeState.build(s, self.max_batch_size, vocab, device, self.drafter.samples)
             for s in sorted(selectable)
@@ -301,7 +301,7 @@ class SpeculativeDecoder:
         self._counters["verify_batches"] += 1
         self._counters["verify_requests"] += b
         self._counters["emitted_tokens"] += b
-        if self.policy is not None and self.trace_steps is None:
+        if self.policy is not None:
             # No drafts, nothing learned: the zeros count as a batch (warmup/interval) while the policy
             # leaves its EMA alone, exactly as SGLang does at steps 0.
             self.policy.on_verify_complete([0] * b, b)

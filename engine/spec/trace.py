@@ -20,8 +20,7 @@ file several engines appended to, or several benchmark runs, holds several runs)
 the engine ran with `--trace-steps K` (drafting K every step whatever the policy says): such a trace
 is counterfactual-complete, because a verify that drafted K and accepted a would have accepted
 min(a, k) with any k <= K (greedy acceptance is a prefix test, so a shorter draft is a prefix of the
-longer one and passes the same tests). `--trace-steps 0` drafts nothing: a plain trace, which answers no
-counterfactual but times plain decoding as served (`adaptive tune --plain-trace` prices it from that).
+longer one and passes the same tests).
 
 Steps 0 batches are recorded with `accepted` all zeros and `drafted` all zeros (exactly what the
 engine feeds the policy: they count as batches but teach it nothing).

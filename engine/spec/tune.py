@@ -45,7 +45,7 @@ import math
 import random
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -394,32 +394,6 @@ class ServingOverhead:
                 "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess}
 
 
-def _served_and_priced(records: Sequence[TraceRecord], cost: CostModel
-                       ) -> Iterator[tuple[TraceRecord, float, float, bool]] | None:
-    """(record, its served seconds: draft + verify, its price under `cost`, whether a request joined) per
-    record; None when a record lacks `time`, `draft_s` or `verify_s` (an older trace). The first verify with
-    a request new to its run pays the join's refill, as replays do."""
-    if any(r.time is None or r.draft_s is None or r.verify_s is None for r in records):
-        return None
-
-    def rows() -> Iterator[tuple[TraceRecord, float, float, bool]]:
-        seen: dict[str | None, set[int]] = {}
-        for rec in records:
-            drafted = rec.drafted_per_request
-            k = max(drafted) if drafted else 0
-            price = cost.step_time(rec.batch_size, k, rec.sampled or 0)
-            joined = False
-            if rec.rids is not None:
-                known = seen.setdefault(rec.run, set())
-                if not known.issuperset(rec.rids):
-                    joined = True
-                    price += cost.refill_time(rec.batch_size, k, rec.sampled or 0)
-                    known.update(rec.rids)
-            yield rec, (rec.draft_s or 0.0) + (rec.verify_s or 0.0), price, joined
-
-    return rows()
-
-
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
@@ -427,17 +401,27 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     gap = steady = steady_served = gap_served = served = price = 0.0
     gap_tokens = tokens = 0
     last: dict[str | None, TraceRecord] = {}
-    priced = _served_and_priced(records, cost)
-    if priced is None:
-        return None
-    for rec, step, step_price, joined in priced:
+    seen: dict[str | None, set[int]] = {}
+    for rec in records:
+        if rec.time is None or rec.draft_s is None or rec.verify_s is None:
+            return None
         emitted = sum(rec.accepted) + len(rec.accepted)
+        drafted = rec.drafted_per_request
+        k = max(drafted) if drafted else 0
+        step = rec.draft_s + rec.verify_s
         served += step
-        price += step_price
+        price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        joined = False
+        if rec.rids is not None:  # the first verify with a new request pays its join's refill, as replays do
+            known = seen.setdefault(rec.run, set())
+            if not known.issuperset(rec.rids):
+                joined = True
+                price += cost.refill_time(rec.batch_size, k, rec.sampled or 0)
+                known.update(rec.rids)
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
-        if prev is None or prev.time is None or rec.time is None:
+        if prev is None or prev.time is None:
             continue
         g = rec.time - prev.time - step
         if g > IDLE_GAP_S:
@@ -453,90 +437,6 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     turn = steady / steady_served if steady_served > 0 else 0.0
     return ServingOverhead((gap - turn * gap_served) / gap_tokens if gap_tokens else 0.0,
                            served / price if price > 0 else 1.0, (served - price) / tokens, turn)
-
-
-@dataclass(frozen=True)
-class PlainCalibration:
-    """What a plain trace (the same load served at steps 0: `bench --trace-out F --trace-steps 0`) says of the
-    cost model's price of plain decoding, against the drafted trace's verifies.
-
-    A profile prices every step in one phase of the machine, and the phases of a shared machine do not slow
-    every step alike: a plain step reads the weights for a few rows (memory-bound), a deep verify computes on
-    many (compute-bound). On a 2-core EPYC VM, two of five profiles taken in a slow phase priced tiny-pd's
-    batch-4 plain step at 1.98-2.19 ms against 1.15-1.32 in the other three, while steps 7 rose only 10-35%,
-    and `tune` predicted 2.07-2.18x no speculation where `bench --ab` measured 1.50-1.79x (the other profiles
-    predicted 1.56-1.73x on the same traces; docs/adaptive.md). Served traces recorded back to back share a
-    phase. `drafted_scale` and `plain_scale` are each trace's served time over its price; the calibrated
-    cost model (`calibrate_plain`) prices steps 0 at `plain_factor` = plain_scale / drafted_scale of the
-    profile's price and keeps the trace depth's price, stretching the steps between by the same additive
-    form (a step = a fixed part + a part per drafted position)."""
-
-    verifies: int
-    plain_scale: float
-    drafted_scale: float
-    depth: int
-
-    @property
-    def plain_factor(self) -> float:
-        return self.plain_scale / self.drafted_scale
-
-    def to_json(self) -> dict[str, float]:
-        return {"plain_verifies": self.verifies, "plain_scale": self.plain_scale,
-                "drafted_scale": self.drafted_scale, "plain_price_factor": self.plain_factor,
-                "depth": self.depth}
-
-
-PLAIN_MIN_RECORDS = 20  # fewer plain verifies than this: too little to calibrate on
-
-
-def _served_scale(records: Sequence[TraceRecord], cost: CostModel, what: str) -> float:
-    priced = _served_and_priced(records, cost)
-    if priced is None:
-        raise UsageError(f"the {what} trace has no verify timings (time, draft_s, verify_s): it cannot calibrate",
-                         hint="record both with a current `specctl bench -c DEPLOY --trace-out FILE`")
-    served = price = 0.0
-    for _, step, step_price, _ in priced:
-        served += step
-        price += step_price
-    return served / price
-
-
-def calibrate_plain(cost: CostModel, plain: Sequence[TraceRecord], drafted: Sequence[TraceRecord]
-                    ) -> tuple[CostModel, PlainCalibration]:
-    """`cost` with its plain steps priced as the served `plain` trace measured them against the served
-    `drafted` one (`PlainCalibration`): per batch size b, price'(b, k) = f p(b, 0) + g_b (p(b, k) - p(b, 0)),
-    f = plain_factor, g_b such that price'(b, K) = p(b, K) at the trace depth K (g_b >= 0). Refill tables are
-    kept as profiled."""
-    if any(k for r in plain for k in r.drafted_per_request or ()):
-        raise UsageError("the plain trace drafted tokens: record it with --trace-steps 0 (every step plain)")
-    if len(plain) < PLAIN_MIN_RECORDS:
-        raise UsageError(f"the plain trace has {len(plain)} verifies, fewer than {PLAIN_MIN_RECORDS}: too little "
-                         "to calibrate on", hint="record it over the same load as the drafted trace")
-    if 0 not in cost.steps:
-        raise UsageError("the cost model has no steps 0 (plain decoding): a plain trace has nothing to calibrate",
-                         hint="profile with --steps covering 0")
-    depth = max((k for k in cost.steps if k <= trace_depth(drafted)), default=0)
-    if depth == 0:
-        raise UsageError("the cost model measures no drafted step within the trace's depth: nothing to calibrate "
-                         "plain decoding against")
-    calib = PlainCalibration(len(plain), _served_scale(plain, cost, "plain"),
-                             _served_scale(drafted, cost, "drafted"), depth)
-    f = calib.plain_factor
-
-    def fix(table: Mapping[int, Mapping[int, float]] | None) -> dict[int, dict[int, float]] | None:
-        if table is None:
-            return None
-        out: dict[int, dict[int, float]] = {}
-        for b, row in table.items():
-            p0, pk = row[0], row[depth]
-            g = max(0.0, (pk - f * p0) / (pk - p0)) if pk > p0 else 1.0
-            out[b] = {k: max(1e-9, f * p0 + g * (t - p0)) for k, t in row.items()}
-        return out
-
-    step_s = fix(cost.step_s)
-    assert step_s is not None
-    return replace(cost, step_s=step_s, sampled_step_s=fix(cost.sampled_step_s), _prices={},
-                   meta={**cost.meta, "plain_calibration": calib.to_json()}), calib
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -999,7 +899,6 @@ class TuneResult:
     overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
     runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
     intervals: dict[str, tuple[float, float]] | None = None  # `speedup_intervals` (None: no positional facts)
-    calibration: PlainCalibration | None = None  # the plain trace's calibration of the cost model (None: none given)
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -1049,7 +948,6 @@ class TuneResult:
             "evaluated_configs": self.evaluated,
             "serving_overhead_s_per_token": self.overhead_s_per_token,
             "serving_overhead": self.overhead.to_json() if self.overhead is not None else None,
-            "plain_calibration": self.calibration.to_json() if self.calibration is not None else None,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
             "runs": [r.to_json() for r in self.runs],
         }
@@ -1258,22 +1156,12 @@ def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[i
 
 
 def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
-         progress: Callable[[str], None] | None = None, plain: Sequence[TraceRecord] = ()) -> TuneResult:
+         progress: Callable[[str], None] | None = None) -> TuneResult:
     """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring).
-    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds).
-    `plain`: a trace of the same load served at steps 0 (records of `records` with trace_steps 0 join it),
-    which calibrates the cost model's plain price first (`calibrate_plain`)."""
+    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds)."""
     records = [r for r in records if r.accepted]
-    # a run recorded with --trace-steps 0 drafted nothing: it calibrates plain decoding's price, it is not replayed
-    plain = [*plain, *(r for r in records if r.trace_steps == 0)]
-    records = [r for r in records if r.trace_steps != 0]
     if not records:
-        raise UsageError("the trace has no drafted verify records: nothing to tune on" if plain else
-                         "the trace has no non-empty verify records: nothing to tune on",
-                         hint="record one with `specctl bench -c DEPLOY --trace-out FILE --trace-steps 7`")
-    calibration = None
-    if plain:
-        cost, calibration = calibrate_plain(cost, plain, records)
+        raise UsageError("the trace has no non-empty verify records: nothing to tune on")
     # The serving time the trace measured beyond the cost model (`ServingOverhead`): a factor on every step's
     # price (the verifies' slow-down and the loop's turn) and a per-token constant (joins) change no ranking,
     # only the ratios, so the search runs on profiled prices and they are added to what is reported (`add`).
@@ -1294,9 +1182,9 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     for i, b in enumerate(cur.buckets):
         if len(by_bucket[b.min_batch_size]) < MIN_BUCKET_RECORDS:
             # (almost) no evidence for this bucket: keep what the user wrote (minus what SGLang cannot run)
-            as_sglang = replace(b, knobs=b.knobs.sglang)
-            chosen.append(as_sglang if setup.sglang else b)
-            chosen_sglang.append(as_sglang)
+            plain = replace(b, knobs=b.knobs.sglang)
+            chosen.append(plain if setup.sglang else b)
+            chosen_sglang.append(plain)
             continue
         # the whole runs that reach this bucket, replayed with the buckets chosen so far and the rest as written
         touched = {r.run for r in by_bucket[b.min_batch_size]}
@@ -1350,8 +1238,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     intervals = speedup_intervals(rec_cfg, best_init, best_k, whole, cost, graphs, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals,
-                      calibration)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals)
 
 
 def validate_recommendation(
