@@ -23,7 +23,12 @@ is not enough on a shared machine: four single chains at one commit gave pred/me
 on code and 1.01, 0.94, 1.06, 0.81 on random. Both sides scatter: the same `--ab` measured random at 1.62x
 to 1.95x across chains, and in one process the same profiled point's median over 12 steps varied up to 2x
 between windows of ~100 ms (CPU clock, 2-core VM), so a profile's ratios move by ~10% from run to run.
-Prints each chain's line, a table of medians, then a last-line JSON summary (each chain's recommendation).
+Both scatter most through the profile's phase: in 5 chains on 2026-12-04 the two profiles taken in a slow phase
+priced the plain step 1.7x the others' while steps 7 rose 10-35%, and predicted 1.16-1.44 of measured; the
+other three 0.79-0.98 (docs/adaptive.md). So each row also carries that profile's plain step per batch size
+and its deepest step over it, and the absolute tokens/s on both sides (the prediction is the decode server's
+rate, the measurement the clients'). Prints each chain's line, a table of medians, then a last-line JSON
+summary (each chain's recommendation).
 
 Ports: --port-base (default 24100) and up, on 127.0.0.1: below the kernel's ephemeral range (32768-60999 on
 Linux), where a port polled before its server binds it can be taken by the poll itself (a TCP self-connect).
@@ -102,8 +107,14 @@ def main() -> None:
             "--prompt-tokens", str(input_len + 1),
             "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
             env=env)
+        # the profile's phase, in two figures per batch size: its plain step and its deepest step over it (a slow
+        # phase of a shared machine does not slow them alike: docs/adaptive.md, 2026-12-04)
+        table = json.loads(cost.read_text())["step_s"]
+        phase = {"profile_plain_ms": {b: round(row["0"] * 1e3, 3) for b, row in table.items()},
+                 "profile_deepest_over_plain": {b: round(row[max(row, key=int)] / row["0"], 3)
+                                                for b, row in table.items()}}
         for kind in args.workloads.split(","):
-            rows.append(confirm(args, kind, cost, tmp / f"{kind}{rep}", ports, load, env) | {"repeat": rep})
+            rows.append(confirm(args, kind, cost, tmp / f"{kind}{rep}", ports, load, env) | {"repeat": rep, **phase})
             r = rows[-1]
             print(f"repeat {rep + 1}/{args.repeats} {kind:8s} predicted {r['predicted_vs_none']:.2f}x none, measured "
                   f"{r['measured_vs_none']:.2f}x [{r['measured_ci95'][0]}, {r['measured_ci95'][1]}]  "
@@ -140,6 +151,14 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
     lo, hi = none_row["ci95"]
     ci = [1.0 / hi if isinstance(hi, (int, float)) else None, 1.0 / lo if isinstance(lo, (int, float)) else None]
     predicted = tuned["speedup"]["vs_none"]
+    # absolute rates, to tell which side of a missed ratio missed: the prediction is the decode server's tokens/s
+    # (at served speed), the measurement the clients' output tokens/s (TTFT and the prefill role included)
+    base_row, none_full = comparison["variants"][0], comparison["variants"][1]
+    rates = {"predicted_tokens_per_s": {"recommended": round(tuned["predicted"]["tokens_per_s"], 1),
+                                        "none": round(tuned["none"]["tokens_per_s"], 1)},
+             "measured_tokens_per_s": {"recommended": round(base_row["output_throughput"], 1),
+                                       "none": round(none_full["output_throughput"], 1)},
+             "serving_overhead": tuned.get("serving_overhead")}
     return {"workload": kind, "predicted_vs_none": round(predicted, 3), "measured_vs_none": round(measured, 3),
             "measured_ci95": [round(x, 3) if x else None for x in ci],
             "predicted_over_measured": round(predicted / measured, 3),
@@ -148,7 +167,7 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
             or tuned["recommended"]["sglang_adaptive_config"],
             "initial_steps": tuned["recommended"]["initial_steps"],
             "predicted_vs_best_fixed": round(tuned["speedup"]["vs_best_fixed"], 3),
-            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3)}
+            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3), **rates}
 
 
 def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
