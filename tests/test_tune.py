@@ -91,6 +91,28 @@ def test_phase_change_picks_an_adaptive_set_that_follows_it():
     assert used.get(min(cands), 0) > 100 and used.get(max(cands), 0) > 100
 
 
+def test_a_run_whose_traffic_wants_another_step_keeps_the_set(monkeypatch: pytest.MonkeyPatch):
+    """One config for two kinds of traffic at batch 8: a short run the drafter always gets right (best: 7) and
+    a long one of text it gets 1-3 of right (best: 2). A set that follows each predicts under SET_MARGIN above
+    the long run's step alone, so the margin alone picks steps 2 and leaves the short run at 0.59x its best
+    fixed step; a run below REGRET_RATIO x its own best, kept above it by the set, keeps the set."""
+    import specctl.engine.spec.tune as tune_module
+
+    rng = random.Random(0)
+    deep = [replace(r, run="code") for r in records([K] * 20, batch=8)]
+    text = [replace(r, run="text", line=r.line + 1000)
+            for r in records([rng.choice([1, 2, 2, 3]) for _ in range(600)], batch=8)]
+    s = setup({"1": {"candidate_steps": [1, 3, 5]}, "8": {"candidate_steps": [1, 3, 5]}})
+    res = tune(s, deep + text, cost_model())
+    assert len(res.recommended.bucket(8).candidate_steps) > 1
+    assert min(r.vs_best_fixed for r in res.runs) >= 0.95, [r.to_json() for r in res.runs]
+    monkeypatch.setattr(tune_module, "REGRET_RATIO", 0.0)  # the margin alone
+    alone = tune(s, deep + text, cost_model())
+    assert alone.recommended.bucket(8).candidate_steps == (2,)
+    assert min(r.vs_best_fixed for r in alone.runs) < 0.6
+    assert alone.predicted.tokens_per_s <= res.predicted.tokens_per_s * (1 + 1e-9)
+
+
 def timed(accepted: list[int], step_s: float, gap_s: float, run: str = "r", t0: float = 1000.0,
           rids: list[tuple[int, ...]] | None = None, join_gap_s: float = 0.0) -> list[TraceRecord]:
     """Engine-shaped records: each verify takes step_s (draft + verify) and gap_s passes before the next
