@@ -1014,19 +1014,24 @@ def _bucket_score(cfg: AdaptiveConfig, key: int, runs: Runs, cost: CostModel, gr
     return pred.decode_rate(lambda b: _route_key(cfg, b, graphs) == key)
 
 
+def _run_rates(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
+               keep: Callable[[int], bool], initial_steps: int = -1) -> list[float]:
+    """Each run's predicted decode tokens/s under `cfg`, replayed alone, at the batch sizes `keep` accepts."""
+    return [replay(cfg, Runs((run,)), cost, initial_steps=initial_steps, graph_batch_sizes=graphs).decode_rate(keep)
+            for run in runs.runs]
+
+
+def _worst_ratio(rates: Sequence[float], bases: Sequence[float]) -> float:
+    """The lowest rate / base over the runs (runs with no base rate count 1.0)."""
+    return min((r / top for r, top in zip(rates, bases, strict=True) if top > 0), default=1.0)
+
+
 def _worst_run_ratio(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
                      keep: Callable[[int], bool], initial_steps: int = -1) -> float:
     """The lowest, over the runs, of a run's predicted decode tokens/s under `cfg` over its tokens/s without
     speculation, at the batch sizes `keep` accepts (runs with none there count 1.0)."""
-    worst = 1.0
-    none = fixed_config(0)
-    for run in runs.runs:
-        one = Runs((run,))
-        base = replay(none, one, cost, initial_steps=0).decode_rate(keep)
-        if base > 0:
-            rate = replay(cfg, one, cost, initial_steps=initial_steps, graph_batch_sizes=graphs).decode_rate(keep)
-            worst = min(worst, rate / base)
-    return worst
+    return _worst_ratio(_run_rates(cfg, runs, cost, graphs, keep, initial_steps),
+                        _run_rates(fixed_config(0), runs, cost, (), keep, 0))
 
 
 def _guard_prefers(guarded: float, unguarded: float, guarded_score: float, unguarded_score: float) -> bool:
@@ -1127,18 +1132,16 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
         """The lowest, over the runs, of a run's predicted decode tokens/s under `cand` over its best fixed
         step's, at this bucket's batch sizes (the other buckets as in `base`)."""
         nonlocal evaluated
-        one = [Runs((run,)) for run in runs.runs]
 
         def rates(bucket: Bucket) -> list[float]:
-            cfg = _with_bucket(base, bucket)
-            return [replay(cfg, r, cost, initial_steps=-1, graph_batch_sizes=graphs).decode_rate(keep) for r in one]
+            return _run_rates(_with_bucket(base, bucket), runs, cost, graphs, keep)
 
         if not best_fixed:
             per_step = [rates(Bucket(b.min_batch_size, (k,), base_knobs)) for k in allowed]
-            evaluated += len(allowed) * len(one)
+            evaluated += len(allowed) * len(runs.runs)
             best_fixed.extend(max(col) for col in zip(*per_step, strict=True))
-        evaluated += len(one)
-        return min((r / top for r, top in zip(rates(cand), best_fixed, strict=True) if top > 0), default=1.0)
+        evaluated += len(runs.runs)
+        return _worst_ratio(rates(cand), best_fixed)
 
     def simplest(cand: Bucket, score: float) -> tuple[Bucket, float]:
         """`cand`, or the best single step where the set's edge over it is within a trace's noise (SET_MARGIN),
