@@ -445,9 +445,9 @@ def tune_command(
     specctl-only knob (which SGLang ignores) also prints the best config SGLang can run. Each comes with its
     predicted speed-up over the current config, the best fixed step and no speculation; the predictions
     include the serving time the trace measured beyond the cost model, as a real run pays it, unless
-    --decode-only: the time between verifies (prefill, admission, streaming) per token, and the factor by
+    --decode-only: the time between verifies (prefill, admission, streaming) per token, the factor by
     which served verifies ran slower than profiled (a machine shared with the prefill server, the router and
-    the clients).
+    the clients), and the draft's pass over each joining request's prompt, which plain decoding never runs.
     The speed-ups over the best fixed step and no speculation come with 95% intervals over resamples of the
     trace's requests: a short trace of sampled text cannot tell configs a few percent apart, and says so.
     A trace of several runs (engines: workloads, concurrencies) gets one config for all of them; each run
@@ -529,11 +529,15 @@ def render_tune(result: TuneResult) -> str:
                          "either may serve this traffic better; a longer trace narrows the interval)")
     if result.overhead is not None:
         o = result.overhead
-        lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at {o.scale:.2f}x "
-                     f"their profiled price ({o.excess * 1e3:+.3f} ms per token), the serving loop's turn between "
-                     f"verifies at {o.turn * 100:.0f}% of a verify's time, and {o.per_token * 1e3:.3f} ms per token "
-                     f"more where requests joined; every config's decode price is scaled by the first two "
-                     f"({o.factor:.2f}x) and pays the third per token; --decode-only leaves them out)")
+        settled = f"settled verifies at {o.settled_scale:.2f}x, " if o.settled_scale is not None else ""
+        join = (f", the draft's pass over a joining request's prompt ({o.join_draft_s * 1e3:.2f} ms a join, at "
+                "steps > 0 only: plain decoding never runs it)" if o.join_draft_s > 0 else "")
+        lines.append(f"(includes the serving time the trace measured beyond the cost model: {settled}verifies at "
+                     f"{o.scale:.2f}x their profiled price ({o.excess * 1e3:+.3f} ms per token){join}, the "
+                     f"serving loop's turn between verifies at {o.turn * 100:.0f}% of a verify's time, and "
+                     f"{o.per_token * 1e3:.3f} ms per token more where requests joined; every config is priced "
+                     "at the settled verifies' speed with the pass, its decode time scaled by the turn, and pays "
+                     "the last per token; --decode-only leaves them out)")
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     lines += _render_runs(result.runs)

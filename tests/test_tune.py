@@ -177,6 +177,44 @@ def test_tune_adds_the_serving_overhead_to_every_prediction():
     assert doc["serving_overhead"]["served_step_factor"] == pytest.approx(1.25 + 0.004 / price)
 
 
+def test_the_draft_pass_over_a_joining_prompt_is_charged_to_speculation_not_plain_decoding():
+    """A speculating PD decode server runs its draft model over every joining request's prompt (prefill filled
+    the target's cache, not the draft's): served tiny-pd (2-core Xeon, 10 traces) drafted 1.1-2.4 ms more at a
+    verify where a request joined, 5-8% of the decode's time, which plain decoding never runs. In the one scale
+    over all verifies it priced plain decoding too, and `tune_confirm` predicted 1.11x what `bench --ab`
+    measured (docs/adaptive.md). Worked by hand: settled verifies at 1.2x their price, 3 ms more drafting a
+    join; no speculation is then 1.2 x the plain step per token, speculation pays the pass at each join."""
+    cost = cost_model()
+    price = cost.step_time(1, K)
+    recs, t = [], 1000.0
+    for i in range(60):  # a request joins every 10 verifies, no gaps (no turn, nothing between)
+        draft = 0.3 * price + (3e-3 if i % 10 == 0 else 0.0)
+        t += draft + 0.9 * price
+        recs.append(TraceRecord(line=i + 1, batch_size=1, accepted=(3,), steps=K, drafted=(K,), trace_steps=K,
+                                time=t, draft_s=draft, verify_s=0.9 * price, run="r", rids=(i // 10,)))
+    ovh = serving_overhead(recs, cost)
+    assert ovh is not None and ovh.turn == pytest.approx(0.0, abs=1e-9)
+    assert ovh.settled_scale == pytest.approx(1.2) and ovh.join_draft_s == pytest.approx(3e-3)
+    assert ovh.scale == pytest.approx(1.2 + 6 * 3e-3 / (60 * price))  # all verifies: the passes in
+    served = ovh.served(cost)
+    assert served.step_time(1, 0) == pytest.approx(1.2 * cost.step_time(1, 0))
+    assert served.step_time(1, K) == pytest.approx(1.2 * price)
+    assert served.refill_time(1, K) == pytest.approx(3e-3) and served.refill_time(1, 0) == 0.0
+    res = tune(setup(), recs, cost)
+    assert res.none.tokens_per_s == pytest.approx(1 / (1.2 * cost.step_time(1, 0)))
+    # steps K pays the pass at each of the 6 requests' first verifies, beyond the same replay without it
+    fixed = replay(fixed_config(K), Runs.of(recs), served, initial_steps=K)
+    bare = replay(fixed_config(K), Runs.of(recs), cost.served(1.2), initial_steps=K)
+    assert fixed.verifies == bare.verifies and fixed.seconds - bare.seconds == pytest.approx(6 * 3e-3)
+    doc = res.to_json()["serving_overhead"]
+    assert doc["settled_scale"] == pytest.approx(1.2) and doc["join_draft_s"] == pytest.approx(3e-3)
+    # a cost model that measured its own refill (a colocated profile: the pass is in it) takes none from the trace
+    refilled = CostModel(cost.step_s, refill_s={b: {k: 1e-4 for k in row} for b, row in cost.step_s.items()})
+    got = serving_overhead(recs, refilled)
+    assert got is not None and got.join_draft_s == 0.0
+    assert got.served(refilled).refill_time(1, 0) == pytest.approx(1e-4 * got.settled_scale)
+
+
 def test_a_turn_that_follows_the_steps_time_prices_plain_decoding_from_a_deep_trace():
     # Served tiny-pd measured the loop's turn between verifies at 10-14% of the verify's time whether it
     # drafted 0, 3 or 7 (docs/adaptive.md), the served steps at a factor of their price. A trace drafting K

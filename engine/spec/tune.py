@@ -43,6 +43,7 @@ import itertools
 import json
 import math
 import random
+import statistics
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -178,6 +179,20 @@ class CostModel:
             frac = min(1.0, sampled / batch_size)
             t += frac * (_interpolate(self.sampled_refill_s, batch_size, steps) - t)
         return max(0.0, t)
+
+    def served(self, scale: float, join_s: float = 0.0) -> CostModel:
+        """This model at served speed: every step and a refill it measured times `scale`; without a measured
+        refill and with `join_s` > 0, a refill of `join_s` at every steps > 0 and none at 0 (the draft's pass
+        over a joining request's prompt, which plain decoding never runs). A request that joins while an
+        adaptive config runs steps 0 pays its pass when speculation resumes; replays do not charge it there."""
+        def scaled(table: Mapping[int, Mapping[int, float]] | None) -> dict[int, dict[int, float]] | None:
+            return None if table is None else {b: {k: t * scale for k, t in row.items()} for b, row in table.items()}
+
+        refill = scaled(self.refill_s)
+        if refill is None and join_s > 0:
+            refill = {b: {k: join_s if k > 0 else 0.0 for k in row} for b, row in self.step_s.items()}
+        return CostModel(scaled(self.step_s) or {}, self.meta, scaled(self.sampled_step_s), refill,
+                         scaled(self.sampled_refill_s))
 
     def to_json(self) -> dict[str, Any]:
         tables = {"sampled_step_s": self.sampled_step_s, "refill_s": self.refill_s,
@@ -379,14 +394,26 @@ class ServingOverhead:
     server, the router and the clients runs slower than the same step profiled alone, and by a factor, not
     by a time per token: traces of tiny-pd at fixed steps 0 and 7 (random, 4 clients, 2 cores) measured
     their verifies at 1.58x and 1.51x their price, 0.22 and 0.11 ms per token beyond it (docs/adaptive.md).
-    So `tune` multiplies every config's decode price by `factor`, the scale with the turn on top (below 1
-    when the profile ran on a busier machine). `excess`: the verifies' time beyond their price per token,
+    `excess`: the verifies' time beyond their price per token, reported.
+    A verify where a request joined is not a settled one in a speculating server: its drafter first runs
+    the draft model over the new prompt (prefill computed the target's cache, not the draft's), which plain
+    decoding never does. Served tiny-pd (code and random, 4 clients, 2-core Xeon, 10 traces at steps 7):
+    1.1-2.4 ms a join beyond the settled verifies' drafting, 5-8% of the decode's time. In the one scale
+    over all verifies it priced plain decoding too, and `tune_confirm` predicted 1.11x (median of 5
+    chains, both workloads) what `bench --ab` measured. So `settled_scale` is the scale of the verifies no
+    request joined, `join_draft_s` the joining verifies' drafting beyond the settled median at their batch
+    size (for a cost model that did not measure its own refill, a PD decode role's: a colocated profile's
+    refill has the pass in it), and `served` gives `tune` the cost model at served prices with the pass a
+    refill at steps > 0: every config is searched and predicted there, its decode time times 1 + `turn`
+    (below 1 when the profile ran on a busier machine). `factor`, the scale with the turn on top, is
     reported."""
 
     between: float
     scale: float
     excess: float
     turn: float = 0.0
+    settled_scale: float | None = None  # `scale` over the verifies no request joined (None: use `scale`)
+    join_draft_s: float = 0.0  # served seconds a verify where requests joined drafted beyond a settled one
 
     @property
     def per_token(self) -> float:
@@ -397,17 +424,27 @@ class ServingOverhead:
         """What a served step takes, turn included, over its profiled price."""
         return self.scale * (1.0 + self.turn)
 
-    def to_json(self) -> dict[str, float]:
+    def served(self, cost: CostModel) -> CostModel:
+        """`cost` at the served verifies' speed (`CostModel.served`), the turn left to the predictions'
+        `decode_scale`: so the join's draft pass is charged here net of it."""
+        if self.settled_scale is None:
+            return cost.served(self.scale)
+        return cost.served(self.settled_scale, self.join_draft_s / (1.0 + self.turn))
+
+    def to_json(self) -> dict[str, float | None]:
         return {"per_token_s": self.per_token, "between_verifies_s": self.between, "turn_share": self.turn,
-                "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess}
+                "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess,
+                "settled_scale": self.settled_scale, "join_draft_s": self.join_draft_s}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
     """The trace's `ServingOverhead` under `cost`, or None when it lacks `time`, `draft_s` or `verify_s`
     (an older trace). Gaps over IDLE_GAP_S (a server waiting for clients) are left out. Without it a
     predicted speed-up is decode-only: a ratio of profiled prices, away from what `bench --ab` measures."""
-    gap = steady = steady_served = gap_served = served = price = 0.0
+    gap = steady = steady_served = gap_served = served = price = settled_served = settled_price = 0.0
     gap_tokens = tokens = 0
+    settled_draft: dict[int, list[float]] = {}  # batch size -> drafting seconds of settled verifies (steps > 0)
+    joined_draft: list[tuple[int, float]] = []  # (batch size, drafting seconds) of verifies where requests joined
     last: dict[str | None, TraceRecord] = {}
     seen: dict[str | None, set[int]] = {}
     for rec in records:
@@ -417,8 +454,9 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
         drafted = rec.drafted_per_request
         k = max(drafted) if drafted else 0
         step = rec.draft_s + rec.verify_s
+        at = cost.step_time(rec.batch_size, k, rec.sampled or 0)
         served += step
-        price += cost.step_time(rec.batch_size, k, rec.sampled or 0)
+        price += at
         joined = False
         if rec.rids is not None:  # the first verify with a new request pays its join's refill, as replays do
             known = seen.setdefault(rec.run, set())
@@ -426,6 +464,13 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
                 joined = True
                 price += cost.refill_time(rec.batch_size, k, rec.sampled or 0)
                 known.update(rec.rids)
+        if not joined:
+            settled_served += step
+            settled_price += at
+            if k > 0:
+                settled_draft.setdefault(rec.batch_size, []).append(rec.draft_s)
+        elif k > 0:
+            joined_draft.append((rec.batch_size, rec.draft_s))
         tokens += emitted
         prev = last.get(rec.run)
         last[rec.run] = rec
@@ -443,8 +488,14 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     if not tokens:
         return None
     turn = steady / steady_served if steady_served > 0 else 0.0
+    join = 0.0
+    if cost.refill_s is None and joined_draft and settled_draft:
+        medians = {b: statistics.median(v) for b, v in settled_draft.items()}
+        overall = statistics.median(t for v in settled_draft.values() for t in v)
+        join = max(0.0, statistics.fmean(d - medians.get(b, overall) for b, d in joined_draft))
     return ServingOverhead((gap - turn * gap_served) / gap_tokens if gap_tokens else 0.0,
-                           served / price if price > 0 else 1.0, (served - price) / tokens, turn)
+                           served / price if price > 0 else 1.0, (served - price) / tokens, turn,
+                           settled_served / settled_price if settled_price > 0 else None, join)
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -1194,10 +1245,13 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
-    # The serving time the trace measured beyond the cost model (`ServingOverhead`): a factor on every step's
-    # price (the verifies' slow-down and the loop's turn) and a per-token constant (joins) change no ranking,
-    # only the ratios, so the search runs on profiled prices and they are added to what is reported (`add`).
+    # The serving time the trace measured beyond the cost model (`ServingOverhead`): the search and every
+    # prediction run on served prices (the settled verifies' scale, the draft's pass over a joining prompt
+    # at steps > 0); the loop's turn (a factor) and a per-token constant (joins) change no ranking, only
+    # the ratios, so they are added to what is reported (`add`).
     ovh = None if setup.decode_only else serving_overhead(records, cost)
+    if ovh is not None:
+        cost = ovh.served(cost)
     depth = trace_depth(records)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
@@ -1257,7 +1311,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     none = fixed[0] if 0 in fixed else replay(fixed_config(0), whole, cost, initial_steps=0)
 
     def add(p: Prediction) -> Prediction:
-        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=ovh.factor)
+        return p if ovh is None else replace(p, overhead_s_per_token=ovh.per_token, decode_scale=1.0 + ovh.turn)
 
     best_pred, current, none = add(best_pred), add(current), add(none)
     fixed = {k: add(v) for k, v in fixed.items()}
