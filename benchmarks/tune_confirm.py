@@ -34,7 +34,8 @@ Ports: --port-base (default 24100) and up, on 127.0.0.1: below the kernel's ephe
 Linux), where a port polled before its server binds it can be taken by the poll itself (a TCP self-connect).
 
     python benchmarks/tune_confirm.py [--deploy tiny-pd] [--workloads code,random] [--num-prompts 64]
-                                      [--concurrency 4] [--output-len 64] [--rounds 5] [--repeats 5]
+                                      [--concurrency 4] [--output-len 64] [--input-len 128] [--rounds 5]
+                                      [--repeats 5]
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64, help="requests of the traced run and of every round")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128,
+                    help="prompt tokens (the profile's too): a speculating decode server runs its draft over each")
     ap.add_argument("--rounds", type=int, default=5, help="--ab rounds of each measurement")
     ap.add_argument("--repeats", type=int, default=5,
                     help="whole profile -> trace -> tune -> --ab chains; the verdict reads their medians")
@@ -95,7 +98,7 @@ def main() -> None:
     p = args.port_base
     ports = ["--set", f"roles.router.port={p}", "--set", f"roles.prefill.port={p + 1}", "--set",
              f"roles.decode.port={p + 2}", "--set", f"roles.prefill.bootstrap_port={p + 3}"]
-    input_len = 128
+    input_len = args.input_len
     load = ["--max-concurrency", str(args.concurrency),
             "--random-output-len", str(args.output_len), "--random-input-len", str(input_len), "--no-progress"]
     tmp = Path(tempfile.mkdtemp(prefix="tune_confirm_"))
