@@ -529,11 +529,11 @@ def render_tune(result: TuneResult) -> str:
                          "either may serve this traffic better; a longer trace narrows the interval)")
     if result.overhead is not None:
         o = result.overhead
-        settled = f"settled verifies at {o.settled_scale:.2f}x, " if o.settled_scale is not None else ""
+        settled = f"those no request joined {o.settled_scale:.2f}x; " if o.settled_scale is not None else ""
         join = (f", the draft's pass over a joining request's prompt ({o.join_draft_s * 1e3:.2f} ms a join, at "
                 "steps > 0 only: plain decoding never runs it)" if o.join_draft_s > 0 else "")
-        lines.append(f"(includes the serving time the trace measured beyond the cost model: {settled}verifies at "
-                     f"{o.scale:.2f}x their profiled price ({o.excess * 1e3:+.3f} ms per token){join}, the "
+        lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at "
+                     f"{o.scale:.2f}x their profiled price ({settled}{o.excess * 1e3:+.3f} ms per token){join}, the "
                      f"serving loop's turn between verifies at {o.turn * 100:.0f}% of a verify's time, and "
                      f"{o.per_token * 1e3:.3f} ms per token more where requests joined; every config is priced "
                      "at the settled verifies' speed with the pass, its decode time scaled by the turn, and pays "
