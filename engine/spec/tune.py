@@ -427,9 +427,8 @@ class ServingOverhead:
     def served(self, cost: CostModel) -> CostModel:
         """`cost` at the served verifies' speed (`CostModel.served`), the turn left to the predictions'
         `decode_scale`: so the join's draft pass is charged here net of it."""
-        if self.settled_scale is None:
-            return cost.served(self.scale)
-        return cost.served(self.settled_scale, self.join_draft_s / (1.0 + self.turn))
+        scale = self.scale if self.settled_scale is None else self.settled_scale
+        return cost.served(scale, self.join_draft_s / (1.0 + self.turn))
 
     def to_json(self) -> dict[str, float | None]:
         return {"per_token_s": self.per_token, "between_verifies_s": self.between, "turn_share": self.turn,
