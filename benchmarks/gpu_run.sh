@@ -67,7 +67,7 @@ if [ "$QUICK" = 1 ]; then
 else
     step verify 150 "$PY" benchmarks/verify_bench.py --device "$DEVICE" --batch-sizes 1,8,32 --positions 1,2,4,8
     step spec 300 "$PY" benchmarks/spec_bench.py --device "$DEVICE" --clock wall --workloads code,random,never \
-        --batch-sizes 1,8 --steps 1,2,3,5 --repeats 3
+        --batch-sizes 1,8 --steps 1,2,3,5 --repeats 3 --sampled-requests 4
     step engine 150 "$PY" benchmarks/engine_bench.py --device "$DEVICE" --workloads uniform --rounds 1 --repeats 2
 fi
 cat "$OUT_DIR/summary.txt"

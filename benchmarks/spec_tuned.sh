@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13's speculative figures from nothing, in one command: record -> profile -> tune -> spec_bench.
 #
-#     bash benchmarks/spec_tuned.sh                     # O=a new temp dir, REPEATS=5, REQUESTS=6: ~13 min, 2 cores
+#     bash benchmarks/spec_tuned.sh                     # O=a new temp dir, REPEATS=5, REQUESTS=6: ~15 min, 2 cores
 #     O=out REPEATS=3 REQUESTS=4 bash benchmarks/spec_tuned.sh
 #
 # What it runs (benchmarks/spec_bench.py's docstring explains each step):
