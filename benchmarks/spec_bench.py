@@ -227,6 +227,9 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int, kind: str =
     return Engine(cfg)
 
 
+TRACE_ROUND = 1_000  # the sampled seeds of `--record-trace` runs (rounds are 0 .. --repeats - 1)
+
+
 def requests_per_stream(kind: str, batch: int, args: argparse.Namespace) -> int:
     """--requests, or --sampled-requests for a workload that samples (random, mixed) at batch 1. Such a run is
     one stream, and its tokens per verify one draw of the sampled acceptance over its requests, where batch 8
@@ -400,7 +403,9 @@ def record_trace(args: argparse.Namespace, steps: list[int]) -> None:
             # The workload first: reading its prompts (stdlib files) between the warm-up and the run would sit
             # in the trace as a pause between verifies, which `tune` counts as serving time (it did: 0.3 ms per
             # token, most of the colocated runs' between-verify time).
-            streams = workload("code" if kind == "never" else kind, batch, args)
+            # Seeds no benchmark round draws: a trace drawn with round 0's seeds is the very run draft:7 makes in
+            # round 0, so a draw that happened to favour deep steps would pick them and then confirm them there.
+            streams = workload("code" if kind == "never" else kind, batch, args, rep=TRACE_ROUND)
             eng = make_engine(args, "never:adaptive" if kind == "never" else f"{args.drafter}:adaptive", batch)
             eng.generate(["def warm_up(x):\n    return"], SamplingParams(max_tokens=24, ignore_eos=True))
             tokens, wall, _ = run_streams(eng, streams)
