@@ -102,3 +102,24 @@ def test_interleaved_runs_take_turns_and_count_their_own_slices(spec_bench: Modu
     seq = [spec_bench.StreamRun(engine(), streams) for _ in range(2)]
     spec_bench.interleave(seq, 0)
     assert all(r.done and r.tokens == want for r in seq)
+
+
+def test_sampled_workloads_at_batch_1_run_more_requests_and_traces_draw_their_own_seeds(
+        spec_bench: ModuleType) -> None:
+    """A batch-1 run of sampled text is one stream, so it takes --sampled-requests; batch 8 and greedy code keep
+    --requests per stream. The trace's sampled seeds are none of a benchmark round's."""
+    import argparse
+
+    args = argparse.Namespace(requests=3, sampled_requests=12, max_tokens=8, prompt_chars=40)
+    sizes = {(kind, batch): [len(s) for s in spec_bench.workload(kind, batch, args, 0)]
+             for kind in ("code", "random", "mixed") for batch in (1, 8)}
+    assert sizes == {("code", 1): [3], ("code", 8): [3] * 8, ("random", 1): [12], ("random", 8): [3] * 8,
+                     ("mixed", 1): [12], ("mixed", 8): [3] * 8}
+    mixed = spec_bench.workload("mixed", 1, args, 0)[0]
+    assert [p.temperature for _, p in mixed] == [0.0, 1.0] * 6  # the stream still alternates code and random
+
+    def seeds(rep: int) -> set[int]:
+        return {p.seed for _, p in spec_bench.workload("random", 1, args, rep)[0]}
+
+    rounds = set().union(*(seeds(r) for r in range(10)))
+    assert len(seeds(0)) == 12 and not seeds(spec_bench.TRACE_ROUND) & rounds
