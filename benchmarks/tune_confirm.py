@@ -98,16 +98,15 @@ def main() -> None:
     p = args.port_base
     ports = ["--set", f"roles.router.port={p}", "--set", f"roles.prefill.port={p + 1}", "--set",
              f"roles.decode.port={p + 2}", "--set", f"roles.prefill.bootstrap_port={p + 3}"]
-    input_len = args.input_len
     load = ["--max-concurrency", str(args.concurrency),
-            "--random-output-len", str(args.output_len), "--random-input-len", str(input_len), "--no-progress"]
+            "--random-output-len", str(args.output_len), "--random-input-len", str(args.input_len), "--no-progress"]
     tmp = Path(tempfile.mkdtemp(prefix="tune_confirm_"))
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         cost = tmp / f"cost{rep}.json"
         # profiled at the workload's prompt length (its bytes and the BOS): a step costs more at longer contexts
         cli("adaptive", "profile", "-c", args.deploy, "--threads", str(args.threads), "--clock", args.clock,
-            "--prompt-tokens", str(input_len + 1),
+            "--prompt-tokens", str(args.input_len + 1),
             "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
             env=env)
         # the profile's phase, in two figures per batch size: its plain step and its deepest step over it (a slow

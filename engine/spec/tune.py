@@ -185,14 +185,17 @@ class CostModel:
         refill and with `join_s` > 0, a refill of `join_s` at every steps > 0 and none at 0 (the draft's pass
         over a joining request's prompt, which plain decoding never runs). A request that joins while an
         adaptive config runs steps 0 pays its pass when speculation resumes; replays do not charge it there."""
-        def scaled(table: Mapping[int, Mapping[int, float]] | None) -> dict[int, dict[int, float]] | None:
-            return None if table is None else {b: {k: t * scale for k, t in row.items()} for b, row in table.items()}
+        def scaled(table: Mapping[int, Mapping[int, float]]) -> dict[int, dict[int, float]]:
+            return {b: {k: t * scale for k, t in row.items()} for b, row in table.items()}
 
-        refill = scaled(self.refill_s)
+        def maybe(table: Mapping[int, Mapping[int, float]] | None) -> dict[int, dict[int, float]] | None:
+            return None if table is None else scaled(table)
+
+        refill = maybe(self.refill_s)
         if refill is None and join_s > 0:
             refill = {b: {k: join_s if k > 0 else 0.0 for k in row} for b, row in self.step_s.items()}
-        return CostModel(scaled(self.step_s) or {}, self.meta, scaled(self.sampled_step_s), refill,
-                         scaled(self.sampled_refill_s))
+        return CostModel(scaled(self.step_s), self.meta, maybe(self.sampled_step_s), refill,
+                         maybe(self.sampled_refill_s))
 
     def to_json(self) -> dict[str, Any]:
         tables = {"sampled_step_s": self.sampled_step_s, "refill_s": self.refill_s,
