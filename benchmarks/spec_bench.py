@@ -57,7 +57,11 @@ adaptive >= 0.95x none. Every ratio is the median over the repeats of the two co
 same round, with its range over the rounds (`--repeats 5` or more: one round is one sample). The best
 fixed step is the one with the best median, which the noise of its own runs helped pick, so the summary
 also gives `*_adaptive_vs_heldout_best_fixed`: each round's adaptive run against the fixed step that was
-best in the other rounds. Prints a table, then a last-line JSON summary.
+best in the other rounds. Each ratio also has `*_ci95`, the 95% interval of its geometric mean over the
+rounds; a ">= 1.0x" check that the median misses while that interval reaches 1.0 is listed in `tied` (on
+sampled text at batch 1 a round's ratio moves by +-4%, so two configurations within 2% of each other are
+such a tie at 5 rounds), and `all_targets_met_or_tied` holds when every other check does. Prints a table,
+then a last-line JSON summary.
 
     python benchmarks/spec_bench.py [--steps 1,3,5,7] [--batch-sizes 1,8] [--requests 4] [--sampled-requests 16]
                                     [--max-tokens 96]
@@ -71,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
@@ -280,6 +285,26 @@ def single_step(block: dict[str, Any], batch: int) -> int | None:
         return None
     sets = {tuple(cfg.route(b, GRAPH_BATCH_SIZES).candidate_steps) for b in range(1, batch + 1)}
     return sets.pop()[0] if len(sets) == 1 and len(next(iter(sets))) == 1 else None
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (rounds - 1); past 30, 2.0 is within 2%.
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def ratio_ci95(ratios: list[float]) -> tuple[float, float] | None:
+    """95% interval of the geometric mean of per-round ratios (Student's t on their logs); None under 3 rounds.
+    The min-max range of 5 rounds covers the median with 94% but says nothing of the mean; this interval is
+    what tells "below 1.0" from "a tie the rounds cannot split"."""
+    if len(ratios) < 3:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    df = len(logs) - 1
+    t = T95.get(df) or T95[max(k for k in T95 if k <= df)]
+    half = t * sd / math.sqrt(len(logs))
+    return math.exp(mean - half), math.exp(mean + half)
 
 
 def heldout_vs_best(results: dict[tuple[str, int, str], list[float]], kind: str, batch: int, config: str,
@@ -559,12 +584,26 @@ def main() -> None:
                                "max_tokens": args.max_tokens, "repeats": args.repeats, "ratio_stat": "paired median",
                                "ratios": {}, "checks": {}}
     ratios, checks = summary["ratios"], summary["checks"]
+    ties: dict[str, list[float]] = {}
+
+    intervals: dict[str, tuple[float, float]] = {}
 
     def ratio(name: str, kind: str, batch: int, a: str, b: str) -> float:
         mid, lo, hi = paired(kind, batch, a, b)
         ratios[name] = round(mid, 3)
         ratios[f"{name}_range"] = [round(lo, 3), round(hi, 3)]
+        ci = ratio_ci95([x / y for x, y in zip(results[(kind, batch, a)], results[(kind, batch, b)], strict=True)])
+        if ci is not None:
+            intervals[name] = ci
+            ratios[f"{name}_ci95"] = [round(ci[0], 3), round(ci[1], 3)]
         return mid
+
+    def tie(check: str, name: str) -> None:
+        """A >= 1.0x check its median missed, while the 95% interval of the ratio reaches 1.0: the rounds
+        cannot tell the two configurations apart (two runs of one config land either side of 1.0 alike)."""
+        ci = intervals.get(name)
+        if not checks[check] and ci is not None and ci[1] >= 1.0:
+            ties[check] = [round(ci[0], 3), round(ci[1], 3)]
 
     for kind in ("code", "random", "mixed"):
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -600,11 +639,13 @@ def main() -> None:
                 ratios[f"{tag}_own_tuned_runs"] = None if fixed_step is None else f"{d}:{fixed_step}"
                 ratios[f"{tag}_own_tuned_is_best_fixed"] = same
                 checks[f"{tag}_own_tuned_ge_1.0x_best_fixed"] = own >= 1.0 or same
+                tie(f"{tag}_own_tuned_ge_1.0x_best_fixed", f"{tag}_own_tuned_vs_best_fixed")
             if (kind, batch, f"{d}:adaptive-fast") in tps:
                 ratio(f"{tag}_adaptive_fast_vs_best_fixed", kind, batch, f"{d}:adaptive-fast", best)
                 ratio(f"{tag}_adaptive_fast_vs_worst_fixed", kind, batch, f"{d}:adaptive-fast", worst)
             # issue 13: tuned adaptive >= 1.0x the best fixed step on every workload
             checks[f"{tag}_adaptive_ge_1.0x_best_fixed"] = vs_best >= 1.0
+            tie(f"{tag}_adaptive_ge_1.0x_best_fixed", f"{tag}_adaptive_vs_best_fixed")
             if kind == "code" and batch == 1:
                 checks["code_b1_adaptive_ge_1.5x_none"] = vs_none >= 1.5
             if kind == "code" and batch == 8:
@@ -619,6 +660,9 @@ def main() -> None:
             ratio("never_right_b1_adaptive_fast_vs_none", "never", 1, "never:adaptive-fast", "none")
     summary["tokens_per_s"] = {f"{k}_b{b}_{n}": round(v, 2) for (k, b, n), v in tps.items()}
     summary["all_targets_met"] = all(checks.values()) if checks else None
+    # The checks above missed only by a tie (`tie`), each with its interval; and whether every other check holds.
+    summary["tied"] = ties
+    summary["all_targets_met_or_tied"] = all(v or k in ties for k, v in checks.items()) if checks else None
     print(json.dumps(summary))
     if snapshot_dir is not None:
         snapshot_dir.cleanup()

@@ -50,6 +50,24 @@ def test_heldout_is_less_kind_to_a_lucky_step_than_the_in_sample_best(spec_bench
     assert held is not None and held > in_sample
 
 
+def test_ratio_interval_separates_a_tie_from_a_loss(spec_bench: ModuleType) -> None:
+    # A tie: two runs of one config land either side of 1.0 and the interval covers it.
+    tie = spec_bench.ratio_ci95([0.96, 1.04, 0.98, 1.03, 0.99])
+    assert tie is not None and tie[0] < 1.0 < tie[1]
+    # A steady 3% loss with the same +-1% spread: the whole interval lies below 1.0.
+    loss = spec_bench.ratio_ci95([0.96, 0.98, 0.97, 0.975, 0.965])
+    assert loss is not None and loss[1] < 1.0
+    # Identical rounds: a point; the interval is of the geometric mean (1.1 = sqrt(1.21 * 1.0) here).
+    assert spec_bench.ratio_ci95([1.2, 1.2, 1.2]) == pytest.approx((1.2, 1.2))
+    lo, hi = spec_bench.ratio_ci95([1.21, 1.0, 1.21, 1.0]) or (0.0, 0.0)
+    assert lo < 1.1 < hi
+    # More rounds of the same spread narrow it.
+    five = spec_bench.ratio_ci95([0.96, 1.04] * 2 + [1.0])
+    ten = spec_bench.ratio_ci95([0.96, 1.04] * 5)
+    assert five is not None and ten is not None and ten[1] - ten[0] < five[1] - five[0]
+    assert spec_bench.ratio_ci95([1.0, 1.1]) is None  # two rounds: no interval
+
+
 @pytest.mark.parametrize(("buckets", "batch", "want"), [
     ({"1": [7], "8": [5]}, 1, 7),  # batch 1 reaches bucket 1 alone
     ({"1": [7], "8": [5]}, 8, None),  # a batch-8 run's tail runs bucket 1's step: two steps
