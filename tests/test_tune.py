@@ -113,6 +113,23 @@ def test_a_run_whose_traffic_wants_another_step_keeps_the_set(monkeypatch: pytes
     assert alone.predicted.tokens_per_s <= res.predicted.tokens_per_s * (1 + 1e-9)
 
 
+def test_a_runs_drain_in_a_smaller_bucket_is_not_its_traffic():
+    """Bucket 1 serves a long batch-1 run the drafter always gets right (best: 7) and the drain of a batch-8 run
+    of text it gets 2-3 of right (30 verifies at batch 2). Steps 7 alone leaves that tail below REGRET_RATIO x
+    its best, and a set that follows it predicts under SET_MARGIN more; the tail is not traffic of bucket 1:
+    only runs a bucket serves at their full width count against its best single step, so bucket 1 keeps 7
+    alone (counting the tail, it took {3, 4, 7}). The batch-8 run still counts in bucket 8."""
+    rng = random.Random(1)
+    deep = [replace(r, run="code") for r in records([K] * 1000)]
+    body = records([rng.choice([1, 2]) for _ in range(200)], batch=8)
+    tail = [replace(r, line=r.line + 200) for r in records([rng.choice([2, 3]) for _ in range(30)], batch=2)]
+    text = [replace(r, run="text", line=r.line + 5000) for r in body + tail]
+    s = setup({"1": {"candidate_steps": [1, 3, 5]}, "8": {"candidate_steps": [1, 3, 5]}})
+    res = tune(s, deep + text, cost_model())
+    assert res.recommended.bucket(1).candidate_steps == (K,), res.recommended.bucket(1)
+    assert res.recommended.bucket(8).candidate_steps in ((1,), (2,), (3,)), res.recommended.bucket(8)
+
+
 def timed(accepted: list[int], step_s: float, gap_s: float, run: str = "r", t0: float = 1000.0,
           rids: list[tuple[int, ...]] | None = None, join_gap_s: float = 0.0) -> list[TraceRecord]:
     """Engine-shaped records: each verify takes step_s (draft + verify) and gap_s passes before the next
