@@ -555,11 +555,15 @@ def main() -> None:
 
     tps = {k: statistics.median(v) for k, v in results.items()}
 
+    def per_round(kind: str, batch: int, a: str, b: str) -> list[float]:
+        """a's throughput over b's, round by round (both ran in the same round, minutes apart at most). A shared
+        machine's slow phases last longer than one run, so a round's pair sees the same phase where two
+        separately taken medians need not."""
+        return [x / y for x, y in zip(results[(kind, batch, a)], results[(kind, batch, b)], strict=True)]
+
     def paired(kind: str, batch: int, a: str, b: str) -> tuple[float, float, float]:
-        """a's throughput over b's, round by round (both ran in the same round, minutes apart at most): the
-        median of those ratios and their range. A shared machine's slow phases last longer than one run,
-        so a round's pair sees the same phase where two separately taken medians need not."""
-        r = sorted(x / y for x, y in zip(results[(kind, batch, a)], results[(kind, batch, b)], strict=True))
+        """The median of `per_round`'s ratios and their range."""
+        r = sorted(per_round(kind, batch, a, b))
         return statistics.median(r), r[0], r[-1]
 
     header = (f"{'workload':8s} {'batch':>5s} {'config':19s} {'tok/s':>8s} {'wall':>7s} {'vs none':>8s} "
@@ -585,14 +589,13 @@ def main() -> None:
                                "ratios": {}, "checks": {}}
     ratios, checks = summary["ratios"], summary["checks"]
     ties: dict[str, list[float]] = {}
-
-    intervals: dict[str, tuple[float, float]] = {}
+    intervals: dict[str, tuple[float, float]] = {}  # ratio name -> its unrounded `ratio_ci95`, for `tie`
 
     def ratio(name: str, kind: str, batch: int, a: str, b: str) -> float:
         mid, lo, hi = paired(kind, batch, a, b)
         ratios[name] = round(mid, 3)
         ratios[f"{name}_range"] = [round(lo, 3), round(hi, 3)]
-        ci = ratio_ci95([x / y for x, y in zip(results[(kind, batch, a)], results[(kind, batch, b)], strict=True)])
+        ci = ratio_ci95(per_round(kind, batch, a, b))
         if ci is not None:
             intervals[name] = ci
             ratios[f"{name}_ci95"] = [round(ci[0], 3), round(ci[1], 3)]

@@ -1186,7 +1186,7 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
     best_fixed: list[float] = []  # per run: its best fixed step's decode tokens/s in this bucket (lazily)
     # The runs this bucket serves at their full width: a batch-8 run's drain at batch 1-4 is its tail, not
     # its traffic, and too few verifies to say which step that traffic wants (`regret`).
-    own = [keep(max(r.batch_size for r in recs)) for recs, _ in runs.runs]
+    own = Runs(tuple(run for run in runs.runs if keep(max(r.batch_size for r in run[0]))))
 
     def regret(cand: Bucket) -> float:
         """The lowest, over the runs this bucket serves at their full width (`own`), of a run's predicted
@@ -1195,15 +1195,13 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
         nonlocal evaluated
 
         def rates(bucket: Bucket) -> list[float]:
-            return [r if mine else 0.0
-                    for r, mine in zip(_run_rates(_with_bucket(base, bucket), runs, cost, graphs, keep), own,
-                                       strict=True)]
+            return _run_rates(_with_bucket(base, bucket), own, cost, graphs, keep)
 
         if not best_fixed:
             per_step = [rates(Bucket(b.min_batch_size, (k,), base_knobs)) for k in allowed]
-            evaluated += len(allowed) * len(runs.runs)
+            evaluated += len(allowed) * len(own.runs)
             best_fixed.extend(max(col) for col in zip(*per_step, strict=True))
-        evaluated += len(runs.runs)
+        evaluated += len(own.runs)
         return _worst_ratio(rates(cand), best_fixed)
 
     def simplest(cand: Bucket, score: float) -> tuple[Bucket, float]:
