@@ -80,6 +80,22 @@ def test_single_step_is_the_one_step_a_tuned_config_runs(spec_bench: ModuleType,
     assert spec_bench.single_step(block, batch) == want
 
 
+@pytest.mark.parametrize(("buckets", "ran", "best", "want"), [
+    ({"1": [7]}, {7}, "draft:7", "config"),
+    ({"1": [0, 7]}, {7}, "draft:7", "every batch"),  # 0 was a candidate, never chosen: it ran what draft:7 ran
+    ({"1": [0, 7]}, {0, 7}, "draft:7", None),  # it backed off at times: a different run
+    ({"1": [5, 7]}, {5}, "draft:7", None),  # one step, not the best one
+    ({"1": [6]}, {6}, "draft:7", None),
+    (None, {3}, "draft:3", "every batch"),  # a config given by name (SGLang's default), judged by what it ran
+    (None, set(), "draft:3", None),  # no run recorded
+])
+def test_a_tuned_config_is_the_best_fixed_step_only_when_it_did_the_same_work(
+        spec_bench: ModuleType, buckets, ran, best, want) -> None:
+    block = None if buckets is None else {
+        "strategy": "ema", "buckets": {k: {"candidate_steps": v} for k, v in buckets.items()}}
+    assert spec_bench.runs_as(block, 1, ran, best, "draft") == want
+
+
 def test_interleaved_runs_take_turns_and_count_their_own_slices(spec_bench: ModuleType, tmp_path) -> None:
     """Two closed-loop runs on real engines taking turns of ~1 ms CPU each both finish with every token of
     their requests (as a run alone does), really alternate (several turns each, A B A B ...), and each run's
