@@ -320,6 +320,25 @@ def test_cost_model_round_trips_and_interpolates():
         CostModel.from_json({"kind": "specctl-cost-model", "step_s": {"1": {"0": -1}}})
 
 
+def test_a_step_between_two_measured_ones_is_priced_on_the_line_between_them():
+    # `adaptive profile --steps 0,1,3,5,7`, the odd grid; a trace drafting 7 every step still holds verifies that
+    # drafted 6 (a request's max_tokens cap), which the serving overhead and every replay must price
+    full = cost_model().step_s
+    odd = CostModel({b: {k: t for k, t in row.items() if k in (0, 1, 3, 5, 7)} for b, row in full.items()})
+    assert odd.steps == (0, 1, 3, 5, 7)
+    for b in (1, 3, 8):  # measured batch sizes and one between them
+        assert odd.step_time(b, 6) == pytest.approx((odd.step_time(b, 5) + odd.step_time(b, 7)) / 2)
+        assert odd.step_time(b, 2) == pytest.approx((odd.step_time(b, 1) + odd.step_time(b, 3)) / 2)
+    # the full model is linear in steps, so the line through the odd ones is exact
+    assert odd.step_time(4, 6) == pytest.approx(cost_model().step_time(4, 6))
+    with pytest.raises(UsageError, match="no measurement for steps 8"):
+        odd.step_time(1, 8)  # above every measured step: not extrapolated
+    capped = records([K] * 100 + [0] * 100)
+    capped[50] = replace(capped[50], accepted=(6,), drafted=(6,))
+    res = tune(setup(), capped, odd)
+    assert set(res.recommended.union_steps) <= {0, 1, 3, 5, 7}  # it proposes only steps the profile measured
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, timeout=120,
                           env=ENV)

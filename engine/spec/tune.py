@@ -168,8 +168,13 @@ class CostModel:
         return t
 
     def _covers(self, steps: int) -> None:
-        if steps not in self.steps:
-            raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(self.steps)})",
+        """A step is priced when measured, or between two measured ones (linear between them, `_at`): a trace
+        drafting K every step holds verifies that drafted fewer (a request's max_tokens cap), and a profile of
+        steps 0,1,3,5,7 must still price its 6. `tune` only proposes measured steps."""
+        measured = self.steps
+        if steps not in measured and not (measured and measured[0] < steps < measured[-1]):
+            raise UsageError(f"the cost model has no measurement for steps {steps} (it has {list(measured)}), "
+                             "nor one on each side of it",
                              hint="re-run `specctl adaptive profile` with --steps covering it")
 
     def refill_time(self, batch_size: int, steps: int, sampled: float = 0.0) -> float:
@@ -238,19 +243,30 @@ class CostModel:
         return cm
 
 
+def _at(row: Mapping[int, float], steps: int) -> float:
+    """row[steps], linear between the nearest measured steps below and above it when it was not measured
+    (`CostModel._covers` checked there are both)."""
+    if steps in row:
+        return float(row[steps])
+    below = max(k for k in row if k < steps)
+    above = min(k for k in row if k > steps)
+    return float(row[below] + (row[above] - row[below]) * (steps - below) / (above - below))
+
+
 def _interpolate(table: Mapping[int, Mapping[int, float]], batch_size: int, steps: int) -> float:
-    """table[batch_size][steps], linear between measured batch sizes (extrapolated from the last two)."""
+    """table[batch_size][steps], linear between measured batch sizes (extrapolated from the last two) and
+    between measured steps (`_at`)."""
     sizes = sorted(table)
     if batch_size in table:
-        return float(table[batch_size][steps])
+        return _at(table[batch_size], steps)
     if len(sizes) == 1:
-        return float(table[sizes[0]][steps]) * batch_size / sizes[0]
+        return _at(table[sizes[0]], steps) * batch_size / sizes[0]
     lo, hi = sizes[0], sizes[1]
     for a, b in itertools.pairwise(sizes):
         lo, hi = a, b
         if batch_size < b:
             break
-    tl, th = table[lo][steps], table[hi][steps]
+    tl, th = _at(table[lo], steps), _at(table[hi], steps)
     t = tl + (th - tl) * (batch_size - lo) / (hi - lo)
     return float(max(t, min(tl, th) * 0.5))
 
