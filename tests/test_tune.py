@@ -339,6 +339,20 @@ def test_a_step_between_two_measured_ones_is_priced_on_the_line_between_them():
     assert set(res.recommended.union_steps) <= {0, 1, 3, 5, 7}  # it proposes only steps the profile measured
 
 
+def test_a_bucket_keeps_what_the_user_wrote_unless_the_change_predicts_better():
+    # every step costs the same and the drafter is right 3 times, then wrong: steps 3 to 7 all emit 4 tokens a
+    # verify at the same price, a tie the replay cannot split
+    trace = records([3] * 300)
+    flat = cost_model(per_draft=0.0)
+    res = tune(setup({"1": {"candidate_steps": [5]}}), trace, flat)
+    assert res.recommended.buckets[0].candidate_steps == (5,)  # the user's, not the tie's first ([3])
+    assert res.predicted.tokens_per_s == pytest.approx(res.current.tokens_per_s)
+    # a change that pays is still made: steps 1 emits 2 tokens a verify where 3-7 emit 4
+    res = tune(setup({"1": {"candidate_steps": [1]}}), trace, flat)
+    assert res.recommended.buckets[0].candidate_steps[0] >= 3
+    assert res.predicted.tokens_per_s > 1.9 * res.current.tokens_per_s
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "specctl.cli", *args], capture_output=True, text=True, timeout=120,
                           env=ENV)
@@ -627,9 +641,14 @@ def test_a_set_must_beat_the_best_single_step_by_the_margin(monkeypatch):
     phases = records(([K] * 150 + [0] * 150) * 3)
     assert len(tune(setup(), phases, cost_model()).recommended.bucket(1).candidate_steps) >= 2
     monkeypatch.setattr("specctl.engine.spec.tune.SET_MARGIN", 0.5)
-    res = tune(setup(), phases, cost_model())
+    res = tune(setup({"1": {"candidate_steps": [1]}}), phases, cost_model())
     assert res.recommended.bucket(1).candidate_steps == (res.best_fixed_steps,), res.recommended
     assert res.speedups()["vs_best_fixed"] == pytest.approx(1.0)
+    # ... but not in place of the user's own set, which the replay puts above that single step: the margin
+    # guards against a set fitted to the trace's draw, and the user's was not fitted to it (`kept`)
+    res = tune(setup(), phases, cost_model())
+    assert res.recommended.bucket(1).candidate_steps == (1, 3, 5)
+    assert res.speedups()["vs_best_fixed"] > 1.05
     # the guard's bar still holds: a step that loses the never-right run (below GUARD_RATIO) is not taken
     code = [replace(r, run="code") for r in records([K] * 600)]
     never = [replace(r, run="never", line=r.line + 600) for r in records([0] * 100)]

@@ -93,6 +93,12 @@ BACKOFF_MARGIN = 0.01  # the specctl-only knob must predict >= 1% better than th
 GUARD_RATIO = 0.95
 GUARD_COST = 0.02
 FINALISTS = 6  # candidate sets whose knobs are searched
+# A bucket keeps what the user wrote unless the search's best makes the runs reaching it at least this much
+# faster (or keeps a run closer to its best, `kept`): tune's own 95% intervals over resamples of a trace's
+# requests span 2-5%, so a gain under half a percent is a tie, and a recommendation that rewrites a bucket on a
+# tie (tiny-pd's bucket 1, replayed on a bench trace whose 4 clients leave it 2 batches of the drain: [5] -> [1]
+# at 1.0001x) is noise.
+KEEP_MARGIN = 0.005
 # A bucket keeps its best single step unless a set of several predicts at least this much better: a replay
 # of one traced draw of sampled text rewards a set that happens to leave a step where that draw went badly,
 # which the next draw does not repeat. On spec_bench's random text at batch 1, {0, 5} predicted 1.3% above
@@ -1232,6 +1238,30 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
                 return single, single_score
         return cand, score
 
+    def whole(cand: Bucket) -> float:
+        """Decode tokens/s of every batch size of the runs reaching this bucket, with `cand` in it."""
+        return replay(_with_bucket(base, cand), runs, cost, initial_steps=-1,
+                      graph_batch_sizes=graphs).decode_rate(lambda _: True)
+
+    def kept(cand: Bucket, score: float) -> tuple[Bucket, float]:
+        """The user's bucket `b` in place of `cand` when `cand` makes the runs reaching this bucket less than
+        KEEP_MARGIN faster (all their batch sizes: a bucket that serves a run's last few batches moves little
+        however its own rate changes) and keeps no run closer to no speculation (the guard) or to its best fixed
+        step (the regret) than `b` does: a change the replay cannot tell from a tie is no recommendation. Only
+        where `b` runs steps the search may run (measured, within the trace's depth), and SGLang's knobs alone
+        when `cand` has none of specctl's."""
+        nonlocal evaluated
+        if cand == b or not set(b.candidate_steps) <= set(allowed) or (
+                b.knobs.specctl_only and not cand.knobs.specctl_only):
+            return cand, score
+        evaluated += 2
+        if whole(cand) >= whole(b) * (1 + KEEP_MARGIN):
+            return cand, score
+        evaluated += 2 * len(runs.runs)
+        if worst(b) >= min(GUARD_RATIO, worst(cand)) and regret(b) >= min(REGRET_RATIO, regret(cand)):
+            return b, _bucket_score(base, b.min_batch_size, runs, cost, graphs)
+        return cand, score
+
     win, win_score = best_off, off_score
     if on_score > off_score * (1 + BACKOFF_MARGIN):
         win, win_score = best_on, on_score
@@ -1239,10 +1269,10 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
         evaluated += 2 * len(runs.runs)
         if _guard_prefers(worst(best_on), worst(best_off), on_score, off_score):
             win, win_score = best_on, on_score
-    sglang, sglang_score = simplest(best_off, off_score)  # SGLang's own best under the same rule
+    sglang, sglang_score = kept(*simplest(best_off, off_score))  # SGLang's own best under the same rules
     if win is best_off:
         return sglang, sglang_score, sglang, sglang_score, evaluated
-    return (*simplest(win, win_score), sglang, sglang_score, evaluated)
+    return (*kept(*simplest(win, win_score)), sglang, sglang_score, evaluated)
 
 
 def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[int],
