@@ -1226,18 +1226,23 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
         evaluated += len(own.runs)
         return _worst_ratio(rates(cand), best_fixed)
 
+    def holds_as_well(alt: Bucket, cand: Bucket) -> bool:
+        """`alt` loses no run that `cand` keeps: none below GUARD_RATIO x no speculation (or no further below it
+        than under `cand`), none below REGRET_RATIO x its best fixed step (or no further below it)."""
+        nonlocal evaluated
+        evaluated += 2 * len(runs.runs)
+        return worst(alt) >= min(GUARD_RATIO, worst(cand)) and regret(alt) >= min(REGRET_RATIO, regret(cand))
+
     def simplest(cand: Bucket, score: float) -> tuple[Bucket, float]:
         """`cand`, or the best single step where the set's edge over it is within a trace's noise (SET_MARGIN),
         unless the single step alone loses a run the set keeps: a phase of useless drafts (the guard's bar,
         against no speculation), or a run whose traffic wants another step (below REGRET_RATIO x the run's
         best fixed step, where the set keeps it closer: the guard's rule, against the best fixed step)."""
-        nonlocal evaluated
-        if len(cand.candidate_steps) > 1 and score < single_score * (1 + SET_MARGIN):
-            evaluated += 2 * len(runs.runs)
-            if worst(single) >= min(GUARD_RATIO, worst(cand)) and regret(single) >= min(REGRET_RATIO, regret(cand)):
-                return single, single_score
+        if len(cand.candidate_steps) > 1 and score < single_score * (1 + SET_MARGIN) and holds_as_well(single, cand):
+            return single, single_score
         return cand, score
 
+    @functools.cache
     def whole(cand: Bucket) -> float:
         """Decode tokens/s of every batch size of the runs reaching this bucket, with `cand` in it."""
         return replay(_with_bucket(base, cand), runs, cost, initial_steps=-1,
@@ -1255,12 +1260,9 @@ def _search_bucket(base: AdaptiveConfig, b: Bucket, runs: Runs, cost: CostModel,
                 b.knobs.specctl_only and not cand.knobs.specctl_only):
             return cand, score
         evaluated += 2
-        if whole(cand) >= whole(b) * (1 + KEEP_MARGIN):
+        if whole(cand) >= whole(b) * (1 + KEEP_MARGIN) or not holds_as_well(b, cand):
             return cand, score
-        evaluated += 2 * len(runs.runs)
-        if worst(b) >= min(GUARD_RATIO, worst(cand)) and regret(b) >= min(REGRET_RATIO, regret(cand)):
-            return b, _bucket_score(base, b.min_batch_size, runs, cost, graphs)
-        return cand, score
+        return b, _bucket_score(base, b.min_batch_size, runs, cost, graphs)
 
     win, win_score = best_off, off_score
     if on_score > off_score * (1 + BACKOFF_MARGIN):
