@@ -73,6 +73,7 @@ STRICT = (
     "schemas/sglang/export.py",
     "schemas/sglang/importer.py",
     "schemas/sglang/sniff.py",
+    "schemas/sglang/startup.py",
     "cli/model.py",
     "cli/sglang_io.py",
     "engine/serve/openai_request.py",
