@@ -160,7 +160,21 @@ class _Parser:
         return None
 
     def strategy(self, obj: Mapping[str, Any]) -> str:
-        value = obj.get("strategy", "ema")
+        """The policy that runs. SGLang's loader has no `strategy` key (it reads digit keys and the EMA knobs),
+        so in an SGLang file any value is ignored and EMA runs; a deployment may name only `ema`."""
+        if "strategy" not in obj:
+            return "ema"
+        value = obj["strategy"]
+        if self.mode == "sglang":
+            if value == "ema":
+                return "ema"  # ignored by SGLang, and what runs anyway
+            self.add(
+                "ADP222", "warning", f"{self.base}.strategy",
+                f"strategy is {_show(value)}, but SGLang's adaptive loader has no strategy key: it is silently "
+                "ignored and the EMA policy runs with this file's buckets and EMA knobs",
+                'remove "strategy"; the EMA knobs (ema_alpha, update_interval, ...) are what SGLang reads',
+            )
+            return "ema"
         if value in STRATEGIES:
             return str(value)
         close = difflib.get_close_matches(str(value), STRATEGIES, n=1)
@@ -174,20 +188,12 @@ class _Parser:
     def unsupported_strategy(self, strategy: str) -> None:
         if strategy != "throughput_aware":
             return
-        if self.mode == "deployment":
-            self.add(
-                "ADP216", "error", f"{self.base}.strategy",
-                "strategy is 'throughput_aware'; specctl's engine implements only the 'ema' policy "
-                "(throughput_aware needs SGLang's start-up cost profiling) and would refuse to start",
-                'set strategy to "ema" (or remove it)',
-            )
-        else:
-            self.add(
-                "ADP217", "warning", f"{self.base}.strategy",
-                "strategy is 'throughput_aware'; specctl checks its buckets but cannot simulate it "
-                "(its decisions depend on SGLang's start-up cost profiling)",
-                'use strategy "ema" to replay traces with `specctl adaptive simulate`',
-            )
+        self.add(
+            "ADP216", "error", f"{self.base}.strategy",
+            "strategy is 'throughput_aware', a policy no engine runs: specctl's engine implements only 'ema', and "
+            "SGLang's adaptive loader has no strategy key (an exported config would silently run EMA)",
+            'set strategy to "ema" (or remove it)',
+        )
 
     def ignored_for_strategy(self, key: str, path: str, strategy: str) -> bool:
         """Report keys that the chosen strategy never reads; True when `key` was such a key."""
@@ -341,8 +347,8 @@ class _Parser:
                 if in_bucket:
                     self.add(
                         "ADP210", "warning", kpath,
-                        "strategy inside a bucket is ignored; SGLang reads strategy only at the top level",
-                        "move strategy to the top level of the adaptive config",
+                        "strategy inside a bucket is ignored: neither SGLang nor specctl reads it there",
+                        "remove strategy from the bucket",
                     )
                 continue
             if key in SPECCTL_KNOBS:

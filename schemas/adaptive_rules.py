@@ -146,23 +146,26 @@ _RULES = (
     ),
     RuleDoc(
         "ADP215", "unknown strategy", "error",
-        "strategy must be 'ema' (default) or 'throughput_aware'.",
-        "ValueError: speculative adaptive config 'strategy' must be 'ema' or 'throughput_aware'",
-        "Set strategy to ema.",
-        '"strategy": "emma"', '"strategy": "ema"',
-    ),
-    RuleDoc(
-        "ADP216", "throughput_aware in a specctl deployment", "error",
-        "specctl's engine implements the EMA policy only; throughput_aware needs SGLang's start-up cost "
-        "profiling of every (batch size, steps) pair.",
+        "A deployment's speculative.adaptive.strategy must be 'ema' (the default).",
         "specctl serve/generate refuse to start with this deployment.",
-        "Use strategy ema.",
+        "Set strategy to ema, or remove it.",
+        "strategy: emma", "strategy: ema",
     ),
     RuleDoc(
-        "ADP217", "throughput_aware cannot be simulated", "warning",
-        "The SGLang file is checked, but `specctl adaptive simulate` replays only the EMA policy.",
-        "None.",
-        "Use strategy ema to replay traces.",
+        "ADP216", "throughput_aware in a deployment", "error",
+        "No engine runs a 'throughput_aware' policy: specctl's engine implements the EMA policy only, and SGLang's "
+        "adaptive loader has no strategy key (every release up to 0.5.23 ignores it and runs EMA).",
+        "specctl serve/generate refuse to start; an SGLang server silently runs EMA instead.",
+        "Use strategy ema (or remove the key).",
+        "strategy: throughput_aware", "strategy: ema",
+    ),
+    RuleDoc(
+        "ADP222", "strategy key in an SGLang adaptive JSON", "warning",
+        "SGLang's adaptive loader reads the digit-string bucket keys and the EMA knobs; it has no strategy key, so "
+        "any value there is silently ignored and the EMA policy runs.",
+        "None: the EMA policy runs, whatever strategy says.",
+        "Remove \"strategy\" from the file.",
+        '{"strategy": "throughput_aware", "1": {"candidate_steps": [1, 3]}}', '{"1": {"candidate_steps": [1, 3]}}',
     ),
     RuleDoc(
         "ADP218", "hysteresis band that oscillates", "warning",

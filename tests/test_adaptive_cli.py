@@ -104,11 +104,15 @@ def test_warnings_go_to_stderr_and_the_run_continues() -> None:
     assert len(result.stdout.splitlines()) == 81
 
 
-def test_throughput_aware_is_rejected_clearly(tmp_path: Path) -> None:
+def test_a_strategy_key_is_ignored_as_sglang_ignores_it(tmp_path: Path) -> None:
+    """SGLang's loader has no strategy key: the file replays under the EMA policy, with the warning."""
     p = tmp_path / "ta.json"
     p.write_text(json.dumps({"strategy": "throughput_aware", "1": {"candidate_steps": [1, 3]}}))
-    result = run(p, "--trace", PHASES)
-    assert result.exit_code == 2 and "throughput_aware" in result.stderr and "ema" in result.stderr
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}}))
+    result = run(p, "--trace", PHASES, "--format", "json")
+    assert result.exit_code == 0 and "ADP222" in result.stderr
+    assert result.stdout == run(plain, "--trace", PHASES, "--format", "json").stdout
 
 
 def test_empty_trace(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from specctl.engine.spec.adaptive import AdaptivePolicy, Switch
 from specctl.errors import UsageError
-from specctl.schemas.adaptive import AdaptiveConfig, parse_sglang_config
+from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
 
 
 def config(obj: dict) -> AdaptiveConfig:
@@ -192,7 +192,7 @@ def test_switch_timeline_and_snapshot() -> None:
 
 
 def test_throughput_aware_is_refused() -> None:
-    cfg, _ = parse_sglang_config({"strategy": "throughput_aware", "1": {"candidate_steps": [1, 3]}})
+    cfg, _ = parse_deployment_adaptive({"strategy": "throughput_aware", "buckets": {1: {"candidate_steps": [1, 3]}}})
     assert cfg is not None
     with pytest.raises(UsageError, match="throughput_aware"):
         AdaptivePolicy(cfg, initial_steps=1)

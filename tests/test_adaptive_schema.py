@@ -202,11 +202,19 @@ def test_deployment_knobs_merge_the_same_way() -> None:
     assert [b.path for b in cfg.buckets] == ["$.speculative.adaptive.buckets.1", "$.speculative.adaptive.buckets.8"]
 
 
-def test_throughput_aware_defaults_update_interval_to_ten() -> None:
+def test_sglang_ignores_the_strategy_key() -> None:
     cfg, findings = parse_sglang_config({"strategy": "throughput_aware", "1": {"candidate_steps": [1, 3]}})
+    assert cfg is not None and cfg.strategy == "ema"
+    assert cfg.buckets[0].knobs.update_interval == 5
+    assert [f.code for f in findings] == ["ADP222"]
+
+
+def test_a_deployment_throughput_aware_keeps_its_interval_default() -> None:
+    cfg, findings = parse_deployment_adaptive(
+        {"strategy": "throughput_aware", "buckets": {1: {"candidate_steps": [1, 3]}}})
     assert cfg is not None and cfg.strategy == "throughput_aware"
     assert cfg.buckets[0].knobs.update_interval == 10
-    assert [f.code for f in findings] == ["ADP217"]
+    assert [f.code for f in findings] == ["ADP216"]
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 ROUTER = ["python", "-m", "sglang_router.launch_router"]
-KNOBS = ("strategy", "ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
+KNOBS = ("ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
          "ceiling_coeff")
 
 

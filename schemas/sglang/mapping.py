@@ -28,7 +28,7 @@ from specctl.schemas.findings import Finding
 from specctl.schemas.sglang.command import SGLangCommand
 
 DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "DSPARK", "FROZEN_KV_MTP")
-ADAPTIVE_KNOBS = ("strategy", "ema_alpha", "warmup_batches", "update_interval", "up_hysteresis",
+ADAPTIVE_KNOBS = ("ema_alpha", "warmup_batches", "update_interval", "up_hysteresis",
                   "down_hysteresis", "ceiling_coeff")
 _DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
            "float32": "float32"}
