@@ -3,6 +3,14 @@
 Hosts must be literal IP addresses or `localhost` (validate never resolves names); no two listeners
 (HTTP ports and prefill's bootstrap port) may share an address; prefill needs a bootstrap port;
 the shm transfer backend needs prefill and decode on one host; colocated excludes prefill/decode.
+
+Which listeners can collide is host-aware. The roles of one file form one topology that `specctl up`
+starts on one machine, so overlapping bind addresses collide there (0.0.0.0 overlaps every IPv4 address).
+Two files (a prefill file and a decode file, two SGLang commands, two pods of a manifest) are each started
+on their own host: their listeners collide only when both name the same machine, that is the same literal
+non-wildcard address or loopback on both sides; a wildcard bind names no machine, so such a pair is
+"cannot check" (TOP606, info). A host written as an unexpanded shell variable (`${HOST}`) is "cannot
+check" too, never an error.
 """
 
 from __future__ import annotations
@@ -56,7 +64,18 @@ register(RuleDoc(
     "roles: {colocated: ..., prefill: ..., decode: ...}", "roles: {prefill: ..., decode: ...}",
 ))
 
+register(RuleDoc(
+    "TOP606", "listeners on hosts validate cannot compare", "info",
+    "A listener's host is a wildcard bind (0.0.0.0, ::) in a file started on its own host, or an unexpanded shell "
+    "variable: whether two listeners share a machine is decided where they are started, not in the files.",
+    "OSError: [Errno 98] Address already in use, only if both processes do start on one machine.",
+    "Nothing, if the processes run on different hosts or pods; else give each listener its own port.",
+    "prefill.sh: --host 0.0.0.0 --port 30000 / decode.sh: --host 0.0.0.0 --port 30000",
+    "prefill.sh: --host 10.0.0.1 --port 30000 / decode.sh: --host 10.0.0.2 --port 30000",
+))
+
 _LOOPBACK = "loopback"
+_UNEXPANDED = "unexpanded"
 
 
 @functools.lru_cache(maxsize=4096)  # hosts repeat across the files of one run; ipaddress parsing is slow
@@ -64,6 +83,8 @@ def _host_key(host: str) -> tuple[str, Any]:
     """('any4'|'any6'|'loopback'|'ip', value) for overlap tests; None value for non-literal hosts."""
     if host == "localhost":
         return (_LOOPBACK, None)
+    if "$" in host:  # `${HOST}`: the shell expands it where the command runs
+        return (_UNEXPANDED, host)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -76,12 +97,23 @@ def _host_key(host: str) -> tuple[str, Any]:
 
 
 def _overlap(a: str, b: str) -> bool:
+    """Whether two bind addresses on one machine overlap."""
     ka, kb = _host_key(a), _host_key(b)
     if "any6" in (ka[0], kb[0]):
         return True
     if "any4" in (ka[0], kb[0]):
         other = kb if ka[0] == "any4" else ka
         return other[0] != "ip" or ipaddress.ip_address(other[1]).version == 4
+    return ka == kb
+
+
+def _same_machine(a: str, b: str) -> bool | None:
+    """Whether listeners of two separately started files share a machine: True for the same literal address
+    or loopback on both sides, False for two different literal addresses, None when a side names no machine
+    (a wildcard bind or an unexpanded variable)."""
+    ka, kb = _host_key(a), _host_key(b)
+    if {ka[0], kb[0]} & {"any4", "any6", _UNEXPANDED}:
+        return None
     return ka == kb
 
 
@@ -123,17 +155,32 @@ def _instances(roles: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, st
 
 def _collisions(a: list[tuple[str, str, int, str]], b: list[tuple[str, str, int, str]], same: bool,
                 other_name: str = "") -> list[Finding]:
+    """TOP601 for listeners that bind one port on one machine. `same`: `a` and `b` are one file's listeners
+    (one machine); else two files started on their own hosts (see the module docstring)."""
     out: list[Finding] = []
     for j, (lb, hb, pb, pathb) in enumerate(b):
         for i, (la, ha, pa, _) in enumerate(a):
             if same and i >= j:
                 break
-            if pa == pb and _overlap(ha, hb):
-                where = f" in {other_name}" if other_name else ""
+            if pa != pb:
+                continue
+            if _UNEXPANDED in (_host_key(ha)[0], _host_key(hb)[0]):
+                shared: bool | None = None
+            else:
+                shared = _overlap(ha, hb) if same else _same_machine(ha, hb)
+            where = f" in {other_name}" if other_name else ""
+            if shared:
                 out.append(finding(
                     "TOP601", "error", pathb,
                     f"{lb} {hb}:{pb} collides with {la} {ha}:{pa}{where}",
                     f"give {lb} its own port (e.g. {pb + 1 if pb < 65535 else pb - 1})",
+                ))
+            elif shared is None:
+                out.append(finding(
+                    "TOP606", "info", pathb,
+                    f"{lb} {hb}:{pb} and {la} {ha}:{pa}{where} use one port; whether they share a machine is "
+                    "decided where they start (a wildcard bind or an unexpanded variable names no host)",
+                    f"nothing if they run on different hosts or pods; else give {lb} its own port",
                 ))
     return out
 
@@ -146,7 +193,7 @@ def check(ctx: RuleContext) -> list[Finding]:
     for _role, rcfg, label, base in _instances(roles):
         if not isinstance(rcfg.get("host"), str):
             continue
-        if _host_key(rcfg["host"])[0] == "name":
+        if _host_key(rcfg["host"])[0] == "name":  # an unexpanded `${VAR}` is not a name: TOP606 covers it
             out.append(finding(
                 "TOP602", "error", f"{base}.host",
                 f"roles.{label}.host {rcfg['host']!r} is not a literal IP address or localhost",
@@ -175,7 +222,8 @@ def check(ctx: RuleContext) -> list[Finding]:
 def _shm(p: RoleRef, d: RoleRef) -> list[Finding]:
     if "shm" not in (p.cfg["transfer"].get("backend"), d.cfg["transfer"].get("backend")):
         return []
-    if _same_host(p.cfg["host"], d.cfg["host"]):
+    if _same_host(p.cfg["host"], d.cfg["host"]) or _UNEXPANDED in (_host_key(p.cfg["host"])[0],
+                                                                    _host_key(d.cfg["host"])[0]):
         return []
     return [finding(
         "TOP604", "error", d.path("transfer", "backend"),

@@ -95,3 +95,43 @@ def test_lone_side_of_a_pair_is_an_info() -> None:
     code, doc = run_json("pairs/ok/decode.yaml")
     assert code == 0
     assert [(f["code"], f["severity"]) for f in _findings(doc)] == [("PD511", "info")]
+
+
+def _pair_files(tmp_path: Path, prefill_host: str, decode_host: str) -> tuple[str, str]:
+    head = ("version: 1\nmodel: {target: builtin:tiny-hybrid, dtype: float32}\n"
+            "speculative: {algorithm: draft, draft: builtin:tiny-draft, num_steps: 3}\n"
+            "cache: {page_size: 16}\ntransfer: {backend: zmq}\nroles:\n")
+    p, d = tmp_path / "prefill.yaml", tmp_path / "decode.yaml"
+    p.write_text(head + f"  prefill: {{host: '{prefill_host}', port: 30001, bootstrap_port: 8998}}\n")
+    d.write_text(head + f"  decode: {{host: '{decode_host}', port: 30001}}\n")
+    return str(p), str(d)
+
+
+@pytest.mark.parametrize(("prefill_host", "decode_host", "expect"), [
+    ("0.0.0.0", "0.0.0.0", ("TOP606", "info")),    # a wildcard bind names no machine: started on their own hosts
+    ("127.0.0.1", "localhost", ("TOP601", "error")),  # loopback on both sides is one machine
+    ("10.0.0.1", "10.0.0.1", ("TOP601", "error")),  # the same literal address is one machine
+    ("${P_HOST}", "10.0.0.1", ("TOP606", "info")),  # an unexpanded variable cannot be compared
+    ("10.0.0.1", "10.0.0.2", None),
+])
+def test_two_files_collide_only_on_one_machine(tmp_path: Path, prefill_host: str, decode_host: str,
+                                              expect: tuple[str, str] | None) -> None:
+    _, doc = run_json(*_pair_files(tmp_path, prefill_host, decode_host))
+    got = [(f["code"], f["severity"]) for f in doc["files"][1]["findings"] if f["code"].startswith("TOP")]
+    assert got == ([expect] if expect else [])
+
+
+def test_two_sglang_commands_on_wildcard_hosts_are_not_a_collision(tmp_path: Path) -> None:
+    model = DATA / "models" / "llama"
+    for role in ("prefill", "decode"):
+        (tmp_path / f"{role}.sh").write_text(
+            f"python -m sglang.launch_server --model-path {model} --disaggregation-mode {role} "
+            "--disaggregation-transfer-backend mooncake --host 0.0.0.0 --port 30000\n")
+    _, doc = run_json(str(tmp_path / "prefill.sh"), str(tmp_path / "decode.sh"))
+    codes = [(f["code"], f["severity"]) for file in doc["files"] for f in file["findings"]]
+    assert ("TOP606", "info") in codes and not [c for c, s in codes if c == "TOP601"]
+    for role in ("prefill", "decode"):
+        text = (tmp_path / f"{role}.sh").read_text().replace("0.0.0.0", "127.0.0.1")
+        (tmp_path / f"{role}.sh").write_text(text)
+    _, doc = run_json(str(tmp_path / "prefill.sh"), str(tmp_path / "decode.sh"))
+    assert "TOP601" in [f["code"] for file in doc["files"] for f in file["findings"]]
