@@ -92,6 +92,10 @@ def serve(
         from specctl.engine.serve.faults import FaultPlan
         from specctl.engine.serve.roles import serve_role
 
+        if role is not Role.router:
+            from specctl.engine.install import require_engine
+
+            require_engine(f"specctl serve --role {role.value}")
         faults = FaultPlan.from_file(fault_plan) if fault_plan is not None else None
         try:
             code = serve_role(deployment, role.value, instance, faults=faults)
