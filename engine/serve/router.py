@@ -17,6 +17,8 @@ Contract:
   port on the router's host) and `router_env()` its environment: `HF_HUB_OFFLINE=1` /
   `TRANSFORMERS_OFFLINE=1` always (a router loads its tokenizer from the `model_path` a worker reports in
   `/model_info`, a local directory, and would otherwise try a hub).
+- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cannot
+  close slow clients (sglang-router), None for smg.
 - `run_router(deployment)` runs it in the foreground until SIGINT/SIGTERM (`specctl serve --role router`)
   and returns its exit code; the launcher starts the same command beside the engines. Readiness is the
   router's `GET /readiness` (200 once it has a healthy prefill and decode); engines report healthy only when
@@ -162,6 +164,15 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
                           extra=extra)
 
 
+def slow_client_warning(kind: str) -> str | None:
+    """What a router of this kind leaves open to slow clients (None: it closes them within the bound)."""
+    if kind == "smg":
+        return None
+    return (f"{kind} has no client timeouts: idle, partial-header and partial-body connections stay open "
+            f"until the client closes them; smg (roles.router.kind: smg, the default) closes them within "
+            f"{SLOW_CLIENT_BOUND_S} s. Do not expose this router to untrusted clients without a proxy that does.")
+
+
 def router_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if base is None else base), **OFFLINE_ENV}
 
@@ -182,6 +193,9 @@ def run_router(deployment: Deployment, *, kind: str | None = None) -> int:
     kind = kind or router_kind(deployment)
     argv = router_argv(deployment, kind=kind)
     check_installed(kind=kind)
+    warning = slow_client_warning(kind)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(argv, env=router_env(), stdin=subprocess.DEVNULL)
 
     def forward(signum: int, frame: FrameType | None) -> None:
