@@ -1,7 +1,7 @@
 """`pip install specctl` (no extra) is the tool: a fresh virtual environment holding exactly specctl and the
 distributions its base requirements resolve to (read from the installed specctl's own metadata, recursively,
 markers evaluated, no `extra`), linked from this environment's already-installed copies (offline), runs
-validate, export, preflight and bench; torch (and every other engine package) cannot be imported there at all.
+validate, export, preflight, bench, model and adaptive simulate; torch (and every other engine package) cannot be imported there at all.
 A command that needs the builtin engine says which extra to install: exit 2, no traceback.
 
 The servers (an SGLang-shaped prefill/decode pair for preflight, a stub OpenAI server for bench) run in this
@@ -110,6 +110,15 @@ def test_validate_and_export_run_without_torch(tool_python: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     assert doc["router"][:2] == ["smg", "launch"] and "--disaggregation-mode" in doc["prefill"]
+
+
+def test_model_and_adaptive_simulate_run_without_torch(tool_python: Path) -> None:
+    res = specctl(tool_python, "model", "engine/builtin_models/tiny-hybrid", "--format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = specctl(tool_python, "adaptive", "simulate", "tiny-colocated", "--trace",
+                  "tests/data/adaptive/traces/phases.jsonl", "--format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert any('"switched"' in line for line in res.stdout.splitlines())
 
 
 @pytest.fixture
