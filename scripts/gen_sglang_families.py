@@ -26,6 +26,7 @@ What is read, and from where (paths under `sglang/srt/`):
 - `speculative/spec_info.py` `SpeculativeAlgorithm` and `speculative/spec_registry.py` `_RESERVED_ALIASES`;
 - `arg_groups/speculative_hook.py`: the architectures whose draft defaults to the target checkpoint
   (`--speculative-draft-model-path` may be omitted) and the Gemma 4 assistant drafts;
+  `speculative/dspark_components/dspark_config.py`: the fields of a checkpoint that bundles a DSpark draft;
 - `models/*eagle*.py` `EntryClass`: EAGLE and EAGLE3 draft architectures.
 """
 
@@ -33,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,10 +101,15 @@ def default_src() -> Path:
     return Path(spec.origin).parent
 
 
+@functools.lru_cache(maxsize=512)
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
 def _tree(src: Path, rel: str) -> ast.Module:
     path = src / "srt" / rel
     try:
-        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return _parse(path)
     except OSError as exc:
         raise SourceError(f"cannot read {path}: {exc}") from None
 
@@ -161,23 +169,22 @@ def state_dispatch(src: Path) -> tuple[list[str], list[str]]:
     return classes, members
 
 
+_CLASS = re.compile(r"^class\s+(\w+)\s*\(([^)]*)\)\s*:", re.M)
+
+
 def class_graph(src: Path) -> dict[str, list[str]]:
-    """Every class defined under sglang/srt -> the names of its bases."""
+    """Every top-level class defined under sglang/srt -> the names of its bases (read with a pattern, not
+    parsed: the tree has ~2000 files)."""
     graph: dict[str, list[str]] = {}
     for path in sorted((src / "srt").rglob("*.py")):
         try:
             text = path.read_text(encoding="utf-8")
-            if "KVCache" not in text and "KVPool" not in text and "Config" not in text:
-                continue  # neither a pool nor a config class can be defined here
-            tree = ast.parse(text)
-        except (OSError, SyntaxError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError):
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
-                         for b in node.bases]
-                graph.setdefault(node.name, [])
-                graph[node.name].extend(b for b in bases if b and b not in graph[node.name])
+        for name, bases in _CLASS.findall(text):
+            names = [b.strip().split(".")[-1].split("[")[0] for b in bases.split(",")]
+            graph.setdefault(name, [])
+            graph[name].extend(b for b in names if b.isidentifier() and b not in graph[name] and b != name)
     return graph
 
 
@@ -293,7 +300,7 @@ def _model_types(src: Path, graph: dict[str, list[str]], config_classes: set[str
             wanted.add(name)
     out: set[str] = set()
     for path in sorted((src / "srt" / "configs").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path)
         hf_alias = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                     and (n.module or "").startswith("transformers") for a in n.names}
         for node in ast.walk(tree):
@@ -344,7 +351,7 @@ def mambaish(src: Path, graph: dict[str, list[str]]) -> dict[str, Any]:
     wrappers: set[str] = set()  # configs whose text_config is always built as a mambaish config class
     mamba_classes = {n for n in graph if n in classes or ancestors(graph, n) & classes}
     for path in sorted((src / "srt" / "configs").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, ast.ClassDef) and any(
                     isinstance(a, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "text_config"
                                                       for t in a.targets)
@@ -393,6 +400,8 @@ def speculative(src: Path) -> dict[str, Any]:
     gemma = [s for s in _strings(alias_fn) if s.endswith("ForCausalLM") and "Assistant" in s]
     eagle3 = _entry_classes(src, "*eagle3*.py")
     eagle = [c for c in _entry_classes(src, "*eagle*.py") if c not in eagle3 and "Eagle" in c]
+    dspark = _tree(src, "speculative/dspark_components/dspark_config.py")
+    bundle_fields = [x for x in _strings(_func(dspark, "checkpoint_bundles_dspark_draft")) if x.startswith("dspark_")]
     draft_vocab_readers = sorted(
         p.stem for p in (src / "srt" / "models").glob("*.py") if "draft_vocab_size" in p.read_text(encoding="utf-8"))
     return {
@@ -400,6 +409,7 @@ def speculative(src: Path) -> dict[str, Any]:
         "draft_defaults_to_target": defaults, "gemma4_assistant_drafts": gemma,
         "eagle3_draft_archs": eagle3, "eagle_draft_archs": eagle,
         "draft_vocab_size_readers": draft_vocab_readers,
+        "dspark_bundle_fields": bundle_fields,
     }
 
 
