@@ -1,6 +1,7 @@
 """SGLang's own family predicates run on config.json files, as a test oracle (child process).
 
-`python tests/sglang_family_oracle.py CONFIG.json ...` prints one JSON object per file. The functions are
+`python tests/sglang_family_oracle.py CONFIG.json ...` prints one JSON object per file (`{"error": ...}`
+when SGLang's functions raise on it). The functions are
 SGLang's, taken verbatim from the installed release's source (`configs/model_config.py`,
 `configs/kimi_linear.py`, `layers/attention/qsa/config.py`) and executed here on the config turned into
 attribute objects, the way SGLang reads a loaded `PretrainedConfig`. Importing the modules themselves
@@ -102,7 +103,11 @@ def verdict(ns: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
 def main(paths: list[str]) -> int:
     ns = _namespace()
     for p in paths:
-        print(json.dumps(verdict(ns, json.loads(Path(p).read_text(encoding="utf-8")))))
+        raw = json.loads(Path(p).read_text(encoding="utf-8"))
+        try:
+            print(json.dumps(verdict(ns, raw)))
+        except Exception as exc:  # a config SGLang's functions refuse: reported, the others still run
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
     return 0
 
 

@@ -144,6 +144,46 @@ def test_sglang_predicates_agree_on_every_fixture(oracle: dict[str, dict[str, An
             assert m.dsa_tail == o["dsa_tail"], name
 
 
+def _synthetic(arch: str) -> dict[str, Any]:
+    """A small config.json of `arch` carrying the fields every family predicate reads."""
+    return {
+        "architectures": [arch], "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+        "vocab_size": 1000, "sliding_window": 128, "index_topk": 64, "kv_lora_rank": 64,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "hybrid_layer_pattern": [1, 0, 1, 0], "local_layer_ids": [0, 2], "compress_ratios": [4, 128, 4, 128, 0],
+        "sparse_attention_config": {"sparse_attention_freq": [0, 1, 0, 1], "sparse_disable_index_value": [0, 1, 0, 1]},
+        **({"linear_attn_config": {"kda_layers": [1, 3], "full_attn_layers": [2, 4]}} if "Kimi" in arch else {}),
+    }
+
+
+def test_every_listed_architecture_gets_sglangs_pool(tmp_path: Path) -> None:
+    """Every architecture of the generated lists (hybrid SWA, DSA, MLA, DeepSeek-V4, MiniMax sparse), as a
+    small config: SGLang's predicates and specctl agree on hybrid SWA, DSA and the special pools."""
+    archs = json.loads((ROOT / "schemas" / "sglang" / "families.json").read_text())["archs"]
+    names = sorted({a for k in ("hybrid_swa", "dsa", "mla", "deepseek_v4", "minimax_sparse", "kimi_k3")
+                    for a in archs[k]})
+    paths = []
+    for a in names:
+        (tmp_path / f"{a}.json").write_text(json.dumps(_synthetic(a)))
+        paths.append(str(tmp_path / f"{a}.json"))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "sglang_family_oracle.py"), *paths],
+                         capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    checked = 0
+    for a, line in zip(names, out.stdout.splitlines(), strict=True):
+        o = json.loads(line)
+        if "error" in o:
+            continue
+        m = sglang_model(_synthetic(a))
+        assert (m.pool == POOL_DSV4) == o["deepseek_v4"], a
+        assert (m.pool in (POOL_SWA, POOL_DSV4)) == o["hybrid_swa"], a
+        assert m.dsa == o["dsa"] and (m.pool == "minimax_sparse") == o["minimax_sparse"], a
+        if "swa_layer_ids" in o:
+            assert [i for i, k in enumerate(m.layer_kinds) if k == "swa"] == o["swa_layer_ids"], a
+        checked += 1
+    assert checked >= len(names) - 3, out.stdout
+
+
 @pytest.mark.parametrize("name", sorted(MTP))
 def test_model_command_reports_mtp_heads(name: str) -> None:
     field, layers, default = MTP[name]

@@ -308,6 +308,19 @@ def _kinds_minimax(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     return tuple("full" if f == 0 else "sparse" for f in freq)
 
 
+def _kinds_first_swa(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    # get_hybrid_layer_ids for the MiMoV2 / Step3p5 MTP drafts: layer 0 is the sliding-window layer
+    return tuple("swa" if i == 0 else "full" for i in range(n))
+
+
+def _kinds_local(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    # get_hybrid_layer_ids for Inkling: local_layer_ids are sliding window, the rest full attention
+    ids = cfg.get("local_layer_ids")
+    if not isinstance(ids, list):
+        raise FamilyError("config.json local_layer_ids (the sliding-window layers) is missing")
+    return tuple("swa" if i in ids else "full" for i in range(n))
+
+
 def _kinds_default(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     lt = _layer_types(cfg, n)
     return lt if lt is not None else tuple("full" for _ in range(n))
@@ -326,6 +339,10 @@ _KINDS: dict[str, Callable[[dict[str, Any], int], tuple[str, ...]]] = {
     "Llama4ForConditionalGeneration": _kinds_llama4,
     "MiMoV2ForCausalLM": _kinds_mimo_v2,
     "MiMoV2FlashForCausalLM": _kinds_mimo_v2,
+    "MiMoV2MTP": _kinds_first_swa,
+    "Step3p5MTP": _kinds_first_swa,
+    "InklingForConditionalGeneration": _kinds_local,
+    "UnlimitedOCRForCausalLM": lambda cfg, n: tuple("swa" for _ in range(n)),
 }
 
 
@@ -414,7 +431,9 @@ def sglang_model(cfg: dict[str, Any]) -> SGLangModel:
     minimax = arch in _arch_set("minimax_sparse")
     qsa = mambaish and any(tc.get(f) is not None for f in table()["qsa_fields"])
 
-    if arch in _arch_set("kimi_k3") or (tc.get("linear_attn_config") or {}).get("kda_layers") is not None:
+    kda = arch in _arch_set("kimi_k3") or "kimi_linear" in (_model_type(cfg), _model_type(tc))
+    if kda or (mambaish and isinstance(tc.get("linear_attn_config"), dict)
+               and tc["linear_attn_config"].get("kda_layers") is not None):
         kinds = _kinds_kda(tc, n)
     elif dsv4:
         kinds = _kinds_dsv4(tc, n)
