@@ -7,7 +7,8 @@ flags that change the KV pool or add a draft pool (`--sglang-args "--kv-cache-dt
 --disable-hybrid-swa-memory --speculative-algorithm EAGLE"`). `draft` is null, or an object with
 `kind` (`mtp` for a built-in MTP/NextN head, `eagle` / `eagle3` / `gemma4_assistant` for a draft
 checkpoint), `text` and, for an MTP head, `field`, `layers`, `draft_architecture` and
-`draft_defaults_to_target` (SGLang fills `--speculative-draft-model-path` with the model path).
+`draft_defaults_to_target` (SGLang fills `--speculative-draft-model-path` with the model path);
+`mtp_draft_architecture` is what SGLang loads this architecture's MTP layers as (null: it has none).
 Exit 0; 2 when config.json cannot be read or the flags are wrong.
 """
 
@@ -47,7 +48,7 @@ def model(
 
         from specctl.schemas.model_facts import BUILTIN_PREFIX, read_config_json, resolve_model_dir
         from specctl.schemas.sglang.command import SGLangCommand, ShellError, Word, parse_args, shell_words
-        from specctl.schemas.sglang.families import FamilyError, sglang_model
+        from specctl.schemas.sglang.families import FamilyError, mtp_draft_architecture, sglang_model
 
         p = resolve_model_dir(path) if path.startswith(BUILTIN_PREFIX) else Path(path).expanduser()
         cfg_path = p if p.name == "config.json" and not p.is_dir() else p / "config.json"
@@ -78,7 +79,7 @@ def model(
             sys.stdout.write(json.dumps({
                 "architecture": m.architecture, "layer_kinds": list(m.layer_kinds), "state_types": list(states),
                 "draft": draft, "known": m.known, "pool": pool, "num_layers": len(m.layer_kinds),
-                "pd_unsupported": m.pd_unsupported,
+                "pd_unsupported": m.pd_unsupported, "mtp_draft_architecture": mtp_draft_architecture(m.architecture),
             }, indent=2) + "\n")
             return
         counts = ", ".join(f"{k} x{n}" for k, n in Counter(m.layer_kinds).items())
@@ -89,7 +90,7 @@ def model(
             f"layer kinds   {' '.join(m.layer_kinds)}",
             f"KV pool       {pool}",
             f"state_types   [{', '.join(states)}]" + ("" if states else "  (nothing besides paged KV is transferred)"),
-            f"draft         {draft['text'] if draft else 'none built in'}",
+            f"draft         {draft['text'] if draft else _no_draft(m)}",
         ]
         if m.pd_unsupported:
             lines.append(f"PD            not supported by SGLang: {m.pd_unsupported}")
@@ -111,3 +112,13 @@ def _draft(m: SGLangModel) -> dict[str, Any] | None:
         name = m.draft_kind.replace("_", " ")
         return {"kind": m.draft_kind, "text": f"this checkpoint is an {name} draft (for {algos})"}
     return None
+
+
+def _no_draft(m: SGLangModel) -> str:
+    from specctl.schemas.sglang.families import mtp_draft_architecture
+
+    arch = mtp_draft_architecture(m.architecture)
+    if arch is None:
+        return "none built in"
+    return (f"none declared in config.json (SGLang loads this architecture's MTP layers as {arch} when the "
+            "checkpoint has them and --speculative-draft-model-path names it)")

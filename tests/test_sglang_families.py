@@ -204,7 +204,9 @@ def test_model_command_new_families_and_flags() -> None:
                              "--speculative-algorithm DSPARK", "--format", "json").stdout)
     assert doc["state_types"] == ["swa", "c128_state", "swa", "request_row"]
     doc = json.loads(run_cli("model", str(MODELS / "llama"), "--format", "json").stdout)
-    assert doc["draft"] is None
+    assert doc["draft"] is None and doc["mtp_draft_architecture"] is None
+    doc = json.loads(run_cli("model", str(MODELS / "mimo-v2-flash"), "--format", "json").stdout)
+    assert doc["draft"] is None and doc["mtp_draft_architecture"] == "MiMoV2MTP"  # no count in its config.json
     doc = json.loads(run_cli("model", str(MODELS / "gemma4-assistant"), "--format", "json").stdout)
     assert doc["draft"]["kind"] == "gemma4_assistant"
 

@@ -382,6 +382,12 @@ def _positive(cfg: dict[str, Any], key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
+def mtp_draft_architecture(arch: str) -> str | None:
+    """What SGLang's _config_draft_model loads this target architecture as for its MTP/NextN draft."""
+    rewrite: str | None = table()["archs"]["draft_rewrite"].get(arch)
+    return rewrite
+
+
 def mtp_head(cfg: dict[str, Any]) -> MTPHead | None:
     """The MTP/NextN head a target checkpoint declares and SGLang can load as its draft, else None."""
     arch = architecture_of(cfg)
