@@ -13,7 +13,7 @@ not know: a new release is reviewed, then one command to regenerate.
 What is read, and from where (paths under `sglang/srt/`):
 - `disaggregation/base/conn.py` `StateType`: the state components' wire values;
 - `disaggregation/utils.py` `setup_state_kv_args`: the pool classes it dispatches on and the state types
-  it appends;
+  it appends; `disaggregation/<backend>/conn.py`: the state types each transfer backend can send;
 - every class below `KVCache` in the tree: the pool classes, each with the dispatch classes it is a
   subclass of (what `isinstance` in `setup_state_kv_args` sees);
 - `configs/model_config.py`: `is_hybrid_swa_model` (+ `SWA_SINK_ARCHS`, `MIMO_V2_MODEL_ARCHS`), the
@@ -413,6 +413,40 @@ def speculative(src: Path) -> dict[str, Any]:
     }
 
 
+def backend_state_types(src: Path, values: dict[str, str]) -> dict[str, list[str]]:
+    """Transfer backend (disaggregation/<name>/conn.py) -> the state types it can send.
+
+    A backend whose sender raises 'unknown state_type' sends exactly the values it compares the state
+    type with in that function; any other backend sends the StateType members it names, plus what the
+    backend it builds on (imports its conn from) sends. `common` and `base` are shared code, not backends."""
+    own: dict[str, set[str]] = {}
+    builds_on: dict[str, set[str]] = {}
+    known = set(values.values())
+    for conn in sorted((src / "srt" / "disaggregation").glob("*/conn.py")):
+        name = conn.parent.name
+        if name in ("common", "base"):
+            continue
+        tree = _parse(conn)
+        raiser = next((fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+                       and any("unknown state_type" in x for x in _strings(fn))), None)
+        if raiser is not None:
+            own[name] = {c for n in ast.walk(raiser) if isinstance(n, ast.Compare) for c in _strings(n) if c in known}
+            continue
+        own[name] = {values[n.attr] for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                     and isinstance(n.value, ast.Name) and n.value.id == "StateType" and n.attr in values}
+        builds_on[name] = {m.split(".")[-2] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                           for m in [n.module or ""] if m.startswith("sglang.srt.disaggregation.")
+                           and m.endswith(".conn") and m.split(".")[-2] not in (name, "common", "base")}
+    out: dict[str, list[str]] = {}
+    for name, got in own.items():
+        full = set(got)
+        for other in builds_on.get(name, ()):
+            full |= own.get(other, set())
+        if full:
+            out[name] = [v for v in values.values() if v in full]
+    return out
+
+
 def forced_no_hybrid_swa(src: Path) -> list[str]:
     """Architectures whose model override returns disable_hybrid_swa_memory=True (arg_groups/model_overrides)."""
     out: list[str] = []
@@ -444,6 +478,7 @@ def build(src: Path) -> dict[str, Any]:
         "sglang": _version(src),
         "state_types": st,
         "state_types_appended": appended,
+        "backend_state_types": backend_state_types(src, st),
         "state_dispatch_classes": dispatch,
         "pool_classes": pool_classes(graph, dispatch),
         "archs": {

@@ -106,6 +106,16 @@ def test_every_state_type_is_reached_by_a_family() -> None:
         (ROOT / "schemas" / "sglang" / "families.json").read_text())["state_types"].values())
 
 
+def test_backends_send_what_their_code_handles() -> None:
+    from specctl.schemas.sglang.families import backend_state_types
+
+    every = set(gen.STATE_TYPES_CLASSIFIED)
+    assert set(backend_state_types("mooncake") or ()) == every == set(backend_state_types("nixl") or ())
+    assert every - set(backend_state_types("mori") or ()) == {"block_scale", "block_scale_swa", "dsa_tail",
+                                                              "request_row"}
+    assert backend_state_types("fake") is None
+
+
 def test_minimax_value_sparse_layers_have_no_pd() -> None:
     cfg = _cfg("minimax-m3-sparse")
     sc = dict(cfg["sparse_attention_config"], sparse_disable_index_value=[0] * cfg["num_hidden_layers"])

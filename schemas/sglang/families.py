@@ -70,6 +70,14 @@ def state_type_values() -> tuple[str, ...]:
     return tuple(table()["state_types"].values())
 
 
+def backend_state_types(backend: str) -> tuple[str, ...] | None:
+    """The state types a `--disaggregation-transfer-backend` can send (None: a backend with no state
+    transfer in the table, e.g. fake). A registered state type outside it fails at the first transfer
+    ('PD state transfer failed: unknown state_type=...' on mori)."""
+    got = table()["backend_state_types"].get(backend)
+    return tuple(got) if got is not None else None
+
+
 _HF_KIND = {
     "full_attention": "full", "attention": "full", "full": "full", "sliding_attention": "swa", "swa": "swa",
     "linear_attention": "linear", "mamba": "mamba", "conv": "conv", "ssm": "mamba",
