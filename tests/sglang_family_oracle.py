@@ -50,11 +50,14 @@ def _namespace() -> dict[str, Any]:
     exec(compile((_srt() / "layers" / "attention" / "qsa" / "config.py").read_text(encoding="utf-8"),  # noqa: S102
                  "qsa/config.py", "exec"), qsa)
     ns["parse_qsa_profile"] = qsa["parse_qsa_profile"]
-    kl = ast.parse((_srt() / "configs" / "kimi_linear.py").read_text(encoding="utf-8"))
-    for node in ast.walk(kl):
-        if isinstance(node, ast.FunctionDef) and node.name == "is_kda_layer":
-            node.decorator_list = []
-            exec(compile(ast.Module(body=[node], type_ignores=[]), "kimi_linear.py", "exec"), ns)  # noqa: S102
+    for fname, key in (("kimi_linear.py", "is_kda_layer"), ("glm5_next.py", "glm5_next_is_kda_layer")):
+        tree = ast.parse((_srt() / "configs" / fname).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "is_kda_layer":
+                node.decorator_list = []
+                node.name = key
+                exec(compile(ast.Module(body=[node], type_ignores=[]), fname, "exec"), ns)  # noqa: S102
+                break
     return ns
 
 
@@ -96,7 +99,8 @@ def verdict(ns: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         out["minimax_k_only"] = any(i in off for i in sparse)
         out["minimax_value_sparse"] = any(i not in off for i in sparse)
     if getattr(text, "linear_attn_config", None) is not None:
-        out["kda_layer_ids"] = [i for i in range(n) if ns["is_kda_layer"](text, i)]
+        is_kda = ns["glm5_next_is_kda_layer" if getattr(cfg, "model_type", "") == "glm5_next" else "is_kda_layer"]
+        out["kda_layer_ids"] = [i for i in range(n) if is_kda(text, i)]
     return out
 
 

@@ -35,6 +35,8 @@ EXPECTED: dict[str, tuple[str, dict[str, int], dict[str, list[str]]]] = {
     "deepseek-v3.1": ("DeepseekV3ForCausalLM", {"full": 61}, {"": [], "mx": [], "eagle": []}),
     "deepseek-v3.2": ("DeepseekV32ForCausalLM", {"full": 61}, {"": ["dsa"], "mx": ["dsa"], "eagle": ["dsa"]}),
     "glm-5": ("GlmMoeDsaForCausalLM", {"full": 78}, {"": ["dsa"], "mx": ["dsa"]}),
+    "glm5-next": ("Glm5NextForConditionalGeneration", {"linear": 34, "full": 11}, {
+        "": ["mamba", "dsa"], "mx": ["mamba", "dsa"]}),  # KDA beside DSA: the hybrid linear pool with use_dsa
     "deepseek-v4": ("DeepseekV4ForCausalLM", {"full": 43}, {
         "": ["swa", "c128_state"], "mx": ["swa", "c128_state"], "noswa": ["swa", "c128_state"],
         "eagle": ["swa", "c128_state", "swa"], "dspark": ["swa", "c128_state", "swa", "request_row"]}),
@@ -67,6 +69,7 @@ MTP = {
     "deepseek-v3.1": ("num_nextn_predict_layers", 1, True), "deepseek-v3.2": ("num_nextn_predict_layers", 1, True),
     "deepseek-v4": ("num_nextn_predict_layers", 1, True), "glm-5": ("num_nextn_predict_layers", 1, True),
     "glm-4.5": ("num_nextn_predict_layers", 1, True), "qwen3-next": ("mtp_num_hidden_layers", 1, False),
+    "glm5-next": ("num_nextn_predict_layers", 1, False),
     "qwen3.5": ("mtp_num_hidden_layers", 1, False), "qwen4-exp": ("mtp_num_hidden_layers", 1, True),
 }
 

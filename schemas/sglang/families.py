@@ -292,6 +292,18 @@ def _kinds_kda(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     return tuple("linear" if i + 1 in kda else "full" for i in range(n))
 
 
+def _kinds_glm5_next(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    # Glm5NextTextConfig: 0-based linear_attn_config["kda_layers"], else layer_types, else every 4th layer full
+    lac = cfg.get("linear_attn_config")
+    if isinstance(lac, dict) and isinstance(lac.get("kda_layers"), list):
+        kda = {x for x in lac["kda_layers"] if isinstance(x, int)}
+        return tuple("linear" if i in kda else "full" for i in range(n))
+    lt = _layer_types(cfg, n)
+    if lt is not None:
+        return lt
+    return tuple("full" if i % 4 == 3 else "linear" for i in range(n))
+
+
 def _kinds_dsv4(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     ratios = cfg.get("compress_ratios")
     if ratios is None:
@@ -446,7 +458,9 @@ def sglang_model(cfg: dict[str, Any]) -> SGLangModel:
     qsa = mambaish and any(tc.get(f) is not None for f in table()["qsa_fields"])
 
     kda = arch in _arch_set("kimi_k3") or "kimi_linear" in (_model_type(cfg), _model_type(tc))
-    if kda or (mambaish and isinstance(tc.get("linear_attn_config"), dict)
+    if _model_type(cfg) in table()["mambaish"]["kda_model_types"]:
+        kinds = _kinds_glm5_next(tc, n)
+    elif kda or (mambaish and isinstance(tc.get("linear_attn_config"), dict)
                and tc["linear_attn_config"].get("kda_layers") is not None):
         kinds = _kinds_kda(tc, n)
     elif dsv4:
