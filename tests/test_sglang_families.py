@@ -233,7 +233,7 @@ def _validate(tmp: Path, args: str) -> list[dict[str, Any]]:
 
 def test_mod703_clean_for_an_mtp_target(tmp_path: Path) -> None:
     """DeepSeek-V3.1's config.json declares num_nextn_predict_layers: 1; SGLang loads that head itself."""
-    for algo in ("EAGLE", "NEXTN"):
+    for algo in ("EAGLE", "NEXTN", "EAGLE3"):  # all three run _handle_eagle_family, which fills the path
         found = _validate(tmp_path, f"--model-path {MODELS / 'deepseek-v3.1'} --speculative-algorithm {algo}")
         assert not [f for f in found if f["code"] == "MOD703"], found
     bundled = tmp_path / "v4"

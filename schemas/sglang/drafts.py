@@ -2,8 +2,9 @@
 `--speculative-algorithm`, and whether a draft is needed at all, in SGLang's flags.
 
 What SGLang 0.5.23 does, from its code (`arg_groups/speculative_hook.py`, `configs/model_config.py`):
-- NEXTN is EAGLE. EAGLE/NEXTN without `--speculative-draft-model-path` takes the target checkpoint itself
-  as the draft for the architectures listed in `_handle_eagle_family` (DeepSeek-V3/V3.2/V4, GLM-4.5/5,
+- NEXTN is EAGLE. EAGLE/NEXTN (and EAGLE3/STANDALONE, which run the same handler) without
+  `--speculative-draft-model-path` take the target checkpoint itself as the draft for the architectures
+  listed in `_handle_eagle_family` (DeepSeek-V3/V3.2/V4, GLM-4.5/5,
   Bailing, Mistral Large 3, HY, Qwen4-Exp: their MTP/NextN head); DSPARK does so when the checkpoint bundles
   a DSpark head (`dspark_*` fields). Every other EAGLE/EAGLE3/STANDALONE/DFLASH run needs the path (an MTP
   head of Qwen3-Next, Qwen3.5 or MiMo is used by passing the model's own path).
@@ -132,7 +133,7 @@ def draft_from_target(algo: str, target_config: dict[str, Any] | None,
     """True when SGLang fills --speculative-draft-model-path with --model-path for this target."""
     if target_model is None or target_config is None:
         return False
-    if algo in ("EAGLE", "NEXTN"):
+    if algo in ("EAGLE", "NEXTN", "EAGLE3", "STANDALONE"):  # all run _handle_eagle_family
         return target_model.architecture in table()["speculative"]["draft_defaults_to_target"]
     if algo == "DSPARK":
         tc = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else {}
