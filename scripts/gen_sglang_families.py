@@ -27,7 +27,8 @@ What is read, and from where (paths under `sglang/srt/`):
 - `arg_groups/speculative_hook.py`: the architectures whose draft defaults to the target checkpoint
   (`--speculative-draft-model-path` may be omitted) and the Gemma 4 assistant drafts;
   `speculative/dspark_components/dspark_config.py`: the fields of a checkpoint that bundles a DSpark draft;
-- `models/*eagle*.py` `EntryClass`: EAGLE and EAGLE3 draft architectures.
+- `models/**/*.py` `EntryClass`: every architecture the release serves, and the EAGLE / EAGLE3 drafts
+  (`*eagle*.py`).
 """
 
 from __future__ import annotations
@@ -494,6 +495,7 @@ def build(src: Path) -> dict[str, Any]:
             "draft_rewrite": _draft_rewrites(_func(mc, "_config_draft_model"), {
                 "MIMO_V2_MODEL_ARCHS": _module_constant(mc, "MIMO_V2_MODEL_ARCHS")}),
         },
+        "served_archs": sorted(set(_entry_classes(src, "**/*.py"))),
         "dsa_field": "index_topk",
         "qsa_fields": qsa_fields,
         "mambaish": mambaish(src, graph),

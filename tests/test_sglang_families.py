@@ -287,10 +287,30 @@ def test_every_draft_code_has_a_failing_example_and_an_explanation() -> None:
     from specctl.schemas.sglang.drafts import SGLANG_ONLY
 
     failing = {c for p in (DATA / "sglang" / "invalid").glob("*.sh") for c, _ in expectations(p)[1]}
-    assert SGLANG_ONLY <= failing and {"MOD702", "MOD703"} <= failing
+    # MOD710 (IQuest Q1): test_iquest_q1_needs_its_own_mtp_checkpoint builds its configs
+    assert SGLANG_ONLY - {"MOD710"} <= failing and {"MOD702", "MOD703"} <= failing
     for c in sorted(SGLANG_ONLY):
         result = run_cli("explain", c)
         assert result.exit_code == 0 and c in result.stdout
+
+
+def test_iquest_q1_needs_its_own_mtp_checkpoint(tmp_path: Path) -> None:
+    target = {"architectures": ["IQuestQ1ForCausalLM"], "model_type": "iquest_q1", "num_hidden_layers": 88,
+              "hidden_size": 5120, "num_attention_heads": 40, "vocab_size": 151936}
+    good = {"architectures": ["IQuestQ1MTPForCausalLM"], "model_type": "iquest_q1_mtp", "num_hidden_layers": 1,
+            "num_target_layers": 88, "num_draft_slots": 7}
+    for name, cfg in (("t", target), ("mtp", good), ("short", dict(good, num_target_layers=40)),
+                      ("wide", dict(good, hidden_size=4096))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    base = f"--model-path {tmp_path / 't'} --speculative-algorithm EAGLE --speculative-draft-model-path "
+    for draft, words in (("t", "independent draft model path"), ("short", "target layer count"),
+                         ("wide", "hidden size and vocabulary"), (str(MODELS / "llama-eagle"), "MTP draft checkpoint")):
+        ref = draft if "/" in draft else str(tmp_path / draft)
+        found = [f for f in _validate(tmp_path, base + ref) if f["code"] == "MOD710"]
+        assert len(found) == 1 and words in found[0]["message"], (draft, found)
+    found = _validate(tmp_path, base + str(tmp_path / "mtp"))
+    assert not [f for f in found if f["code"].startswith("MOD7") and f["severity"] != "info"], found
 
 
 def test_check_draft_never_raises() -> None:

@@ -54,6 +54,16 @@ _DOCS = (
      "use --speculative-algorithm NEXTN (or EAGLE)",
      "--speculative-algorithm EAGLE3 --speculative-draft-model-path gemma-4-e2b-it-assistant",
      "--speculative-algorithm NEXTN --speculative-draft-model-path gemma-4-e2b-it-assistant"),
+    ("MOD710", "IQuest Q1 without its own MTP draft checkpoint", "error",
+     "An IQuestQ1ForCausalLM target needs an independent IQuest Q1 MTP draft (model_type iquest_q1_mtp) whose "
+     "hidden_size and vocab_size match the target's and whose num_target_layers is the target's "
+     "num_hidden_layers (speculative_hook._handle_iquest_q1_mtp_draft).",
+     "at start-up: 'IQuest Q1 requires an independent draft model path.' / 'IQuest Q1 requires an independent "
+     "MTP draft checkpoint.' / 'MTP draft hidden size and vocabulary must match the target.' / 'MTP draft "
+     "target layer count must match the target.'",
+     "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint made for this target",
+     "--model-path IQuest-Q1 --speculative-algorithm EAGLE --speculative-draft-model-path IQuest-Q1",
+     "--model-path IQuest-Q1 --speculative-algorithm EAGLE --speculative-draft-model-path IQuest-Q1-MTP"),
     ("MOD709", "Gemma 4 assistant draft promoted to FROZEN_KV_MTP", "info",
      "With a Gemma 4 assistant draft SGLang replaces EAGLE/NEXTN by FROZEN_KV_MTP (the assistant reads the "
      "target's frozen KV); rules that depend on the algorithm see FROZEN_KV_MTP.",
@@ -118,6 +128,13 @@ def _check_draft(cmd: SGLangCommand, target_model: SGLangModel | None,
             out.append(_f(cmd, "MOD709", "info", dest,
                           f"a Gemma 4 assistant draft ({name}): SGLang promotes --speculative-algorithm {algo} to "
                           "FROZEN_KV_MTP", "nothing to change"))
+    if target_model is not None and target_model.architecture == "IQuestQ1ForCausalLM" and algo in (
+            "EAGLE", "NEXTN", "EAGLE3", "STANDALONE"):
+        iq = _iquest_problem(target_model, draft_config, draft)
+        if iq is not None:
+            out.append(_f(cmd, "MOD710", "error", "speculative_draft_model_path", iq,
+                          "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint of this target"))
+            return out
     tv = target_model.vocab_size if target_model is not None else None
     if tv is not None and draft.vocab_size is not None and tv != draft.vocab_size:
         out.append(_f(cmd, "MOD702", "error", "speculative_draft_model_path",
@@ -126,6 +143,29 @@ def _check_draft(cmd: SGLangCommand, target_model: SGLangModel | None,
                       "mean different tokens",
                       f"use a draft trained with the target's tokenizer (vocab_size {tv})"))
     return out
+
+
+def _iquest_problem(target: SGLangModel, draft_config: dict[str, Any], draft: SGLangModel) -> str | None:
+    """SGLang's refusal of an IQuest Q1 draft (_handle_iquest_q1_mtp_draft), else None. Sizes the draft's
+    config.json does not state (IQuestQ1MTPConfig fills them from target_config or its defaults) are not
+    compared."""
+    if draft_config.get("model_type") != "iquest_q1_mtp":
+        return "IQuest Q1 requires an independent MTP draft checkpoint (SGLang refuses at start-up)"
+    inner = draft_config.get("target_config") if isinstance(draft_config.get("target_config"), dict) else {}
+
+    def stated(key: str) -> object:
+        return draft_config.get(key, (inner or {}).get(key))
+
+    for key, want in (("hidden_size", target.hidden_size), ("vocab_size", target.vocab_size)):
+        got = stated(key)
+        if got is not None and want is not None and got != want:
+            return (f"MTP draft hidden size and vocabulary must match the target (SGLang refuses at start-up): "
+                    f"the draft's {key} is {got}, the target's {want}")
+    layers = draft_config.get("num_target_layers") or (inner or {}).get("num_hidden_layers") or 88
+    if layers != len(target.layer_kinds):
+        return ("MTP draft target layer count must match the target (SGLang refuses at start-up): the draft's "
+                f"num_target_layers is {layers}, the target has {len(target.layer_kinds)} layers")
+    return None
 
 
 def draft_from_target(algo: str, target_config: dict[str, Any] | None,
@@ -199,6 +239,11 @@ def _draft_findings(cmd: SGLangCommand, target_model: SGLangModel | None,
     if missing is not None:
         out.append(missing)
     draft_ref = cmd.value("speculative_draft_model_path")
-    if isinstance(draft_ref, str) and draft_ref and draft_ref != ref:
+    if (target_model is not None and target_model.architecture == "IQuestQ1ForCausalLM" and draft_ref == ref
+            and algo in ("EAGLE", "NEXTN", "EAGLE3", "STANDALONE")):
+        out.append(_f(cmd, "MOD710", "error", "speculative_draft_model_path",
+                      "IQuest Q1 requires an independent draft model path (SGLang refuses the target's own path)",
+                      "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint of this target"))
+    elif isinstance(draft_ref, str) and draft_ref and draft_ref != ref:
         out += check_draft(cmd, target_model, _config_of(facts_get(draft_ref)))
     return out

@@ -129,6 +129,7 @@ class SGLangModel:
     mtp: MTPHead | None = None
     draft_kind: str | None = None  # eagle | eagle3 | gemma4_assistant when the checkpoint is itself a draft
     pool_without_hybrid_swa: str | None = None  # the pool under --disable-hybrid-swa-memory (hybrid SWA only)
+    hidden_size: int | None = None
 
     @property
     def is_hybrid(self) -> bool:
@@ -496,7 +497,9 @@ def sglang_model(cfg: dict[str, Any]) -> SGLangModel:
         sparse = [i for i, f in enumerate(freq) if f != 0]
         minimax_facts = (any(i in off for i in sparse), any(f == 0 for f in freq), any(i not in off for i in sparse))
     ratios = tc.get("compress_ratios") if dsv4 else None
-    known = (arch in PLAIN_ARCHS or arch in _arch_set("forced_no_hybrid_swa") or hybrid_swa or mla or dsv4
+    # served by the release (its model registry) and placed by the lists above: a served architecture in
+    # none of them gets SGLang's plain pool, which is what specctl predicts for it
+    known = (arch in table()["served_archs"] or arch in PLAIN_ARCHS or hybrid_swa or mla or dsv4
              or minimax or mambaish or arch in archs["draft_rewrite"] or draft_kind(arch, cfg) is not None
              or arch in _arch_set("hybrid_swa"))
     heads = tc.get("num_attention_heads")
@@ -531,4 +534,5 @@ def sglang_model(cfg: dict[str, Any]) -> SGLangModel:
         mtp=mtp_head(cfg),
         draft_kind=draft_kind(arch, cfg),
         pool_without_hybrid_swa=choose(False) if pool == POOL_SWA else None,
+        hidden_size=hidden if isinstance(hidden, int) and not isinstance(hidden, bool) else None,
     )
