@@ -104,7 +104,9 @@ def default_src() -> Path:
 
 @functools.lru_cache(maxsize=512)
 def _parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    _WHERE[id(tree)] = str(path)
+    return tree
 
 
 def _tree(src: Path, rel: str) -> ast.Module:
@@ -115,18 +117,22 @@ def _tree(src: Path, rel: str) -> ast.Module:
         raise SourceError(f"cannot read {path}: {exc}") from None
 
 
+_WHERE: dict[int, str] = {}  # id(parsed module) -> its path, for messages
+
+
 def _func(tree: ast.AST, name: str) -> ast.FunctionDef:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
-    raise SourceError(f"function {name} not found")
+    raise SourceError(f"function {name} not found in {_WHERE.get(id(tree), 'the source')}")
 
 
 def _class(tree: ast.AST, name: str) -> ast.ClassDef:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == name:
             return node
-    raise SourceError(f"class {name} not found")
+    raise SourceError(f"class {name} not found in {_WHERE.get(id(tree), 'the source')} (a release without it "
+                      "predates what this table describes)")
 
 
 def _strings(node: ast.AST) -> list[str]:
