@@ -32,9 +32,13 @@ register(RuleDoc(
 ))
 register(RuleDoc(
     "MOD703", "algorithm draft without a draft model", "error",
-    "speculative.algorithm: draft needs speculative.draft (a builtin:NAME or a model directory).",
+    "speculative.algorithm: draft needs speculative.draft (a builtin:NAME or a model directory). In an SGLang "
+    "command: --speculative-algorithm EAGLE/EAGLE3/STANDALONE/DFLASH without --speculative-draft-model-path, "
+    "unless the target ships an MTP/NextN head SGLang loads by itself (DeepSeek-V3/V3.2/V4, GLM-4.5/5 ... with "
+    "EAGLE/NEXTN) or a bundled DSpark head (DSPARK); Qwen3-Next/Qwen3.5/MiMo heads need the model's own path.",
     "The engine cannot build a drafter and refuses to start.",
-    "Set speculative.draft, or use algorithm: ngram (no model) or none.",
+    "Set speculative.draft, or use algorithm: ngram (no model) or none. SGLang: add "
+    "--speculative-draft-model-path (the model's own path for its MTP head), or --speculative-algorithm NGRAM.",
     "speculative: {algorithm: draft}", "speculative: {algorithm: draft, draft: builtin:tiny-draft}",
 ))
 register(RuleDoc(

@@ -267,6 +267,7 @@ class Validator:
         """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
         from specctl.schemas.model_facts import ModelFacts
         from specctl.schemas.sglang.command import installed_version_note, parse_command_text
+        from specctl.schemas.sglang.drafts import sglang_draft_findings
         from specctl.schemas.sglang.families import FamilyError, sglang_model
         from specctl.schemas.sglang.mapping import to_deployment
         from specctl.schemas.sglang.rules import check_command
@@ -292,6 +293,7 @@ class Validator:
         state.kind = "sglang-command"
         state.findings[:0] = list(cmd.findings) + mapped.adaptive_findings
         state.findings.extend(check_command(cmd, model))
+        state.findings = sglang_draft_findings(cmd, model, self.facts.get, state.findings)
         state.sglang = (cmd, mapped, model)
         return state
 

@@ -68,6 +68,7 @@ STRICT = (
     "schemas/sglang/command.py",
     "schemas/sglang/flags.py",
     "schemas/sglang/families.py",
+    "schemas/sglang/drafts.py",
     "schemas/sglang/mapping.py",
     "schemas/sglang/rules.py",
     "schemas/sglang/export.py",
