@@ -1,9 +1,9 @@
 """`pip install specctl` (no extra) is the tool: a fresh virtual environment holding exactly specctl and the
-distributions its base requirements resolve to (read from the installed specctl's own metadata, recursively,
-markers evaluated, no `extra`), linked from this environment's already-installed copies (offline), runs
-validate, export, preflight, bench, model and adaptive simulate; torch (and every other engine package) cannot be
-imported there at all.
-A command that needs the builtin engine says which extra to install: exit 2, no traceback.
+distributions its base requirements resolve to (pyproject's `dependencies`, then each distribution's own
+metadata, recursively, markers evaluated, no `extra`), linked from this environment's already-installed
+copies (offline), runs validate, export, preflight, bench, model and adaptive simulate; torch (and every
+other engine package) cannot be imported there at all. A command that needs the builtin engine says which
+extra to install: exit 2, no traceback.
 
 The servers (an SGLang-shaped prefill/decode pair for preflight, a stub OpenAI server for bench) run in this
 process on 127.0.0.1; only the specctl commands run in the tool environment.

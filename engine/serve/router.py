@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 
 ROUTER_KINDS = ("smg", "sglang-router")
 DEFAULT_ROUTER_KIND = "smg"
-# What each kind is on the package registry, and the module that must import for it to run.
-ROUTER_PACKAGES = {"smg": "smg==1.13.0", "sglang-router": "sglang-router==0.3.2"}
+# How to install each kind, and the module that must import for it to run.
+ROUTER_PACKAGES = {"smg": "smg==1.13.0 (a dependency of specctl)",
+                   "sglang-router": '"specctl[sglang-router]" (sglang-router==0.3.2)'}
 ROUTER_MODULES = {"smg": "smg", "sglang-router": "sglang_router"}
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -184,8 +185,8 @@ def check_installed(python: str = sys.executable, kind: str = DEFAULT_ROUTER_KIN
 
         if importlib.util.find_spec(ROUTER_MODULES[kind]) is None:
             raise RuntimeFailure(f"the router {kind} is not installed in this environment",
-                                 hint=f"pip install {ROUTER_PACKAGES[kind]} (a dependency of specctl; "
-                                      "scripts/setup.sh installs it)")
+                                 hint=f"pip install {ROUTER_PACKAGES[kind]}; scripts/setup.sh installs both "
+                                      "routers")
 
 
 def run_router(deployment: Deployment, *, kind: str | None = None) -> int:
