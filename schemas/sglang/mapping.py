@@ -322,3 +322,35 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
     at("$.transfer.backend", "disaggregation_transfer_backend")
     pos["$"] = (cmd.first_line, 1)
     return mapped
+
+
+# Findings of the deployment rules that SGLang itself decides on SGLang input (predicted by `startup` or
+# `rules` in SGLang's own terms): ADP101 is SGL309, FBK401 is SGL102, MOD703 is SGL114 (MTP models draft
+# with their own head, which the deployment model cannot say).
+DECIDED_BY_SGLANG = frozenset({"ADP101", "FBK401", "MOD703"})
+
+# Deployment-schema words -> SGLang flags, longest first, for messages and fixes shown on SGLang input.
+_DIALECT: tuple[tuple[str, str], ...] = tuple(sorted((
+    ("speculative.num_steps", "--speculative-num-steps"),
+    ("speculative.topk", "--speculative-eagle-topk"),
+    ("speculative.draft", "--speculative-draft-model-path"),
+    ("speculative.algorithm", "--speculative-algorithm"),
+    ("speculative.adaptive", "--speculative-adaptive-config"),
+    ("cache.page_size", "--page-size"),
+    ("cache.max_tokens", "--max-total-tokens"),
+    ("cache.state_types", "the model's state types (`specctl model DIR`)"),
+    ("serve.max_batch_size", "--max-running-requests"),
+    ("serve.graph_batch_sizes", "--cuda-graph-bs-decode"),
+    ("model.target", "--model-path"),
+    ("model.dtype", "--dtype"),
+    ("transfer.backend", "--disaggregation-transfer-backend"),
+    ("PREFILL.yaml DECODE.yaml", "prefill.sh decode.sh"),
+), key=lambda kv: -len(kv[0])))
+_BUILTIN = re.compile(r"\s*\((?:e\.g\.\s*)?builtin:[^)]*\)|builtin:tiny-[a-z]+(?: / builtin:tiny-[a-z]+)?")
+
+
+def in_sglang_dialect(text: str) -> str:
+    """`text` with deployment-schema fields named by their SGLang flags and builtin model examples dropped."""
+    for word, flag in _DIALECT:
+        text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w])", flag, text)
+    return _BUILTIN.sub(lambda m: "" if m.group(0).lstrip().startswith("(") else "a model directory", text)
