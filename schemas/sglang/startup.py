@@ -275,7 +275,13 @@ def _dp_attention(r: _Run) -> None:
         if r.attn_dp == 1:
             r.set("attn_dp_size", r.v("dp_size"))
             r.set("dp_size", 1)
-        r.set("enable_dp_attention", False)
+    if r.attn_dp > 1:
+        r.set("enable_dp_attention", True)  # ServerArgs.resolved_dict reports it whenever attention DP runs
+    cp = r.v("attn_cp_size")
+    tp = r.v("tp_size")
+    if isinstance(cp, int) and cp > 0 and isinstance(tp, int) and tp % cp:
+        r.error("SGL300", "attn_cp_size", "tp_size must be divisible by attn_cp_size",
+                f"use an --attn-cp-size that divides --tp-size {tp}")
 
 
 def _pd(r: _Run) -> None:
@@ -406,6 +412,91 @@ def _encoder(r: _Run) -> None:
         r.error("SGL300", "encoder_only" if enc else "language_only", f"Model type {r.arch} is not supported for "
                 "encoder disaggregation.", "serve a supported multimodal model (Qwen2-VL, Qwen3-VL, Qwen3.5, Kimi "
                 "...), or drop --encoder-only / --language-only")
+
+
+def _iquest(r: _Run) -> None:
+    """model_overrides/iquest_q1.py: FA3 only, EAGLE/NEXTN chains, no CP/DP attention/PP."""
+    if r.arch not in ("IQuestQ1ForCausalLM", "IQuestQ1MTP"):
+        return
+    algo = str(r.v("speculative_algorithm") or "").upper()
+    topk = r.v("speculative_eagle_topk")
+    checks: tuple[tuple[bool, str, str, str], ...] = (
+        (any(r.v(d) not in (None, "fa3") for d in ("attention_backend", "prefill_attention_backend",
+                                                   "decode_attention_backend")), "attention_backend",
+         "IQuestQ1 applies its attention sink from the softmax LSE and requires FA3 attention for both prefill and "
+         "decode.", "use --attention-backend fa3"),
+        (bool(algo) and algo not in ("EAGLE", "NEXTN"), "speculative_algorithm",
+         "IQuest Q1 MTP requires serial EAGLE or NEXTN drafting.", "use --speculative-algorithm EAGLE"),
+        (bool(algo) and r.v("speculative_draft_attention_backend") not in (None, "fa3"),
+         "speculative_draft_attention_backend", "IQuestQ1 requires FA3 attention for the MTP draft.",
+         "use --speculative-draft-attention-backend fa3"),
+        (r.v("attn_cp_size") != 1 or r.v("dcp_size") != 1 or bool(r.v("enable_prefill_cp")), "attn_cp_size",
+         "IQuestQ1 does not support context parallelism.", "drop context parallelism"),
+        (isinstance(topk, int) and topk > 1, "speculative_eagle_topk",
+         "IQuestQ1 speculative decoding requires --speculative-eagle-topk 1.", "use --speculative-eagle-topk 1"),
+        (bool(r.v("enable_multi_layer_eagle")), "enable_multi_layer_eagle",
+         "IQuest Q1 MTP drafting does not support multi-layer EAGLE.", "drop --enable-multi-layer-eagle"),
+        (r.attn_dp > 1, "attn_dp_size", "IQuest Q1 does not support DP attention.", "drop attention DP"),
+        (r.v("pp_size") != 1, "pp_size", "IQuest Q1 does not support pipeline parallelism.", "use --pp-size 1"),
+    )
+    for bad, dest, quote, fix in checks:
+        if bad:
+            r.error("SGL300", dest, quote, fix)
+            return
+    if not any(r.v(d) for d in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")):
+        r.set("attention_backend", "fa3")
+
+
+def _iquest_mtp_draft(r: _Run) -> bool:
+    """speculative_hook._handle_iquest_q1_mtp_draft: an IQuest Q1 target drafts with its own MTP checkpoint;
+    True when it resolved the step parameters (or refused them)."""
+    if r.arch != "IQuestQ1ForCausalLM":
+        return False
+    draft = r.v("speculative_draft_model_path")
+    if draft in (None, r.v("model_path")):
+        r.error("SGL300", "speculative_draft_model_path", "IQuest Q1 requires an independent draft model path.",
+                "add --speculative-draft-model-path IQUEST_MTP_DIR")
+        return True
+    d = r.draft_cfg or {}
+    if r.draft_cfg is not None and d.get("model_type") != "iquest_q1_mtp":
+        r.error("SGL300", "speculative_draft_model_path", "IQuest Q1 requires an independent MTP draft checkpoint.",
+                "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint")
+        return True
+    t = r.target_cfg or {}
+    if any(k in d and k in t and d[k] != t[k] for k in ("hidden_size", "vocab_size")):
+        r.error("SGL300", "speculative_draft_model_path", "MTP draft hidden size and vocabulary must match the target.",
+                "use the MTP checkpoint of this target")
+        return True
+    if "num_target_layers" in d and "num_hidden_layers" in t and d["num_target_layers"] != t["num_hidden_layers"]:
+        r.error("SGL300", "speculative_draft_model_path", "MTP draft target layer count must match the target.",
+                "use the MTP checkpoint of this target")
+        return True
+    if r.v("speculative_token_map") is not None:
+        r.error("SGL300", "speculative_token_map", "MTP uses its own full-vocabulary embedding and head.",
+                "drop --speculative-token-map")
+        return True
+    slots = d.get("num_draft_slots")
+    steps = r.v("speculative_num_steps")
+    if steps is None:
+        if not isinstance(slots, int):
+            return False  # the draft's config is not readable here: SGLang's default is unknown
+        steps = slots
+    if steps < 1:
+        r.error("SGL300", "speculative_num_steps", "MTP requires positive speculative_num_steps.",
+                "use a positive --speculative-num-steps")
+        return True
+    if r.v("speculative_eagle_topk") not in (None, 1):
+        r.error("SGL300", "speculative_eagle_topk", "MTP requires --speculative-eagle-topk 1.",
+                "use --speculative-eagle-topk 1")
+        return True
+    if r.v("speculative_num_draft_tokens") not in (None, steps + 1):
+        r.error("SGL300", "speculative_num_draft_tokens", "MTP verification width must equal draft steps + 1.",
+                f"use --speculative-num-draft-tokens {steps + 1}, or drop it")
+        return True
+    r.set("speculative_num_steps", steps)
+    r.set("speculative_eagle_topk", 1)
+    r.set("speculative_num_draft_tokens", steps + 1)
+    return True
 
 
 def _uses_mla(r: _Run) -> bool:
@@ -676,6 +767,8 @@ def _eagle_family(r: _Run, algo: str) -> None:
         r.note("SGL310", "speculative_draft_model_path", f"no --speculative-draft-model-path: the draft worker loads "
                f"--model-path and runs {r.arch}'s built-in MTP/NextN head (never fails: silently)",
                "nothing to do; this is how SGLang runs MTP")
+    if _iquest_mtp_draft(r) and r.errors:
+        return
     steps, topk, ndt = (r.v("speculative_num_steps"), r.v("speculative_eagle_topk"),
                         r.v("speculative_num_draft_tokens"))
     if not r.v("speculative_adaptive") and steps is None:
@@ -710,6 +803,7 @@ def _eagle_family(r: _Run, algo: str) -> None:
     if "trtllm_mha" in backends and topk > 1:
         r.error("SGL302", "speculative_eagle_topk", "trtllm_mha backend only supports topk = 1 for speculative "
                 "decoding.", "use --speculative-eagle-topk 1, or --attention-backend fa3 / flashinfer")
+    _rejection_sampling(r, algo, topk)
     if topk == 1 and isinstance(steps, int) and ndt != steps + 1:
         r.set("speculative_num_draft_tokens", steps + 1)
         if r.cmd.given("speculative_num_draft_tokens"):
@@ -728,6 +822,26 @@ def _eagle_family(r: _Run, algo: str) -> None:
                 "flashinfer/fa3/triton")
 
 
+def _rejection_sampling(r: _Run, algo: str, topk: int) -> None:
+    """_handle_eagle_family: what --speculative-use-rejection-sampling needs."""
+    if not r.v("speculative_use_rejection_sampling"):
+        return
+    dest = "speculative_use_rejection_sampling"
+    if algo not in ("EAGLE", "EAGLE3"):
+        r.error("SGL300", dest, "--speculative-use-rejection-sampling is only supported for EAGLE / EAGLE3 / NEXTN, "
+                f"not speculative_algorithm={algo}.", "drop --speculative-use-rejection-sampling")
+    elif topk != 1:
+        r.error("SGL300", dest, "--speculative-use-rejection-sampling requires --speculative-eagle-topk=1.",
+                "use --speculative-eagle-topk 1, or drop --speculative-use-rejection-sampling")
+    elif r.v("enable_deterministic_inference") and not r.device.startswith("cuda"):
+        r.error("SGL300", dest, "Deterministic rejection sampling is currently supported only on CUDA-compatible "
+                "devices because draft proposal sampling uses a Triton hash kernel.", "run on --device cuda")
+    elif r.v("speculative_accept_threshold_single") != 1.0 or r.v("speculative_accept_threshold_acc") != 1.0:
+        r.error("SGL300", dest, "--speculative-use-rejection-sampling is incompatible with "
+                "--speculative-accept-threshold-single / --speculative-accept-threshold-acc; rejection sampling "
+                "ignores the accept thresholds.", "drop the accept thresholds or --speculative-use-rejection-sampling")
+
+
 def _frozen_kv_mtp(r: _Run, algo: str) -> None:
     _max_running(r)
 
@@ -736,9 +850,17 @@ def _dflash(r: _Run, algo: str) -> None:
     if not (r.device.startswith("cuda") or r.device in ("npu", "xpu")):
         r.error("SGL307", "device", f"DFLASH speculative decoding is not supported by {r.device.upper()}Platform on "
                 f"device {r.device!r}.", "run DFLASH on --device cuda, npu or xpu")
-    if r.attn_dp > 1 and r.device != "npu" and not r.v("enable_dp_lm_head"):
-        r.error("SGL307", "enable_dp_lm_head", "DFLASH with dp attention requires --enable-dp-lm-head.",
-                "add --enable-dp-lm-head")
+    if r.attn_dp > 1 and r.device != "npu":
+        if not r.v("enable_dp_lm_head"):
+            r.error("SGL307", "enable_dp_lm_head", "DFLASH with dp attention requires --enable-dp-lm-head.",
+                    "add --enable-dp-lm-head")
+        elif r.v("attn_cp_size") != 1:
+            r.error("SGL307", "attn_cp_size", "DFLASH with dp attention does not support context parallel.",
+                    "use --attn-cp-size 1")
+        elif _env_true(r.env.get("SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION")):
+            r.env_finding("SGL307", "SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION", f"SGLang {r.release} refuses it at "
+                          "start-up: 'DFLASH with dp attention requires SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=0.'",
+                          "unset SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION")
     if r.v("pp_size") != 1:
         r.error("SGL307", "pp_size", "Currently DFLASH speculative decoding only supports pp_size == 1.",
                 "use --pp-size 1")
@@ -802,6 +924,11 @@ def _dspark(r: _Run, algo: str) -> None:
         if isinstance(cp, int) and cp > 1:
             r.error("SGL307", "attn_cp_size", "DSpark with dp attention does not support context parallel "
                     f"(attn_cp_size={cp}).", "use --attn-cp-size 1")
+        spec_a2a = r.v("speculative_moe_a2a_backend")
+        if r.device != "npu" and spec_a2a is not None and spec_a2a != a2a:
+            r.error("SGL307", "speculative_moe_a2a_backend", "DSpark ignores --speculative-moe-a2a-backend; with dp "
+                    f"attention it must match the target moe_a2a_backend={a2a!r} (got {spec_a2a!r}).",
+                    "drop --speculative-moe-a2a-backend")
     if r.v("pp_size") != 1 and r.v("disaggregation_mode") != "prefill":
         r.error("SGL307", "pp_size", "DSpark pipeline parallelism requires PD prefill; decode and non-disaggregated "
                 "serving require pp_size == 1.", "use --pp-size 1")
@@ -849,6 +976,21 @@ def _ngram(r: _Run, algo: str) -> None:
     ndt = r.v("speculative_num_draft_tokens")
     if r.v("speculative_num_steps") is None and isinstance(ndt, int) and isinstance(breadth, int) and breadth > 0:
         r.set("speculative_num_steps", ndt // breadth)
+    if r.v("speculative_ngram_external_corpus_path") is not None:
+        budget = r.v("speculative_ngram_external_sam_budget")
+        if not isinstance(budget, int) or budget <= 0:
+            r.error("SGL300", "speculative_ngram_external_sam_budget", "--speculative-ngram-external-sam-budget must "
+                    "be positive when --speculative-ngram-external-corpus-path is set.",
+                    "give --speculative-ngram-external-sam-budget a positive value")
+        elif not isinstance(r.v("speculative_ngram_external_corpus_max_tokens"), int) or \
+                r.v("speculative_ngram_external_corpus_max_tokens") <= 0:
+            r.error("SGL300", "speculative_ngram_external_corpus_max_tokens", "--speculative-ngram-external-corpus-"
+                    "max-tokens must be positive when --speculative-ngram-external-corpus-path is set.",
+                    "give --speculative-ngram-external-corpus-max-tokens a positive value")
+        elif isinstance(ndt, int) and budget > ndt - 1:
+            r.error("SGL300", "speculative_ngram_external_sam_budget", "speculative_ngram_external_sam_budget must be "
+                    f"less than or equal to speculative_num_draft_tokens - 1 ({ndt - 1}).",
+                    f"use --speculative-ngram-external-sam-budget {ndt - 1} or less")
     page, backend = r.v("page_size"), r.v("attention_backend")
     if isinstance(breadth, int) and breadth > 1 and isinstance(page, int) and page > 1 and backend is not None \
             and backend != "flashinfer":
@@ -861,20 +1003,97 @@ def _ngram(r: _Run, algo: str) -> None:
 
 
 def _uno(r: _Run, algo: str) -> None:
+    """_handle_uno, in SGLang's order (it stops at the first)."""
+    fail = _uno_failure(r)
+    if fail is not None:
+        r.error("SGL300" if fail[0] != "device" else "SGL307", fail[0], fail[1], fail[2])
+
+
+def _uno_failure(r: _Run) -> tuple[str, str, str] | None:
     if not r.device.startswith("cuda"):
-        r.error("SGL307", "device", "UNO only supports CUDA.", "run UNO on --device cuda")
+        return "device", "UNO only supports CUDA.", "run UNO on --device cuda"
     if r.v("speculative_draft_model_path") is not None:
-        r.error("SGL300", "speculative_draft_model_path", "UNO reuses the target model and does not accept "
+        return ("speculative_draft_model_path", "UNO reuses the target model and does not accept "
                 "--speculative-draft-model-path.", "drop --speculative-draft-model-path")
     if r.v("uno_lora_path") is None:
-        r.error("SGL300", "uno_lora_path", "UNO requires --uno-lora-path.", "add --uno-lora-path")
-    ndt = r.v("speculative_num_draft_tokens")
-    if not isinstance(ndt, int) or ndt < 1:
-        r.error("SGL300", "speculative_num_draft_tokens", "UNO requires --speculative-num-draft-tokens to be a "
-                "positive integer denoting the linear width or tree verify width Q.",
-                "add --speculative-num-draft-tokens")
+        return "uno_lora_path", "UNO requires --uno-lora-path.", "add --uno-lora-path"
+    if r.v("enable_deterministic_inference"):
+        return ("enable_deterministic_inference", "UNO does not support --enable-deterministic-inference because its "
+                "sampling path does not use per-request seeds.", "drop --enable-deterministic-inference")
+    if r.v("enable_strict_thinking"):
+        return ("enable_strict_thinking", "UNO does not support --enable-strict-thinking because it requires grammar "
+                "decoding.", "drop --enable-strict-thinking")
+    q = r.v("speculative_num_draft_tokens")
+    if not isinstance(q, int) or q < 1:
+        return ("speculative_num_draft_tokens", "UNO requires --speculative-num-draft-tokens to be a positive integer "
+                "denoting the linear width or tree verify width Q.", "add --speculative-num-draft-tokens Q")
+    topk = r.v("speculative_eagle_topk")
+    k = 1 if topk is None else topk
+    if k < 1:
+        return ("speculative_eagle_topk", f"UNO requires --speculative-eagle-topk to be at least 1, got {k}.",
+                "use --speculative-eagle-topk 1 or more")
+    steps = r.v("speculative_num_steps")
+    if k > 1:
+        if steps is None:
+            return ("speculative_num_steps", "UNO tree mode requires --speculative-num-steps so its draft width F can "
+                    "be derived as speculative_num_steps + 1.", "add --speculative-num-steps")
+        if steps < 1:
+            return ("speculative_num_steps", f"UNO tree mode requires --speculative-num-steps to be positive, got "
+                    f"{steps}.", "use a positive --speculative-num-steps")
+        f = steps + 1
+        if q < f:
+            return ("speculative_num_draft_tokens", f"UNO tree mode requires Q >= F; got Q={q}, F={f}.",
+                    f"use --speculative-num-draft-tokens {f} or more")
+        if q > 128:
+            return ("speculative_num_draft_tokens", f"UNO tree mode currently supports at most Q=128 verify nodes, "
+                    f"got Q={q}.", "use --speculative-num-draft-tokens 128 or less")
+        if q * k > 2048:
+            return ("speculative_num_draft_tokens", f"UNO tree mode currently supports Q*K <= 2048; got "
+                    f"Q*K={q}*{k}={q * k}.", "lower --speculative-num-draft-tokens or --speculative-eagle-topk")
+        capacity, level = 1, 1
+        for _ in range(steps):
+            level *= k
+            capacity += level
+            if capacity >= q:
+                break
+        if q > capacity:
+            return ("speculative_num_draft_tokens", f"UNO tree mode cannot build the requested Q from F and K: Q={q} "
+                    f"exceeds capacity={capacity} for F={f}, K={k}.", "lower --speculative-num-draft-tokens")
+        parent = k * max(steps - 1, 0) + 1
+        if q - 1 > parent:
+            return ("speculative_num_draft_tokens", "UNO tree mode cannot represent the requested Q in EAGLE's "
+                    f"parent-list ABI: Q-1={q - 1} exceeds K*(F-2)+1={parent} for F={f}, K={k}.",
+                    f"use --speculative-num-draft-tokens {parent + 1} or less")
+        if r.v("enable_pdmux"):
+            return "enable_pdmux", "UNO tree mode does not yet support PDMux.", "drop --enable-pdmux"
+        if r.v("enable_two_batch_overlap"):
+            return ("enable_two_batch_overlap", "UNO tree mode does not yet support two-batch overlap.",
+                    "drop --enable-two-batch-overlap")
+        if r.v("speculative_accept_threshold_single") != 1.0 or r.v("speculative_accept_threshold_acc") != 1.0:
+            return ("speculative_accept_threshold_single", "UNO tree mode reuses EAGLE target-only sampling and "
+                    "requires both speculative accept thresholds to be 1.0.", "drop the accept thresholds")
+        r.set("speculative_num_steps", steps)
+        r.set("speculative_eagle_topk", k)
+    else:
+        r.set("speculative_num_steps", 1)
+        r.set("speculative_eagle_topk", 1)
+    r.set("speculative_num_draft_tokens", q)
     if (r.v("tp_size"), r.v("pp_size")) != (1, 1):
-        r.error("SGL307", "tp_size", "UNO requires TP=PP=1.", "use --tp-size 1 --pp-size 1")
+        return "tp_size", "UNO requires TP=PP=1.", "use --tp-size 1 --pp-size 1"
+    if r.attn_dp > 1 or r.v("attn_cp_size") != 1:
+        return ("attn_cp_size" if r.v("attn_cp_size") != 1 else "attn_dp_size",
+                "UNO does not support DP attention or context parallelism.", "drop attention DP / CP")
+    if r.v("enable_lora") or r.v("lora_paths"):
+        return "enable_lora", "UNO does not support public Multi-LoRA serving.", "drop --enable-lora / --lora-paths"
+    if r.v("speculative_use_rejection_sampling"):
+        return ("speculative_use_rejection_sampling", "UNO manages its own stochastic verification and does not use "
+                "--speculative-use-rejection-sampling.", "drop --speculative-use-rejection-sampling")
+    pre = r.v("prefill_attention_backend") or r.v("attention_backend")
+    dec = r.v("decode_attention_backend") or r.v("attention_backend")
+    if (pre, dec) != ("fa3", "fa3"):
+        return ("attention_backend", f"UNO requires FA3 for both prefill and decode attention; got prefill={pre!r}, "
+                f"decode={dec!r}.", "use --attention-backend fa3")
+    return None
 
 
 def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str = "H100",
@@ -889,7 +1108,7 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
                       f"SGLANG_RAGGED_VERIFY_MODE={mode!r}; expected one of 'static', 'cap-accept', 'compact''",
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
     try:
-        for step in (_dp_attention, _pd, _kimi_k3, _attention, _speculative, _encoder):
+        for step in (_dp_attention, _pd, _kimi_k3, _iquest, _attention, _speculative, _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
