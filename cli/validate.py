@@ -206,8 +206,14 @@ def explain(
                 f"unknown code {code!r}",
                 hint=(f"did you mean {', '.join(close)}? " if close else "") + "specctl explain --list shows all codes",
             )
+        from specctl.schemas.sglang.mapping import other_spelling
+
+        other = other_spelling(doc.code, doc.summary, doc.fix)
         if output is OutputFormat.json:
-            sys.stdout.write(json.dumps(dataclasses.asdict(doc), indent=2) + "\n")
+            body = dataclasses.asdict(doc)
+            if other is not None:
+                body["other_input"] = {"input": other[0], "text": other[1]}
+            sys.stdout.write(json.dumps(body, indent=2) + "\n")
             return
         parts = [
             f"{doc.code} ({doc.severity}): {doc.title}",
@@ -224,4 +230,6 @@ def explain(
             parts += ["", "Before:", *("    " + ln for ln in doc.before.splitlines())]
         if doc.after:
             parts += ["", "After:", *("    " + ln for ln in doc.after.splitlines())]
+        if other is not None:
+            parts += ["", f"{other[0]}:", f"    {other[1]}"]
         sys.stdout.write("\n".join(parts) + "\n")

@@ -434,6 +434,9 @@ class Validator:
                 if p.sglang is not None and d.sglang is not None:
                     from specctl.schemas.sglang.rules import check_pair as sglang_pair
 
+                    from specctl.schemas.sglang.rules import cross_host_collisions
+
+                    found = cross_host_collisions(found, p.sglang[0], d.sglang[0])
                     found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2], p.sglang[3],
                                          d.sglang[3], release=self.sglang_release)
             except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
@@ -460,6 +463,11 @@ class Validator:
                 if f.code in DECIDED_BY_SGLANG:
                     continue  # SGLang decides it; the start-up prediction says so in SGLang's terms
                 f = _on_flag(f, s)
+                if f.code == "TOP602":  # SGLang binds names and the shell expands ${VAR}: nothing to refuse
+                    host = s.sglang[0].value("host")
+                    f = replace(f, severity="info", message=f"--host {host} is a name or an unexpanded variable: "
+                                "the port-collision check cannot tell which machine it is (cannot check)",
+                                fix="nothing to do; give the two servers different ports if they share a machine")
             key = (f.code, f.path, f.message)
             if key in seen:
                 continue

@@ -206,3 +206,26 @@ def test_findings_on_sglang_input_speak_flags() -> None:
                 assert not _DEPLOYMENT_WORDS.search(text), (args, f["code"], text)
                 assert f["path"].startswith(("--", "SGLANG_", "MC_", "$")), f
     assert seen > 60
+
+
+@pytest.mark.parametrize("host,severity", [("0.0.0.0", "info"), ("${HOST_IP}", "info"), ("127.0.0.1", "error")])
+def test_a_port_collision_between_two_commands_needs_one_literal_host(tmp_path: Path, host: str, severity: str) -> None:
+    for role in ("prefill", "decode"):
+        (tmp_path / f"{role}.sh").write_text(f"{LAUNCH}llama --host {host} --port 30000 --disaggregation-mode "
+                                             f"{role} --disable-radix-cache\n")
+    _, doc = run_json("--no-table", str(tmp_path / "prefill.sh"), str(tmp_path / "decode.sh"))
+    top = {(f["code"], f["severity"]) for x in doc["files"] for f in x["findings"] if f["code"].startswith("TOP")}
+    assert ("TOP601", severity) in top and all(sev == "info" for c, sev in top if c == "TOP602")
+
+
+@pytest.mark.parametrize("code,heading,names", [
+    ("MOD703", "On SGLang commands:", "SGL114"), ("ADP101", "On SGLang commands:", "SGL309"),
+    ("SGL309", "In deployment files:", "ADP101"), ("PD503", "On SGLang commands:", "--page-size"),
+])
+def test_explain_gives_both_spellings(code: str, heading: str, names: str) -> None:
+    from validate_helpers import run_cli
+
+    result = run_cli("explain", code)
+    assert result.exit_code == 0
+    tail = result.stdout.split(heading, 1)
+    assert len(tail) == 2 and names in tail[1], result.stdout

@@ -327,7 +327,8 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
 # Findings of the deployment rules that SGLang itself decides on SGLang input (predicted by `startup` or
 # `rules` in SGLang's own terms): ADP101 is SGL309, FBK401 is SGL102, MOD703 is SGL114 (MTP models draft
 # with their own head, which the deployment model cannot say).
-DECIDED_BY_SGLANG = frozenset({"ADP101", "FBK401", "MOD703"})
+SGLANG_COUNTERPART = {"ADP101": "SGL309", "FBK401": "SGL102", "MOD703": "SGL114"}
+DECIDED_BY_SGLANG = frozenset(SGLANG_COUNTERPART)
 
 # Deployment-schema words -> SGLang flags, longest first, for messages and fixes shown on SGLang input.
 _DIALECT: tuple[tuple[str, str], ...] = tuple(sorted((
@@ -354,3 +355,20 @@ def in_sglang_dialect(text: str) -> str:
     for word, flag in _DIALECT:
         text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w])", flag, text)
     return _BUILTIN.sub(lambda m: "" if m.group(0).lstrip().startswith("(") else "a model directory", text)
+
+
+def other_spelling(code: str, summary: str, fix: str) -> tuple[str, str] | None:
+    """("On SGLang commands" | "In deployment files", text) for a rule that applies to both inputs, else None:
+    the counterpart code where SGLang's own check replaces the rule, or the fix in SGLang's flags."""
+    if code in SGLANG_COUNTERPART:
+        return ("On SGLang commands", f"SGLang decides this itself at start-up; validate reports "
+                f"{SGLANG_COUNTERPART[code]} instead (specctl explain {SGLANG_COUNTERPART[code]})")
+    back = {v: k for k, v in SGLANG_COUNTERPART.items()}
+    if code in back:
+        return ("In deployment files", f"the same check is {back[code]} (specctl explain {back[code]})")
+    if code.startswith("SGL"):
+        return None
+    translated = in_sglang_dialect(fix)
+    if translated != fix or in_sglang_dialect(summary) != summary:
+        return ("On SGLang commands", f"{translated} (validate names the flag behind each field)")
+    return None

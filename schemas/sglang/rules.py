@@ -244,6 +244,28 @@ SGLANG_WHEN: dict[str, str] = {
 }
 
 
+_ANY_HOST = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
+def cross_host_collisions(found: list[Finding], p: SGLangCommand, d: SGLangCommand) -> list[Finding]:
+    """Two SGLang command files run wherever they are launched (other hosts, other pods): a port collision
+    between them (TOP601) holds only when both name the same literal host. A wildcard bind address or an
+    unexpanded ${VAR} host says nothing about the machine, so the collision becomes a 'cannot check' note."""
+    hosts = [str(c.value("host") or "127.0.0.1") for c in (p, d)]
+    unknown = [h for h in hosts if h in _ANY_HOST or "$" in h]
+    if not unknown:
+        return found
+    out = []
+    for f in found:
+        if f.code != "TOP601":
+            out.append(f)
+            continue
+        out.append(Finding("TOP601", "info", f.path, f"{f.message}: cannot check, --host {unknown[0]} does not say "
+                           "which machine the server runs on (a collision only if both run on one host)",
+                           "give each server its own port if they share a machine", f.line, f.column))
+    return out
+
+
 def _state_cause(p: SGLangCommand, d: SGLangCommand) -> str:
     for dest in ("kv_cache_dtype", "disable_hybrid_swa_memory"):
         if p.value(dest) != d.value(dest):
