@@ -433,7 +433,6 @@ class Validator:
                 found = rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr)
                 if p.sglang is not None and d.sglang is not None:
                     from specctl.schemas.sglang.rules import check_pair as sglang_pair
-
                     from specctl.schemas.sglang.rules import cross_host_collisions
 
                     found = cross_host_collisions(found, p.sglang[0], d.sglang[0])
