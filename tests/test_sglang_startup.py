@@ -155,10 +155,13 @@ def _pair(model: str, backend: str, ptp: str, dtp: str, release: str) -> list[tu
     ("nemotron-h", "mooncake", "0.5.9", [("SGL204", "info")]),
     ("nemotron-h", "mooncake", "0.5.8", [("SGL204", "error")]),   # before mooncake sliced Mamba state
     ("nemotron-h", "nixl", "0.5.23", [("SGL204", "info")]),
+    ("nemotron-h", "nixl", "0.5.10", [("SGL204", "error")]),     # nixl slices Mamba state from 0.5.11
+    ("nemotron-h", "mori", "0.5.12", [("SGL204", "info")]),
     ("gpt-oss", "nixl", "0.5.23", [("SGL204", "error")]),         # SWA: 'does NOT support PD different TP sizes'
     ("gpt-oss", "mori", "0.5.23", [("SGL204", "error")]),
     ("gpt-oss", "mooncake", "0.5.10", [("SGL204", "error")]),
-    ("gpt-oss", "mooncake", "0.5.23", [("SGL204", "info")]),      # head-sliced SWA KV
+    ("gpt-oss", "mooncake", "0.5.21", [("SGL204", "error")]),
+    ("gpt-oss", "mooncake", "0.5.22", [("SGL204", "info")]),      # head-sliced SWA KV from 0.5.22
     ("deepseek-v3-mtp", "nixl", "0.5.23", []),                    # MLA KV: any TP
     ("llama", "nixl", "0.5.23", []),
 ])
@@ -229,3 +232,19 @@ def test_explain_gives_both_spellings(code: str, heading: str, names: str) -> No
     assert result.exit_code == 0
     tail = result.stdout.split(heading, 1)
     assert len(tail) == 2 and names in tail[1], result.stdout
+
+
+@pytest.mark.parametrize("release,algo,backend,ok", [
+    ("0.5.23", "EAGLE3", "mooncake", True), ("0.5.23", "NEXTN", "mooncake", True),
+    ("0.5.22", "EAGLE3", "mooncake", False), ("0.5.22", "DSPARK", "mooncake", True),
+    ("0.5.20", "DSPARK", "mooncake", False), ("0.5.13", None, "mori", False), ("0.5.13", None, "mooncake", True),
+    ("0.5.11", None, "mooncake", False), ("0.5.11", None, "nixl", True), ("0.5.23", "NGRAM", "nixl", False),
+])
+def test_decode_radix_cache_per_release(release: str, algo: str | None, backend: str, ok: bool) -> None:
+    spec = f" --speculative-algorithm {algo} --speculative-draft-model-path models/llama-eagle3-draft" if algo else ""
+    text = (LAUNCH + f"deepseek-v3-mtp --disaggregation-mode decode --disaggregation-decode-enable-radix-cache "
+            f"--disaggregation-transfer-backend {backend}{spec}")
+    if algo == "DSPARK":
+        text += " --speculative-dspark-block-size 7"
+    _, got = _predict(text, release=release)
+    assert (not any(f.code == "SGL303" for f in got.errors)) is ok, [f.message for f in got.errors]

@@ -114,8 +114,8 @@ _DOCS = (
     ("SGL204", "attention TP sizes differ on a model whose state cannot be resliced", "error",
      "Prefill and decode run different attention TP (--tp-size / --attn-dp-size or --enable-dp-attention "
      "--dp-size / --attn-cp-size). SGLang reslices MLA KV and plain MHA KV by heads, and Mamba state on the "
-     "backends and releases that slice it (mooncake from 0.5.9, nixl and mori in 0.5.23); it refuses "
-     "sliding-window (SWA) state on nixl and mori (and on mooncake before 0.5.11 or with --pp-size > 1) and "
+     "backends and releases that slice it (mooncake from 0.5.9, nixl from 0.5.11, mori from 0.5.12); it refuses "
+     "sliding-window (SWA) state on nixl and mori (and on mooncake before 0.5.22 or with --pp-size > 1) and "
      "MXFP8 block scales everywhere.",
      _FIRST_XFER + ": 'PD Disaggregation does NOT support PD different TP sizes for non-MLA SWA hybrid models "
      "yet.'", "run the same attention TP on both sides (tp / attention DP / attention CP)", "", ""),
@@ -464,7 +464,7 @@ def _hetero_tp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ptp: 
         elif backend == "mori":
             quote = (f"PD state transfer does not support TP-mismatched non-MLA SWA models (prefill_tp_size={ptp}, "
                      f"decode_tp_size={dtp})")
-        elif rel < (0, 5, 11):
+        elif rel < (0, 5, 22):  # mooncake slices SWA KV by heads from 0.5.22
             quote = "PD Disaggregation does NOT support PD different TP sizes for non-MLA SWA hybrid models yet."
         elif isinstance(pp, int) and pp > 1:
             quote = ("PD Disaggregation does NOT support PD different TP sizes for non-MLA SWA hybrid models with "
@@ -476,7 +476,8 @@ def _hetero_tp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ptp: 
         return [_f(d, "SGL204", "error", dest, f"{what} on a sliding-window (SWA) hybrid model over {backend}; "
                    f"SGLang fails {_FIRST_XFER} ({release}): '{quote}'", fix)]
     if "mamba" in types:
-        slices = (backend == "mooncake" and rel >= (0, 5, 9)) or (backend in ("nixl", "mori") and rel >= (0, 5, 23))
+        # the release each backend's state transfer learned 'Mamba state slice' (read from each wheel)
+        slices = rel >= {"mooncake": (0, 5, 9), "nixl": (0, 5, 11), "mori": (0, 5, 12)}.get(str(backend), (99,))
         if slices:
             return [_f(d, "SGL204", "info", dest, f"{what}; SGLang {release}'s {backend} backend slices the Mamba "
                        "state per rank ('Using Mamba state slice transfer for different TP sizes')",

@@ -146,7 +146,8 @@ _OWN_BACKEND_ARCHS = frozenset({
 _PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
 _RAGGED_MODES = ("static", "cap-accept", "compact")
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-# Releases that refuse SGLANG_ENABLE_SPEC_V2=1 with topk > 1 (read from each release's server_args.py).
+# Releases that refuse SGLANG_ENABLE_SPEC_V2=1 with topk > 1 (read from each release's server_args.py); from
+# 0.5.21 on the variable is not read at all.
 _SPEC_V2_TOPK_RELEASES = ("0.5.7", "0.5.8", "0.5.9", "0.5.10")
 
 
@@ -311,6 +312,12 @@ def _pd(r: _Run) -> None:
                 f"synthetic benchmarking, got {backend!r}.", "use --disaggregation-transfer-backend mooncake")
     if mode == "decode":
         if r.v("disaggregation_decode_enable_radix_cache"):
+            rel = release_key(r.release)
+            allowed = ("nixl",) if rel < (0, 5, 12) else ("nixl", "mooncake") if rel < (0, 5, 14) else None
+            if allowed is not None and backend not in allowed:
+                r.error("SGL303", "disaggregation_decode_enable_radix_cache", "--disaggregation-decode-enable-radix-"
+                        f"cache currently requires --disaggregation-transfer-backend {' or '.join(allowed)}",
+                        f"use --disaggregation-transfer-backend {allowed[0]} on both sides")
             if r.v("enable_hisparse"):
                 r.error("SGL303", "disaggregation_decode_enable_radix_cache",
                         "--disaggregation-decode-enable-radix-cache is incompatible with --enable-hisparse",
@@ -586,12 +593,14 @@ def _speculative(r: _Run) -> None:
         r.error("SGL300", "speculative_algorithm", f"Unknown speculative algorithm name: {algo}",
                 f"use one of: {', '.join(a for a in known if a != 'FROZEN_KV_MTP')}, NEXTN")
         return
-    if mode == "decode" and r.v("disaggregation_decode_enable_radix_cache") and algo not in (
-            "DSPARK", "EAGLE", "EAGLE3"):
+    rel = release_key(r.release)
+    radix_ok = ("DSPARK", "EAGLE", "EAGLE3") if rel >= (0, 5, 23) else ("DSPARK",) if rel >= (0, 5, 21) else ()
+    if mode == "decode" and r.v("disaggregation_decode_enable_radix_cache") and algo not in radix_ok:
         r.error("SGL303", "disaggregation_decode_enable_radix_cache",
                 "--disaggregation-decode-enable-radix-cache is incompatible with speculative decoding "
                 f"(--speculative-algorithm {algo})",
-                "drop --disaggregation-decode-enable-radix-cache (or use EAGLE/EAGLE3)")
+                "drop --disaggregation-decode-enable-radix-cache"
+                + (f" (or use {'/'.join(radix_ok)})" if radix_ok else ""))
     if r.v("speculative_use_block_verification"):
         if algo not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK"):
             r.error("SGL300", "speculative_use_block_verification", "--speculative-use-block-verification only "
@@ -648,7 +657,7 @@ def _spec_v2(r: _Run, algo: str) -> None:
                       f"SGLANG_ENABLE_SPEC_V2={raw} with --speculative-eagle-topk {topk}: SGLang {r.release} refuses "
                       "it at start-up: 'Spec v2 currently only supports topk = 1 for speculative decoding.'",
                       "use --speculative-eagle-topk 1, or unset SGLANG_ENABLE_SPEC_V2")
-    elif key >= (0, 5, 11):
+    elif key >= (0, 5, 21):  # the variable is gone from SGLang's environment table
         r.env_finding("SGL304", "SGLANG_ENABLE_SPEC_V2",
                       f"SGLANG_ENABLE_SPEC_V2={raw} is not read by SGLang {r.release} (never fails: silently ignored"
                       + (f"; --speculative-eagle-topk {topk} is accepted here, but 0.5.7-0.5.10 refuse it with spec v2"
