@@ -270,6 +270,18 @@ class _Run:
         (self.errors if severity == "error" else self.warnings).append(f)
 
 
+def _model_type(r: _Run) -> None:
+    """SGLang reads config.json with Transformers' AutoConfig: specctl's own builtin models (model_type
+    specctl_*) are no Transformers architecture and carry no auto_map, so SGLang cannot load them."""
+    cfg = r.target_cfg or {}
+    mt = cfg.get("model_type")
+    if isinstance(mt, str) and mt.startswith("specctl") and "auto_map" not in cfg:
+        r.error("SGL300", "model_path", f"The checkpoint you are trying to load has model type `{mt}` but "
+                "Transformers does not recognize this architecture.",
+                "serve a Hugging Face model directory with SGLang; specctl's builtin models run on its own engine "
+                "(engine: builtin)", why=f"{r.v('model_path')} is a specctl builtin model")
+
+
 def _dp_attention(r: _Run) -> None:
     """parallel_hook.handle_deprecated_dp_attention: --dp-size N --enable-dp-attention is --attn-dp-size N."""
     if r.v("enable_dp_attention"):
@@ -1116,6 +1128,7 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
         r.env_finding("SGL300", "SGLANG_RAGGED_VERIFY_MODE", f"SGLang reads it as it verifies drafts: 'invalid "
                       f"SGLANG_RAGGED_VERIFY_MODE={mode!r}; expected one of 'static', 'cap-accept', 'compact''",
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
+    _model_type(r)
     try:
         for step in (_dp_attention, _pd, _kimi_k3, _iquest, _attention, _speculative, _encoder):
             step(r)
