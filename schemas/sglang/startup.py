@@ -144,6 +144,9 @@ _OWN_BACKEND_ARCHS = frozenset({
     "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration", "JetNemotronForCausalLM",
 })
 _PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+# dspark_config.py: DEFAULT_DSPARK_GAMMA, and the target config keys that mark a bundled DSpark draft head
+DEFAULT_DSPARK_GAMMA = 7
+_DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
 _RAGGED_MODES = ("static", "cap-accept", "compact")
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 # Releases that refuse SGLANG_ENABLE_SPEC_V2=1 with topk > 1 (read from each release's server_args.py); from
@@ -954,17 +957,14 @@ def _dspark(r: _Run, algo: str) -> None:
         r.error("SGL307", "pp_size", "DSpark pipeline parallelism requires PD prefill; decode and non-disaggregated "
                 "serving require pp_size == 1.", "use --pp-size 1")
     if r.v("speculative_draft_model_path") is None:
-        sub = r.v("model_path")
-        bundled = isinstance(sub, str) and (Path(sub) / "dspark" / "config.json").is_file()
-        if bundled:
-            r.set("speculative_draft_model_path", str(Path(sub) / "dspark"))
-        elif read_config(sub) is not None:
-            # the target's config.json is here but no dspark/ subfolder: SGLang refuses unless the checkpoint
-            # bundles the draft in its own weights (dspark_config.checkpoint_bundles_dspark_draft)
-            cfg = read_config(sub) or {}
-            if not any("dspark" in str(k).lower() for k in cfg):
-                r.error("SGL300", "speculative_draft_model_path", "DSpark dense speculative decoding requires "
-                        "setting --speculative-draft-model-path.", "add --speculative-draft-model-path DRAFT_DIR")
+        target = r.v("model_path")
+        if any((r.target_cfg or {}).get(k) is not None for k in _DSPARK_BUNDLE_KEYS):
+            r.set("speculative_draft_model_path", target)  # the draft head ships in the target checkpoint
+        elif isinstance(target, str) and (Path(target) / "dspark" / "config.json").is_file():
+            r.set("speculative_draft_model_path", str(Path(target) / "dspark"))
+        elif r.target_cfg is not None:
+            r.error("SGL300", "speculative_draft_model_path", "DSpark dense speculative decoding requires "
+                    "setting --speculative-draft-model-path.", "add --speculative-draft-model-path DRAFT_DIR")
     _force_one(r, "DSpark")
     block = r.v("speculative_dspark_block_size")
     ndt = r.v("speculative_num_draft_tokens")
@@ -981,6 +981,15 @@ def _dspark(r: _Run, algo: str) -> None:
     elif isinstance(ndt, int) and ndt < 2:
         r.error("SGL300", "speculative_num_draft_tokens", "DSpark speculative_num_draft_tokens must be >= 2 "
                 f"(= gamma + 1), got {ndt}.", "use --speculative-dspark-block-size instead")
+    elif ndt is None and r.draft_cfg is not None:
+        gamma = next((g for g in (r.draft_cfg.get(k) for k in ("dspark_block_size", "block_size"))
+                      if isinstance(g, int) and not isinstance(g, bool)), None)
+        if gamma is None:  # no gamma in the draft's config.json: SGLang warns and takes its default
+            gamma = DEFAULT_DSPARK_GAMMA
+            r.note("SGL310", "speculative_algorithm", f"DSpark gamma is not set: SGLang defaults to {gamma} "
+                   f"(--speculative-num-draft-tokens {gamma + 1}) (never fails: silently)",
+                   f"write --speculative-dspark-block-size {gamma}", severity="warning")
+        r.set("speculative_num_draft_tokens", gamma + 1)
     _max_running(r)
 
 
