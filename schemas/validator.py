@@ -459,8 +459,8 @@ class Validator:
             if s.sglang is not None:
                 from specctl.schemas.sglang.mapping import DECIDED_BY_SGLANG
 
-                if f.code in DECIDED_BY_SGLANG:
-                    continue  # SGLang decides it; the start-up prediction says so in SGLang's terms
+                if f.code in DECIDED_BY_SGLANG and f.path.startswith("$"):
+                    continue  # a deployment rule SGLang decides itself; the start-up prediction says so in flags
                 f = _on_flag(f, s)
                 if f.code == "TOP602":  # SGLang binds names and the shell expands ${VAR}: nothing to refuse
                     host = s.sglang[0].value("host")
