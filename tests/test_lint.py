@@ -74,6 +74,8 @@ STRICT = (
     "schemas/sglang/importer.py",
     "schemas/sglang/sniff.py",
     "schemas/sglang/startup.py",
+    "schemas/sglang/resolver.py",
+    "schemas/sglang/resolve_child.py",
     "cli/model.py",
     "cli/sglang_io.py",
     "engine/serve/openai_request.py",
