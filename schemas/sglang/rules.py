@@ -160,6 +160,10 @@ _DOCS = (
      "--speculative-adaptive (or its config) differs between prefill and decode after SGLang's resolution.",
      "never fails: the two sides size draft buffers for different step sets",
      "pass the same --speculative-adaptive and --speculative-adaptive-config to both servers", "", ""),
+    ("SGL214", "decode context parallelism the prefill cannot feed", "error",
+     "A decode with --dcp-size > 1 needs an MLA (or hybrid-MLA) KV pool and a prefill at attention CP 1.",
+     _FIRST_REQ + ": 'PD decode DCP currently requires prefill attention CP=1, got N.' / 'PD decode DCP requires "
+     "an MLA or hybrid-MLA KV pool.'", "run decode at --dcp-size 1, or prefill at --attn-cp-size 1", "", ""),
     ("SGL213", "resolved page sizes differ", "error",
      "The page size each side resolves (SGLang picks it per attention backend and GPU when --page-size is not "
      "given, and raises it for trtllm/flashmla backends) differs between prefill and decode.",
@@ -383,7 +387,7 @@ def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, p
                       f"({pname}) but {_algo_text(df.speculative_algorithm)} on decode; SGLang fails {_FIRST_XFER}: "
                       "draft KV / hidden states are missing on decode",
                       "pass the same --speculative-algorithm (and --speculative-draft-model-path) to both servers"))
-        return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release)
+        return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
     if "draft_model" in rows:
         out.append(_f(d, "SGL208", "error", "speculative_draft_model_path",
                       f"draft models differ: prefill ({pname}) drafts with {pf.draft_model}, decode with "
@@ -411,7 +415,24 @@ def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, p
                       f"per attention backend); SGLang fails {_FIRST_REQ}: 'Page size mismatch: prefill server has "
                       f"page_size={r.prefill}, but decode server has page_size={r.decode}. Both servers must use the "
                       "same --page-size value.'", f"pass --page-size {r.prefill} to both servers"))
-    return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release)
+    return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
+
+
+def _decode_dcp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None) -> list[Finding]:
+    """common/conn.py: a decode with --dcp-size > 1 needs an MLA pool and prefill at attention CP 1."""
+    dcp = d.value("dcp_size")
+    if not isinstance(dcp, int) or dcp <= 1:
+        return []
+    if pm is not None and pm.pool != POOL_MLA:
+        return [_f(d, "SGL214", "error", "dcp_size", f"decode runs --dcp-size {dcp} on {pm.architecture}, which has "
+                   f"no MLA KV pool; SGLang fails {_FIRST_REQ}: 'PD decode DCP requires an MLA or hybrid-MLA KV pool.'",
+                   "use --dcp-size 1 on decode")]
+    cp = p.value("attn_cp_size")
+    if isinstance(cp, int) and cp != 1:
+        return [_f(d, "SGL214", "error", "dcp_size", f"decode runs --dcp-size {dcp} but prefill "
+                   f"({Path(p.name).name}) --attn-cp-size {cp}; SGLang fails {_FIRST_REQ}: 'PD decode DCP currently "
+                   f"requires prefill attention CP=1, got {cp}.'", "run prefill at --attn-cp-size 1")]
+    return []
 
 
 def _algo_text(algo: str | None) -> str:
@@ -452,6 +473,9 @@ def _hetero_tp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ptp: 
     types = state_types_of(d, pm)
     if pm.pool == POOL_MLA:
         return []
+    if any(t.startswith("minimax_") for t in types):
+        return [_f(d, "SGL204", "error", dest, f"{what}; SGLang fails {_FIRST_REQ}: 'MiniMax sparse PD requires "
+                   f"matching attention TP sizes: prefill={ptp}, decode={dtp}.'", fix)]
     scales = [t for t in types if t.startswith("block_scale")]
     if scales:
         return [_f(d, "SGL204", "error", dest, f"{what}; SGLang fails {_FIRST_REQ}: 'PD Disaggregation does NOT "
