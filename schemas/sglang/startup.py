@@ -14,9 +14,14 @@ of the model and draft directories when they are readable on this host (SGLang r
 (`arg_groups/pipeline.py`): DP-attention layout, PD disaggregation, model overrides, attention backend
 and page size, speculative decoding (alias, per-algorithm handler, adaptive).
 
-Every finding's path is the flag to change; its message quotes SGLang's own words; its fix names flags.
-The differential test (`tests/test_sglang_differential.py`) runs SGLang's own resolution over the same
-commands and requires the same verdict (error / no error) and the same values for every key in `resolved`.
+`release` is the SGLang release the command runs on (default 0.5.23): the checks known to differ between
+releases (SGLANG_ENABLE_SPEC_V2 with a draft tree, the decode radix cache) follow it; the rest is 0.5.23's.
+`gpu` picks the platform SGLang chooses backends for (H100/H200: SM90, B200: SM100).
+
+Every finding's path is the flag to change (or the environment variable); its message quotes SGLang's own
+words; its fix names flags. SGLang's own resolution, recorded over a generated corpus of commands
+(tests/data/sglang/startup_cases.json), is the oracle: the prediction must give the same verdict (error /
+no error) and the same value for every key in `resolved` (tests/test_sglang_startup.py).
 """
 
 from __future__ import annotations
@@ -584,9 +589,7 @@ def _speculative(r: _Run) -> None:
     raw = r.v("speculative_algorithm")
     mode = r.v("disaggregation_mode")
     if raw is None:
-        if r.v("speculative_adaptive"):
-            pass  # SGLang reads --speculative-adaptive only with an algorithm
-        return
+        return  # SGLang reads the speculative flags (adaptive included) only with an algorithm
     algo = str(raw).upper()
     draft_archs = architectures(r.draft_cfg)
     gemma4 = any(a in GEMMA4_ASSISTANT_ARCHS for a in draft_archs)
