@@ -811,8 +811,8 @@ def _eagle_family(r: _Run, algo: str) -> None:
                 "or none of the three"))
             return
         if algo != "STANDALONE" and r.target_cfg is None and r.model is None:
-            r.note("SGL310", "speculative_num_steps", "--speculative-num-steps is not given: SGLang chooses steps, topk "
-                   "and draft tokens per architecture, and the model's config.json is not readable here",
+            r.note("SGL310", "speculative_num_steps", "--speculative-num-steps is not given: SGLang chooses steps, "
+                   "topk and draft tokens per architecture, and the model's config.json is not readable here",
                    "write --speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens")
             return
         steps, topk, ndt = (3, 1, 4) if algo == "STANDALONE" else (5, 4, 8) if r.arch in _AUTO_5_4_8 else (3, 1, 4)
