@@ -339,7 +339,7 @@ _DIALECT: tuple[tuple[str, str], ...] = tuple(sorted((
     ("speculative.adaptive", "--speculative-adaptive-config"),
     ("cache.page_size", "--page-size"),
     ("cache.max_tokens", "--max-total-tokens"),
-    ("cache.state_types", "the model's state types (`specctl model DIR`)"),
+    ("cache.state_types", "the model's state types"),
     ("serve.max_batch_size", "--max-running-requests"),
     ("serve.graph_batch_sizes", "--cuda-graph-bs-decode"),
     ("model.target", "--model-path"),
