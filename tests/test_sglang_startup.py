@@ -295,3 +295,14 @@ def test_predictions_agree_with_sglangs_recorded_verdicts(monkeypatch: pytest.Mo
                     wrong.append((case["id"], key, verdict["resolved"][key], value))
     assert wrong == []
     assert judged >= 150 and values >= 200, (judged, values)
+
+
+@pytest.mark.parametrize("model,gpu,backend,page", [
+    ("gpt-oss", "H100", "fa3", 1), ("gpt-oss", "B200", "trtllm_mha", 64),
+    ("gemma4", "H200", "triton", 1), ("gemma4", "B200", "trtllm_mha", 64),
+])
+def test_model_overrides_choose_the_backend(model: str, gpu: str, backend: str, page: int) -> None:
+    _, got = _predict(LAUNCH + model, gpu=gpu)
+    assert got.errors == () and (got.resolved["attention_backend"], got.resolved["page_size"]) == (backend, page)
+    _, bad = _predict(LAUNCH + model + " --attention-backend flashinfer", gpu=gpu)
+    assert [(f.code, f.path) for f in bad.errors] == [("SGL300", "--attention-backend")]

@@ -149,6 +149,13 @@ _OWN_BACKEND_ARCHS = frozenset({
     "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration", "JetNemotronForCausalLM",
 })
 _PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
+# model_overrides/gpt_oss.py and gemma4.py choose the backend (SM100, SM90) and model_hook.py accepts only these
+_MODEL_BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "GptOssForCausalLM": ("trtllm_mha", "fa3", ("triton", "trtllm_mha", "fa3", "fa4", "ascend", "intel_amx",
+                                                "intel_xpu", "aiter")),
+    **{a: ("trtllm_mha", "triton", ("trtllm_mha", "triton", "fa4", "ascend", "intel_xpu", "intel_amx", "aiter"))
+       for a in ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4UnifiedForConditionalGeneration")},
+}
 # dspark_config.py: DEFAULT_DSPARK_GAMMA, and the target config keys that mark a bundled DSpark draft head
 DEFAULT_DSPARK_GAMMA = 7
 _DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
@@ -540,7 +547,18 @@ def _attention(r: _Run) -> None:
     if pre is not None and pre == dec:
         r.set("attention_backend", pre)
         given = pre
-    if given is None and pre is None and dec is None:
+    own = _MODEL_BACKENDS.get(r.arch)
+    if own is not None:
+        # gemma4.py fills the base backend whenever it is unset; gpt_oss.py only when no backend is given
+        if given is None and (r.arch != "GptOssForCausalLM" or (pre is None and dec is None)):
+            r.set("attention_backend", own[0] if r.sm == 100 else own[1])
+        backends = {b for b in (r.v("attention_backend"), pre, dec) if b is not None}
+        bad = sorted(b for b in backends if b not in own[2])
+        if bad:
+            r.error("SGL300", "attention_backend", f"{r.arch} requires one of {list(own[2])} attention backend, but "
+                    f"got {', '.join(bad)}", f"use --attention-backend {own[1]} (or drop it: SGLang picks one)")
+            return
+    elif given is None and pre is None and dec is None:
         if r.arch in _OWN_BACKEND_ARCHS and r.arch != "DeepseekV3ForCausalLM":
             return
         topk = r.v("speculative_eagle_topk")
