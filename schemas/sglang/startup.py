@@ -278,7 +278,8 @@ class _Run:
                                          f"'{quote}'", fix))
 
     def note(self, code: str, dest: str, msg: str, fix: str, *, severity: str = "info") -> None:
-        self.warnings.append(self._finding(code, severity, dest, msg, fix))
+        if not self.errors:  # SGLang stops at its first error: it never resolves (or logs) what comes later
+            self.warnings.append(self._finding(code, severity, dest, msg, fix))
 
     def env_finding(self, code: str, var: str, msg: str, fix: str, *, severity: str = "error") -> None:
         f = Finding(code, severity, var, msg, fix, self.cmd.first_line, None)  # type: ignore[arg-type]
@@ -931,6 +932,16 @@ def _dflash(r: _Run, algo: str) -> None:
                     "drop one of them")
         else:
             r.set("speculative_num_draft_tokens", block)
+    if r.v("speculative_num_draft_tokens") is None and r.draft_cfg is not None:
+        # dflash_utils.parse_dflash_draft_config: dflash_config.block_size, else a top-level block_size, else 16
+        sub = r.draft_cfg.get("dflash_config")
+        inferred = (sub if isinstance(sub, Mapping) else {}).get("block_size", r.draft_cfg.get("block_size"))
+        if not isinstance(inferred, int) or isinstance(inferred, bool) or inferred < 1:
+            inferred = 16
+            r.note("SGL310", "speculative_algorithm", "--speculative-num-draft-tokens is not given and the draft's "
+                   "config.json has no block_size: SGLang defaults to 16 for DFLASH (never fails: silently)",
+                   "write --speculative-dflash-block-size", severity="warning")
+        r.set("speculative_num_draft_tokens", inferred)
     window = r.v("speculative_draft_window_size")
     ndt = r.v("speculative_num_draft_tokens")
     if isinstance(window, int) and window > 0 and isinstance(ndt, int) and window < ndt:
