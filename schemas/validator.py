@@ -192,6 +192,7 @@ class Validator:
         strict: bool = False,
         sglang_gpu: str = "H100",
         sglang_release: str | None = None,
+        resolve: Any = None,
     ) -> None:
         from specctl.schemas.rules import FactsCache
 
@@ -207,6 +208,7 @@ class Validator:
         self.strict = strict
         self.sglang_gpu = sglang_gpu  # the GPU SGLang's start-up choices are predicted for
         self.sglang_release = sglang_release or "0.5.23"  # the SGLang release the commands run on
+        self.resolve = resolve  # a sglang.verdicts.ResolveRequest: also run SGLang's own start-up resolution
         self.facts = FactsCache()
         self._coverage_cache: dict[str, tuple[StepCoverage | None, list[Finding]]] = {}
         self._rendered_cache: dict[int, tuple[StepCoverage, dict[str, Any], str]] = {}
@@ -218,6 +220,8 @@ class Validator:
         with _gc_paused():
             states = [self._validate_one(p) for p in paths]
             self._pair(states)
+            if self.resolve is not None:
+                self._sglang_resolution(states)
             return Report(files=tuple(self._finish(s) for s in states), strict=self.strict)
 
     def validate_file(self, path: str | Path) -> FileResult:
@@ -451,6 +455,33 @@ class Validator:
                 f"this file declares {own} but no {other}; prefill/decode symmetry is not cross-checked",
                 f"validate it together with its {other} file: specctl validate PREFILL.yaml DECODE.yaml",
             ))
+
+    def _sglang_resolution(self, states: list[_State]) -> None:
+        """SGLang's own verdict on every SGLang command (and each role of an engine: sglang deployment)."""
+        import tempfile
+
+        from specctl.schemas.sglang.verdicts import command_target, deployment_targets, resolve_findings
+
+        with tempfile.TemporaryDirectory(prefix="specctl-resolve-") as folder:
+            targets, owners = [], []
+            for s in states:
+                if s.load_error is not None:
+                    continue
+                try:
+                    if s.kind == "sglang-command":
+                        t = command_target(s.doc.name)
+                        found = [t] if t is not None else []
+                    elif s.kind == "deployment":
+                        found = deployment_targets(s.doc.name, folder)
+                    else:
+                        found = []
+                except Exception as exc:  # noqa: BLE001 - a bug here must not lose the report
+                    _internal(s, exc, "preparing SGLang's resolution")
+                    continue
+                targets += found
+                owners += [s] * len(found)
+            for s, verdict in zip(owners, resolve_findings(targets, self.resolve), strict=True):
+                s.findings.extend(verdict)
 
     def _finish(self, s: _State) -> FileResult:
         seen: set[tuple[str, str, str]] = set()

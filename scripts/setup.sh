@@ -29,6 +29,6 @@ if [ "${SPECCTL_SKIP_SGLANG:-0}" != "1" ]; then
   # against (the transformers-based tests pass with it too); torch stays the one installed above.
   TORCH_PIN="torch==$("$VPY" -c 'import torch; print(torch.__version__)')"
   "$VPY" -m pip install --quiet -c <(echo "$TORCH_PIN") "transformers==5.19.0" dill "apache-tvm-ffi==0.1.11" \
-    "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf partial_json_parser
+    "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf partial_json_parser einops
 fi
 # --- END sglang-parser test extra ---------------------------------------------------------------------

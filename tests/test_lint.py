@@ -76,6 +76,7 @@ STRICT = (
     "schemas/sglang/startup.py",
     "schemas/sglang/resolver.py",
     "schemas/sglang/resolve_child.py",
+    "schemas/sglang/verdicts.py",
     "cli/model.py",
     "cli/sglang_io.py",
     "engine/serve/openai_request.py",

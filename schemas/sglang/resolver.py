@@ -116,6 +116,7 @@ class _Child:
             self.proc = subprocess.Popen([python, str(CHILD), "--gpu", gpu], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self.stderr, cwd=cwd, env=env)
         except OSError as exc:
+            self.stderr.close()
             raise ResolverUnavailable(f"cannot start {python}: {exc}") from None
         self.buf = b""
         self.tail: str | None = None  # set once the child is stopped
@@ -172,14 +173,17 @@ class _Child:
         """End the child; answer the tail of its stderr (for messages)."""
         if self.tail is not None:
             return self.tail
-        if self.proc.poll() is None:
-            try:
-                if self.proc.stdin is not None:
-                    self.proc.stdin.close()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)  # the child ends at the end of its input
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.stderr.seek(0, os.SEEK_END)
         size = self.stderr.tell()
         self.stderr.seek(max(0, size - 1500))
