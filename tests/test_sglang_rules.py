@@ -85,8 +85,9 @@ def test_every_sglang_code_has_a_failing_example_and_an_explanation() -> None:
     codes = [c for c in all_rules() if c.startswith("SGL")]
     failing = {c for p in INVALID for c, _ in expectations(p)[1]}
     failing |= {c for p in PAIRS for c, _ in expectations(p / "decode.sh")[1]}
-    # SGL005 (another installed SGLang version) is tested in test_sglang_command.py
-    assert sorted(set(codes) - failing - {"SGL005"}) == []
+    # SGL005 (another installed SGLang version) is tested in test_sglang_command.py; SGL9xx (SGLang's own
+    # verdicts, validate --resolve) need SGLang itself and are tested where it runs
+    assert sorted(c for c in set(codes) - failing - {"SGL005"} if not c.startswith("SGL9")) == []
     for c in codes:
         result = run_cli("explain", c)
         assert result.exit_code == 0 and c in result.stdout and "Prevents at runtime" in result.stdout

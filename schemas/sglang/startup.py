@@ -160,6 +160,9 @@ _MODEL_BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 DEFAULT_DSPARK_GAMMA = 7
 _DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
 _RAGGED_MODES = ("static", "cap-accept", "compact")
+# managers/disagg_service.rust_server_serves_kv_bootstrap: the backends without a bootstrap server of their own
+_RUST_BOOTSTRAP_BACKENDS = ("mooncake", "nixl", "mori", "fake")
+_DEFAULT_BOOTSTRAP_PORT = 8998
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 # Releases that refuse SGLANG_ENABLE_SPEC_V2=1 with topk > 1 (read from each release's server_args.py); from
 # 0.5.21 on the variable is not read at all.
@@ -304,6 +307,10 @@ def _dp_attention(r: _Run) -> None:
         if r.attn_dp == 1:
             r.set("attn_dp_size", r.v("dp_size"))
             r.set("dp_size", 1)
+    if r.attn_dp > 1 and isinstance(r.v("dp_size"), int) and r.v("dp_size") > 1:
+        r.error("SGL300", "dp_size", f"--dp-size {r.v('dp_size')} with --attn-dp-size {r.attn_dp}: data-parallel "
+                "replicas combined with attention data parallelism are not supported.",
+                "keep one of --dp-size / --attn-dp-size")
     if r.attn_dp > 1:
         r.set("enable_dp_attention", True)  # ServerArgs.resolved_dict reports it whenever attention DP runs
     cp = r.v("attn_cp_size")
@@ -332,6 +339,9 @@ def _pd(r: _Run) -> None:
                     "Decode host receive does not yet support HiSparse or role switching",
                     "drop --disaggregation-decode-host-receive-threshold, or --enable-hisparse / "
                     "--enable-pd-role-switch")
+        elif thr < 1 and r.v("disaggregation_decode_retraction_backup") == "cpu_tensor":
+            r.error("SGL300", "disaggregation_decode_retraction_backup", "Decode host KV buffering requires host_pool "
+                    "retraction", "use --disaggregation-decode-retraction-backup host_pool")
     dcp = r.v("dcp_size")
     if mode == "decode" and isinstance(dcp, int) and dcp > 1 and backend not in (
             "mooncake", "nixl", "mori", "ascend", "fake"):
@@ -362,6 +372,12 @@ def _pd(r: _Run) -> None:
         r.error("SGL105", "disaggregation_transfer_backend",
                 "Prefill server does not support 'fake' as the transfer backend",
                 "use --disaggregation-transfer-backend mooncake (or the backend decode uses)")
+    if mode == "prefill" and _env_true(r.env.get("SGLANG_RUST_SERVER")) and backend in _RUST_BOOTSTRAP_BACKENDS:
+        port, api = r.v("disaggregation_bootstrap_port"), r.v("port")
+        if port not in (_DEFAULT_BOOTSTRAP_PORT, api):
+            r.error("SGL300", "disaggregation_bootstrap_port", "SGLANG_RUST_SERVER serves the PD KV bootstrap registry "
+                    f"on the api port itself; --disaggregation-bootstrap-port {port} conflicts with --port {api}.",
+                    "drop --disaggregation-bootstrap-port (decode and the router then target the prefill api port)")
     if mode in ("prefill", "decode") and _env_true(r.env.get("SGLANG_DISAGG_STAGING_BUFFER")) \
             and backend not in ("mooncake", "nixl"):
         r.env_finding("SGL300", "SGLANG_DISAGG_STAGING_BUFFER",
@@ -449,6 +465,62 @@ def _encoder(r: _Run) -> None:
                 "...), or drop --encoder-only / --language-only")
 
 
+# configs/model_config.is_deepseek_dsa: these architectures with index_topk in config.json run DSA attention
+_DSA_ARCHS = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration",
+    "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "LongcatFlashForCausalLM", "Dots3NoteForCausalLM",
+    "HYV4ForCausalLM",
+})
+
+
+def _deepseek_dsa(r: _Run) -> None:
+    """model_overrides/deepseek_v2.py: DSA with decode context parallelism or prefill CP."""
+    cfg = r.target_cfg or {}
+    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+    if r.arch not in _DSA_ARCHS or (cfg.get("index_topk") is None and tc.get("index_topk") is None):
+        return
+    dcp = r.v("dcp_size")
+    if isinstance(dcp, int) and dcp > 1:
+        topk = r.v("speculative_eagle_topk")
+        if r.v("enable_hisparse") or r.v("enable_hierarchical_cache"):
+            r.error("SGL300", "dcp_size", "DSA DCP does not support HiSparse or HiCache.",
+                    "drop --enable-hisparse / --enable-hierarchical-cache, or use --dcp-size 1")
+        elif r.v("disaggregation_mode") not in (None, "null"):
+            r.error("SGL300", "dcp_size", "DSA DCP does not support PD disaggregation.", "use --dcp-size 1")
+        elif topk not in (None, 1):
+            r.error("SGL300", "speculative_eagle_topk", "DSA DCP requires --speculative-eagle-topk 1.",
+                    "use --speculative-eagle-topk 1")
+    if r.v("enable_prefill_cp") and r.device == "cuda":
+        tp = r.v("tp_size")
+        if isinstance(tp, int) and tp > 8:
+            r.error("SGL300", "tp_size", "Context parallel only supports single machine (tp_size <= 8). "
+                    "Cross-machine CP has precision issues.", "use --tp-size 8 or less with --enable-prefill-cp")
+
+
+def _minicpm(r: _Run) -> None:
+    """model_overrides/minicpm.py: MiniCPM SALA (lightning / sparse attention layers)."""
+    if r.arch not in ("MiniCPMForCausalLM", "MiniCPMSALAForCausalLM"):
+        return
+    if r.attn_dp > 1:
+        r.error("SGL300", "enable_dp_attention" if r.cmd.given("enable_dp_attention") else "attn_dp_size",
+                "MiniCPM does not support DP attention", "drop attention DP")
+        return
+    cfg = r.target_cfg or {}
+    mixers = cfg.get("mixer_types") if isinstance(cfg.get("mixer_types"), list) else []
+    sparse = cfg.get("sparse_config") is not None and "minicpm4" in mixers
+    if (sparse or "lightning-attn" in mixers) and r.v("enable_hierarchical_cache"):
+        r.error("SGL300", "enable_hierarchical_cache", "MiniCPM SALA does not support hierarchical cache",
+                "drop --enable-hierarchical-cache")
+        return
+    backends = [r.v(d) for d in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")]
+    sparse_backend = all(b is None for b in backends) or any(
+        b in ("minicpm_flashattn", "minicpm_flashinfer") for b in backends)
+    if sparse and not _env_true(r.env.get("SGLANG_MINICPM_FORCE_DENSE")) and sparse_backend \
+            and r.v("disaggregation_mode") not in (None, "null"):
+        r.error("SGL300", "disaggregation_mode", "MiniCPM sparse attention does not support PD disaggregation",
+                "serve MiniCPM SALA colocated, or set SGLANG_MINICPM_FORCE_DENSE=1")
+
+
 def _iquest(r: _Run) -> None:
     """model_overrides/iquest_q1.py: FA3 only, EAGLE/NEXTN chains, no CP/DP attention/PP."""
     if r.arch not in ("IQuestQ1ForCausalLM", "IQuestQ1MTP"):
@@ -482,6 +554,10 @@ def _iquest(r: _Run) -> None:
         r.set("attention_backend", "fa3")
 
 
+# configs/iquest_q1.py: the config classes' defaults (a config.json may leave them out)
+_IQUEST_DEFAULTS = {"hidden_size": 3072, "vocab_size": 160000, "num_hidden_layers": 88}
+
+
 def _iquest_mtp_draft(r: _Run) -> bool:
     """speculative_hook._handle_iquest_q1_mtp_draft: an IQuest Q1 target drafts with its own MTP checkpoint;
     True when it resolved the step parameters (or refused them)."""
@@ -497,12 +573,14 @@ def _iquest_mtp_draft(r: _Run) -> bool:
         r.error("SGL300", "speculative_draft_model_path", "IQuest Q1 requires an independent MTP draft checkpoint.",
                 "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint")
         return True
-    t = r.target_cfg or {}
-    if any(k in d and k in t and d[k] != t[k] for k in ("hidden_size", "vocab_size")):
+    t = {**_IQUEST_DEFAULTS, **(r.target_cfg or {})}
+    inner = d.get("target_config") if isinstance(d.get("target_config"), Mapping) else {}
+    dv = {k: d.get(k, inner.get(k, _IQUEST_DEFAULTS[k])) for k in ("hidden_size", "vocab_size")}
+    if any(dv[k] != t[k] for k in dv):
         r.error("SGL300", "speculative_draft_model_path", "MTP draft hidden size and vocabulary must match the target.",
                 "use the MTP checkpoint of this target")
         return True
-    if "num_target_layers" in d and "num_hidden_layers" in t and d["num_target_layers"] != t["num_hidden_layers"]:
+    if d.get("num_target_layers", inner.get("num_hidden_layers", 88)) != t["num_hidden_layers"]:
         r.error("SGL300", "speculative_draft_model_path", "MTP draft target layer count must match the target.",
                 "use the MTP checkpoint of this target")
         return True
@@ -1176,7 +1254,8 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
     _model_type(r)
     try:
-        for step in (_dp_attention, _pd, _kimi_k3, _iquest, _attention, _speculative, _encoder):
+        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _minicpm, _iquest, _attention, _speculative,
+                     _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
