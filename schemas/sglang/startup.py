@@ -475,8 +475,9 @@ _DSA_ARCHS = frozenset({
 
 def _deepseek_dsa(r: _Run) -> None:
     """model_overrides/deepseek_v2.py: DSA with decode context parallelism or prefill CP."""
-    cfg = r.target_cfg or {}
-    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+    cfg: Mapping[str, Any] = r.target_cfg or {}
+    sub = cfg.get("text_config")
+    tc: Mapping[str, Any] = sub if isinstance(sub, Mapping) else cfg
     if r.arch not in _DSA_ARCHS or (cfg.get("index_topk") is None and tc.get("index_topk") is None):
         return
     dcp = r.v("dcp_size")
@@ -506,7 +507,8 @@ def _minicpm(r: _Run) -> None:
                 "MiniCPM does not support DP attention", "drop attention DP")
         return
     cfg = r.target_cfg or {}
-    mixers = cfg.get("mixer_types") if isinstance(cfg.get("mixer_types"), list) else []
+    raw_mixers = cfg.get("mixer_types")
+    mixers: list[Any] = raw_mixers if isinstance(raw_mixers, list) else []
     sparse = cfg.get("sparse_config") is not None and "minicpm4" in mixers
     if (sparse or "lightning-attn" in mixers) and r.v("enable_hierarchical_cache"):
         r.error("SGL300", "enable_hierarchical_cache", "MiniCPM SALA does not support hierarchical cache",
@@ -574,7 +576,8 @@ def _iquest_mtp_draft(r: _Run) -> bool:
                 "point --speculative-draft-model-path at the IQuest Q1 MTP checkpoint")
         return True
     t = {**_IQUEST_DEFAULTS, **(r.target_cfg or {})}
-    inner = d.get("target_config") if isinstance(d.get("target_config"), Mapping) else {}
+    raw_inner = d.get("target_config")
+    inner: Mapping[str, Any] = raw_inner if isinstance(raw_inner, Mapping) else {}
     dv = {k: d.get(k, inner.get(k, _IQUEST_DEFAULTS[k])) for k in ("hidden_size", "vocab_size")}
     if any(dv[k] != t[k] for k in dv):
         r.error("SGL300", "speculative_draft_model_path", "MTP draft hidden size and vocabulary must match the target.",
