@@ -92,6 +92,16 @@ def validate(
     tables: Annotated[Optional[bool], typer.Option(  # noqa: UP045
         "--table/--no-table", help="Print the reachable (batch size -> steps) table per file "
         f"(default: when at most {_TABLES_AUTO_MAX_FILES} files).", show_default=False)] = None,
+    resolve: Annotated[bool, typer.Option(
+        "--resolve", help="Also run SGLang's own start-up resolution (prepare_server_args + "
+        "ServerArgs.resolve_once) on every SGLang command and each role of an engine: sglang deployment, in a "
+        "child process with the GPU of --gpu declared (no GPU needed), and report its verdicts as SGL9xx "
+        "findings (SGLang's own words) and prefill/decode differences in what it resolved.")] = False,
+    gpu: Annotated[str, typer.Option(
+        "--gpu", help="With --resolve: the GPU SGLang resolves for: H100, H200 or B200.")] = "H100",
+    sglang_python: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--sglang-python", metavar="PATH", help="With --resolve: the Python that has SGLang installed (default: "
+        "the deployment's sglang.python, else this interpreter when it has SGLang).", show_default=False)] = None,
 ) -> None:
     """Check deployment files, SGLang launch commands and SGLang adaptive configs; report every finding.
 
@@ -101,9 +111,21 @@ def validate(
         from specctl.schemas.validator import Validator
 
         graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
+        request = None
+        if resolve:
+            from specctl.schemas.sglang.resolver import GPUS
+            from specctl.schemas.sglang.verdicts import ResolveRequest
+
+            if gpu.upper() not in GPUS:
+                raise UsageError(f"--gpu {gpu!r}: SGLang's resolution declares one of {', '.join(GPUS)}",
+                                 hint="specctl validate --resolve --gpu H100 prefill.sh decode.sh")
+            request = ResolveRequest(gpu=gpu.upper(), python=sglang_python)
+        elif sglang_python is not None or gpu != "H100":
+            raise UsageError("--gpu and --sglang-python apply to SGLang's own resolution",
+                             hint="add --resolve: specctl validate --resolve --gpu B200 prefill.sh decode.sh")
         validator = Validator(
             overrides=set_values or (), initial_steps=initial_steps, graph_batch_sizes=graphs, kind=kind.value,
-            strict=strict,
+            strict=strict, resolve=request,
         )
         report = validator.validate_paths(paths)
         if output is OutputFormat.json:
@@ -206,8 +228,14 @@ def explain(
                 f"unknown code {code!r}",
                 hint=(f"did you mean {', '.join(close)}? " if close else "") + "specctl explain --list shows all codes",
             )
+        from specctl.schemas.sglang.mapping import other_spelling
+
+        other = other_spelling(doc.code, doc.summary, doc.fix)
         if output is OutputFormat.json:
-            sys.stdout.write(json.dumps(dataclasses.asdict(doc), indent=2) + "\n")
+            body = dataclasses.asdict(doc)
+            if other is not None:
+                body["other_input"] = {"input": other[0], "text": other[1]}
+            sys.stdout.write(json.dumps(body, indent=2) + "\n")
             return
         parts = [
             f"{doc.code} ({doc.severity}): {doc.title}",
@@ -224,4 +252,6 @@ def explain(
             parts += ["", "Before:", *("    " + ln for ln in doc.before.splitlines())]
         if doc.after:
             parts += ["", "After:", *("    " + ln for ln in doc.after.splitlines())]
+        if other is not None:
+            parts += ["", f"{other[0]}:", f"    {other[1]}"]
         sys.stdout.write("\n".join(parts) + "\n")

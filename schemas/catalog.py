@@ -22,6 +22,7 @@ RULE_MODULES: tuple[str, ...] = (
     "specctl.schemas.rules_topology",
     "specctl.schemas.sglang.command",  # SGL0xx: reading SGLang launch commands
     "specctl.schemas.sglang.rules",  # SGL1xx/2xx: SGLang-only traps and prefill/decode disagreements
+    "specctl.schemas.sglang.verdicts",  # SGL9xx: SGLang's own start-up verdicts (validate --resolve)
 )
 
 _RULES: dict[str, RuleDoc] = {}

@@ -176,7 +176,7 @@ class _State:
     reachable: dict[str, Any] | None = None
     reachable_text: str | None = None
     load_error: UsageError | None = None
-    sglang: Any = None  # (SGLangCommand, Mapped, SGLangModel | None) for an SGLang launch command
+    sglang: Any = None  # (SGLangCommand, Mapped, SGLangModel | None, Startup) for an SGLang launch command
 
 
 class Validator:
@@ -190,6 +190,9 @@ class Validator:
         graph_batch_sizes: Sequence[int] | None = None,
         kind: str = "auto",
         strict: bool = False,
+        sglang_gpu: str = "H100",
+        sglang_release: str | None = None,
+        resolve: Any = None,
     ) -> None:
         from specctl.schemas.rules import FactsCache
 
@@ -203,6 +206,9 @@ class Validator:
         self.graph_batch_sizes = tuple(graph_batch_sizes or ())
         self.kind = kind
         self.strict = strict
+        self.sglang_gpu = sglang_gpu  # the GPU SGLang's start-up choices are predicted for
+        self.sglang_release = sglang_release or "0.5.23"  # the SGLang release the commands run on
+        self.resolve = resolve  # a sglang.verdicts.ResolveRequest: also run SGLang's own start-up resolution
         self.facts = FactsCache()
         self._coverage_cache: dict[str, tuple[StepCoverage | None, list[Finding]]] = {}
         self._rendered_cache: dict[int, tuple[StepCoverage, dict[str, Any], str]] = {}
@@ -214,6 +220,8 @@ class Validator:
         with _gc_paused():
             states = [self._validate_one(p) for p in paths]
             self._pair(states)
+            if self.resolve is not None:
+                self._sglang_resolution(states)
             return Report(files=tuple(self._finish(s) for s in states), strict=self.strict)
 
     def validate_file(self, path: str | Path) -> FileResult:
@@ -271,6 +279,7 @@ class Validator:
         from specctl.schemas.sglang.families import FamilyError, sglang_model
         from specctl.schemas.sglang.mapping import to_deployment
         from specctl.schemas.sglang.rules import check_command
+        from specctl.schemas.sglang.startup import predict_startup
 
         cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent)
         installed_version_note(cmd)
@@ -292,9 +301,10 @@ class Validator:
         state = self._validate_doc(doc, kind="deployment")
         state.kind = "sglang-command"
         state.findings[:0] = list(cmd.findings) + mapped.adaptive_findings
-        state.findings.extend(check_command(cmd, model))
+        startup = predict_startup(cmd, model, gpu=self.sglang_gpu, release=self.sglang_release)
+        state.findings.extend([*startup.errors, *startup.warnings, *check_command(cmd, model, startup)])
         state.findings = sglang_draft_findings(cmd, model, self.facts.get, state.findings)
-        state.sglang = (cmd, mapped, model)
+        state.sglang = (cmd, mapped, model, startup)
         return state
 
     def _validate_doc(self, doc: Document, *, kind: str | None = None) -> _State:
@@ -429,8 +439,8 @@ class Validator:
                 found = rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr)
                 if p.sglang is not None and d.sglang is not None:
                     from specctl.schemas.sglang.rules import check_pair as sglang_pair
-
-                    found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2])
+                    found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2], p.sglang[3],
+                                         d.sglang[3], release=self.sglang_release)
             except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
                 _internal(d, exc, f"comparing it with {p.doc.name}")
                 continue
@@ -445,12 +455,48 @@ class Validator:
                 f"validate it together with its {other} file: specctl validate PREFILL.yaml DECODE.yaml",
             ))
 
+    def _sglang_resolution(self, states: list[_State]) -> None:
+        """SGLang's own verdict on every SGLang command (and each role of an engine: sglang deployment)."""
+        import tempfile
+
+        from specctl.schemas.sglang.verdicts import command_target, deployment_targets, resolve_findings
+
+        with tempfile.TemporaryDirectory(prefix="specctl-resolve-") as folder:
+            targets, owners = [], []
+            for s in states:
+                if s.load_error is not None:
+                    continue
+                try:
+                    if s.kind == "sglang-command":
+                        t = command_target(s.doc.name)
+                        found = [t] if t is not None else []
+                    elif s.kind == "deployment":
+                        found = deployment_targets(s.doc.name, folder)
+                    else:
+                        found = []
+                except Exception as exc:  # noqa: BLE001 - a bug here must not lose the report
+                    _internal(s, exc, "preparing SGLang's resolution")
+                    continue
+                targets += found
+                owners += [s] * len(found)
+            for s, verdict in zip(owners, resolve_findings(targets, self.resolve), strict=True):
+                s.findings.extend(verdict)
+
     def _finish(self, s: _State) -> FileResult:
         seen: set[tuple[str, str, str]] = set()
         out: list[Finding] = []
         for f in s.findings:
-            if s.sglang is not None and f.path.startswith("$"):
+            if s.sglang is not None:
+                from specctl.schemas.sglang.mapping import DECIDED_BY_SGLANG
+
+                if f.code in DECIDED_BY_SGLANG and f.path.startswith("$"):
+                    continue  # a deployment rule SGLang decides itself; the start-up prediction says so in flags
                 f = _on_flag(f, s)
+                if f.code == "TOP602":  # SGLang binds names and the shell expands ${VAR}: nothing to refuse
+                    host = s.sglang[0].value("host")
+                    f = replace(f, severity="info", message=f"--host {host} is a name or an unexpanded variable: "
+                                "the port-collision check cannot tell which machine it is (cannot check)",
+                                fix="nothing to do; give the two servers different ports if they share a machine")
             key = (f.code, f.path, f.message)
             if key in seen:
                 continue
@@ -491,18 +537,26 @@ def _internal(state: _State, exc: Exception, doing: str) -> None:
 
 
 def _on_flag(f: Finding, s: _State) -> Finding:
-    """A rule's finding on a mapped SGLang command, moved onto the SGLang flag behind its JSON path."""
-    cmd, mapped, _ = s.sglang
-    flag = mapped.flag_for(f.path, cmd)
-    if flag is None:
-        return f
+    """A rule's finding on a mapped SGLang command, moved onto the SGLang flag behind its JSON path and
+    worded in SGLang's terms (flags, never deployment-schema fields or builtin models)."""
+    from specctl.schemas.sglang.mapping import in_sglang_dialect
     from specctl.schemas.sglang.rules import SGLANG_WHEN
 
+    cmd, mapped = s.sglang[0], s.sglang[1]
+    if not f.path.startswith("$"):
+        return replace(f, message=in_sglang_dialect(f.message), fix=in_sglang_dialect(f.fix))
+    flag = mapped.flag_for(f.path, cmd)
+    if flag is None:
+        return replace(f, message=in_sglang_dialect(f.message), fix=in_sglang_dialect(f.fix))
     pos = s.doc.position(f.path)
     when = SGLANG_WHEN.get(f.code)
-    message = f"{f.message}; SGLang fails {when}" if when and not when.startswith("never") else \
-        (f"{f.message}; {when}" if when else f.message)
-    return replace(f, path=flag, message=message, fix=f"{f.fix} (SGLang flag: {flag})",
+    message = in_sglang_dialect(f.message)
+    message = f"{message}; SGLang fails {when}" if when and not when.startswith("never") else \
+        (f"{message}; {when}" if when else message)
+    fix = in_sglang_dialect(f.fix)
+    if flag not in fix:
+        fix = f"{fix} ({flag})"
+    return replace(f, path=flag, message=message, fix=fix,
                    line=f.line if f.line is not None else (pos[0] if pos else None),
                    column=f.column if f.column is not None else (pos[1] if pos else None))
 

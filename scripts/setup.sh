@@ -29,5 +29,12 @@ if [ "${SPECCTL_SKIP_SGLANG:-0}" != "1" ]; then
   "$VPY" -m pip install --quiet --no-deps "sglang==0.5.23"
   "$VPY" -m pip install --quiet numpy msgspec orjson psutil pybase64 requests packaging pillow starlette \
     pydantic pyzmq tqdm IPython aiohttp
+  # SGLang's start-up resolution (prepare_server_args + ServerArgs.resolve_once) for a declared GPU, run by
+  # schemas/sglang/resolve_child.py (tests/test_sglang_startup_corpus.py, `specctl validate --resolve`): the
+  # packages its config and model-override code imports. transformers is the release SGLang 0.5.23 was built
+  # against (the transformers-based tests pass with it too); torch stays the one installed above.
+  TORCH_PIN="torch==$("$VPY" -c 'import torch; print(torch.__version__)')"
+  "$VPY" -m pip install --quiet -c <(echo "$TORCH_PIN") "transformers==5.19.0" dill "apache-tvm-ffi==0.1.11" \
+    "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf partial_json_parser einops
 fi
 # --- END sglang-parser test extra ---------------------------------------------------------------------

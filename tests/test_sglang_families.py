@@ -126,9 +126,14 @@ def test_minimax_value_sparse_layers_have_no_pd() -> None:
     assert m.state_types() == ("minimax_dense_kv",) and m.pd_unsupported and "index_kv_pool" in m.pd_unsupported
 
 
+# Fixtures of the start-up corpus kept minimal on purpose (SGLang's own config class fills the sizes they omit):
+# they exercise SGLang's argument checks, not the family tables.
+STARTUP_ONLY = frozenset({"iquest-q1"})
+
+
 @pytest.fixture(scope="module")
 def oracle() -> dict[str, dict[str, Any]]:
-    names = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
+    names = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file() and p.name not in STARTUP_ONLY)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "sglang_family_oracle.py"),
                           *(str(MODELS / n / "config.json") for n in names)],
@@ -231,46 +236,53 @@ def _validate(tmp: Path, args: str) -> list[dict[str, Any]]:
     return found
 
 
-def test_mod703_clean_for_an_mtp_target(tmp_path: Path) -> None:
+def test_no_missing_draft_for_an_mtp_target(tmp_path: Path) -> None:
     """DeepSeek-V3.1's config.json declares num_nextn_predict_layers: 1; SGLang loads that head itself."""
     for algo in ("EAGLE", "NEXTN", "EAGLE3"):  # all three run _handle_eagle_family, which fills the path
         found = _validate(tmp_path, f"--model-path {MODELS / 'deepseek-v3.1'} --speculative-algorithm {algo}")
-        assert not [f for f in found if f["code"] == "MOD703"], found
+        assert not [f for f in found if f["code"] in ("MOD703", "SGL114")], found
     bundled = tmp_path / "v4"
     bundled.mkdir()
     (bundled / "config.json").write_text(json.dumps(dict(_cfg("deepseek-v4"), dspark_block_size=16)))
     found = _validate(tmp_path, f"--model-path {bundled} --speculative-algorithm DSPARK")
-    assert not [f for f in found if f["code"] == "MOD703"]
+    assert not [f for f in found if f["code"] in ("MOD703", "SGL114") or f["severity"] == "error"], found
 
 
-@pytest.mark.parametrize("model,algo,words", [
-    ("qwen3-next", "NEXTN", "mtp_num_hidden_layers=1"),  # a head, but SGLang needs the path spelled out
-    ("llama", "EAGLE", "ships no MTP/NextN head"),
-    ("deepseek-v4", "DSPARK", "needs --speculative-draft-model-path"),  # no bundled DSpark head
+@pytest.mark.parametrize("model,algo,code", [
+    ("qwen3-next", "NEXTN", None),  # the draft worker loads --model-path and its MTP head
+    ("llama", "EAGLE", "SGL114"),  # no MTP/NextN head: a draft path is needed
+    ("deepseek-v4", "DSPARK", "SGL300"),  # no bundled DSpark head: SGLang's own refusal
 ])
-def test_mod703_speaks_sglang(tmp_path: Path, model: str, algo: str, words: str) -> None:
+def test_a_missing_draft_speaks_sglang(tmp_path: Path, model: str, algo: str, code: str | None) -> None:
     found = [f for f in _validate(tmp_path, f"--model-path {MODELS / model} --speculative-algorithm {algo}")
-             if f["code"] == "MOD703"]
-    assert len(found) == 1 and found[0]["severity"] == "error" and words in found[0]["message"]
-    text = found[0]["message"] + found[0]["fix"]
-    assert "--speculative-draft-model-path" in text
-    assert "speculative.draft" not in text and "builtin:" not in text and "algorithm: " not in text
+             if f["severity"] == "error"]
+    assert [f["code"] for f in found] == ([code] if code else []), found
+    for f in found:
+        text = f["message"] + f["fix"]
+        assert "--speculative-draft-model-path" in text
+        assert "speculative.draft" not in text and "builtin:" not in text and "algorithm: " not in text
 
 
 @pytest.mark.parametrize("target,algo,draft,code,severity", [
-    ("llama", "EAGLE", "llama-eagle3", "MOD706", "error"),
-    ("llama", "NEXTN", "llama-eagle3", "MOD706", "error"),
+    ("llama", "EAGLE", "llama-eagle3", "SGL111", "error"),
+    ("llama", "NEXTN", "llama-eagle3", "SGL111", "error"),
     ("llama", "EAGLE3", "llama-eagle", "MOD707", "error"),
-    ("gemma4", "EAGLE3", "gemma4-assistant", "MOD708", "error"),
-    ("gemma4", "NEXTN", "gemma4-assistant", "MOD709", "info"),
+    ("gemma4", "EAGLE3", "gemma4-assistant", "SGL305", "error"),
     ("llama", "EAGLE3", "qwen2", "MOD702", "error"),
 ])
 def test_draft_config_against_the_algorithm(tmp_path: Path, target: str, algo: str, draft: str, code: str,
                                             severity: str) -> None:
     found = _validate(tmp_path, f"--model-path {MODELS / target} --speculative-algorithm {algo} "
                                 f"--speculative-draft-model-path {MODELS / draft}")
-    drafts = [(f["code"], f["severity"]) for f in found if f["code"].startswith("MOD70")]
+    drafts = [(f["code"], f["severity"]) for f in found if f["severity"] == "error"]
     assert drafts == [(code, severity)], found
+
+
+def test_a_gemma4_assistant_draft_runs_as_frozen_kv_mtp(tmp_path: Path) -> None:
+    found = _validate(tmp_path, f"--model-path {MODELS / 'gemma4'} --speculative-algorithm NEXTN "
+                                f"--speculative-draft-model-path {MODELS / 'gemma4-assistant'}")
+    assert not [f for f in found if f["severity"] == "error"], found
+    assert any("FROZEN_KV_MTP" in f["message"] for f in found if f["code"] == "SGL310"), found
 
 
 @pytest.mark.parametrize("algo,draft", [("EAGLE3", "llama-eagle3"), ("EAGLE", "llama-eagle"),
@@ -278,7 +290,7 @@ def test_draft_config_against_the_algorithm(tmp_path: Path, target: str, algo: s
 def test_matching_drafts_are_clean(tmp_path: Path, algo: str, draft: str) -> None:
     found = _validate(tmp_path, f"--model-path {MODELS / 'llama'} --speculative-algorithm {algo} "
                                 f"--speculative-draft-model-path {MODELS / draft}")
-    assert not [f for f in found if f["code"].startswith("MOD70")], found
+    assert not [f for f in found if f["severity"] == "error" or f["code"].startswith("MOD70")], found
 
 
 def test_every_draft_code_has_a_failing_example_and_an_explanation() -> None:
@@ -287,30 +299,10 @@ def test_every_draft_code_has_a_failing_example_and_an_explanation() -> None:
     from specctl.schemas.sglang.drafts import SGLANG_ONLY
 
     failing = {c for p in (DATA / "sglang" / "invalid").glob("*.sh") for c, _ in expectations(p)[1]}
-    # MOD710 (IQuest Q1): test_iquest_q1_needs_its_own_mtp_checkpoint builds its configs
-    assert SGLANG_ONLY - {"MOD710"} <= failing and {"MOD702", "MOD703"} <= failing
+    assert SGLANG_ONLY <= failing and "MOD702" in failing
     for c in sorted(SGLANG_ONLY):
         result = run_cli("explain", c)
         assert result.exit_code == 0 and c in result.stdout
-
-
-def test_iquest_q1_needs_its_own_mtp_checkpoint(tmp_path: Path) -> None:
-    target = {"architectures": ["IQuestQ1ForCausalLM"], "model_type": "iquest_q1", "num_hidden_layers": 88,
-              "hidden_size": 5120, "num_attention_heads": 40, "vocab_size": 151936}
-    good = {"architectures": ["IQuestQ1MTPForCausalLM"], "model_type": "iquest_q1_mtp", "num_hidden_layers": 1,
-            "num_target_layers": 88, "num_draft_slots": 7}
-    for name, cfg in (("t", target), ("mtp", good), ("short", dict(good, num_target_layers=40)),
-                      ("wide", dict(good, hidden_size=4096))):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
-    base = f"--model-path {tmp_path / 't'} --speculative-algorithm EAGLE --speculative-draft-model-path "
-    for draft, words in (("t", "independent draft model path"), ("short", "target layer count"),
-                         ("wide", "hidden size and vocabulary"), (str(MODELS / "llama-eagle"), "MTP draft checkpoint")):
-        ref = draft if "/" in draft else str(tmp_path / draft)
-        found = [f for f in _validate(tmp_path, base + ref) if f["code"] == "MOD710"]
-        assert len(found) == 1 and words in found[0]["message"], (draft, found)
-    found = _validate(tmp_path, base + str(tmp_path / "mtp"))
-    assert not [f for f in found if f["code"].startswith("MOD7") and f["severity"] != "info"], found
 
 
 def test_check_draft_never_raises() -> None:

@@ -88,7 +88,15 @@ def _roundtrip(data: dict[str, Any], tmp: Path, *, property_test: bool = False) 
     # the exported commands validate like the deployment: the same codes and severities (paths are flags there,
     # and a finding on a setting both roles share is reported in each command file)
     code1, doc1 = run_json("--no-table", str(out / "prefill.sh"), str(out / "decode.sh"))
-    assert code1 == code0
+    # except that SGLang cannot load specctl's builtin models (Transformers knows no model_type specctl_*):
+    # the exported commands of a builtin-model deployment carry that start-up error on --model-path
+    builtin = {(f["code"], f["severity"], f["path"]) for x in doc1["files"] for f in x["findings"]
+               if f["code"] == "SGL300" and "specctl builtin model" in f["message"]}
+    assert bool(builtin) == any(str(v).startswith("builtin:") for v in (data.get("model") or {}).values())
+    for x in doc1["files"]:
+        x["findings"] = [f for f in x["findings"] if (f["code"], f["severity"], f["path"]) not in builtin]
+    assert code1 == (code0 if not builtin or any(f["severity"] == "error" for x in doc1["files"]
+                                                  for f in x["findings"]) else 1)
     assert {(c, s) for c, s, _ in _findings(doc1)} == {(c, s) for c, s, _ in _findings(doc0)}
     # and importing them gives a deployment with exactly the deployment's findings
     back = tmp / "back.yaml"

@@ -132,7 +132,7 @@ GRAPH_CASES = [[], ["--speculative-algorithm", "EAGLE"], ["--disable-cuda-graph-
 SGL_DATA = ROOT / "tests" / "data" / "sglang"
 TRAP_EXAMPLES = [SGL_DATA / "invalid" / n for n in (
     "sgl101-config-without-adaptive.sh", "sgl102-adaptive-topk.sh", "sgl102-adaptive-ngram.sh",
-    "sgl102-adaptive-tbo.sh", "sgl103-num-draft-tokens.sh", "adp101-initial-not-candidate.sh")] + [
+    "sgl102-adaptive-tbo.sh", "sgl103-num-draft-tokens.sh", "sgl309-initial-not-candidate.sh")] + [
     SGL_DATA / "valid" / "sgl-adaptive.sh"]
 
 
@@ -254,7 +254,7 @@ def test_adaptive_trap_examples_are_what_sglang_resolves(oracle: dict[str, Any])
         elif "SGL103" in codes:
             given = int(argv[argv.index("--speculative-num-draft-tokens") + 1])
             assert answer["reason"] is None and answer["num_draft_tokens"] == answer["num_steps"] + 1 != given
-        elif "ADP101" in codes:
+        elif "SGL309" in codes:
             assert "is not in the adaptive config candidate_steps" in (answer["error"] or "")
         else:  # the valid example: adaptive stays on and resolves
             assert answer["reason"] is None and answer["error"] is None and answer["adaptive"] is True

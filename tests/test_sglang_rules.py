@@ -67,7 +67,7 @@ def test_pair_reports_each_disagreement_on_the_decode_flag(pair: Path) -> None:
     assert _got(decode["findings"], expect) == sorted(expect)
     text = {f["code"]: f["message"] for f in decode["findings"]}
     for c, _ in expect:
-        if c.startswith("SGL2"):  # says when SGLang would have failed
+        if c.startswith("SGL2") and "never fails" not in text[c]:  # says when SGLang would have failed
             assert "SGLang fails at" in text[c], text[c]
     assert code == 1
 
@@ -85,8 +85,9 @@ def test_every_sglang_code_has_a_failing_example_and_an_explanation() -> None:
     codes = [c for c in all_rules() if c.startswith("SGL")]
     failing = {c for p in INVALID for c, _ in expectations(p)[1]}
     failing |= {c for p in PAIRS for c, _ in expectations(p / "decode.sh")[1]}
-    # SGL005 (another installed SGLang version) is tested in test_sglang_command.py
-    assert sorted(set(codes) - failing - {"SGL005"}) == []
+    # SGL005 (another installed SGLang version) is tested in test_sglang_command.py; SGL9xx (SGLang's own
+    # verdicts, validate --resolve) need SGLang itself and are tested where it runs
+    assert sorted(c for c in set(codes) - failing - {"SGL005"} if not c.startswith("SGL9")) == []
     for c in codes:
         result = run_cli("explain", c)
         assert result.exit_code == 0 and c in result.stdout and "Prevents at runtime" in result.stdout

@@ -322,3 +322,53 @@ def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Map
     at("$.transfer.backend", "disaggregation_transfer_backend")
     pos["$"] = (cmd.first_line, 1)
     return mapped
+
+
+# Findings of the deployment rules that SGLang itself decides on SGLang input (predicted by `startup` or
+# `rules` in SGLang's own terms): ADP101 is SGL309, FBK401 is SGL102, MOD703 is SGL114 (MTP models draft
+# with their own head, which the deployment model cannot say).
+SGLANG_COUNTERPART = {"ADP101": "SGL309", "FBK401": "SGL102", "MOD703": "SGL114"}
+DECIDED_BY_SGLANG = frozenset(SGLANG_COUNTERPART)
+
+# Deployment-schema words -> SGLang flags, longest first, for messages and fixes shown on SGLang input.
+_DIALECT: tuple[tuple[str, str], ...] = tuple(sorted((
+    ("speculative.num_steps", "--speculative-num-steps"),
+    ("speculative.topk", "--speculative-eagle-topk"),
+    ("speculative.draft", "--speculative-draft-model-path"),
+    ("speculative.algorithm", "--speculative-algorithm"),
+    ("speculative.adaptive", "--speculative-adaptive-config"),
+    ("cache.page_size", "--page-size"),
+    ("cache.max_tokens", "--max-total-tokens"),
+    ("cache.state_types", "the model's state types"),
+    ("serve.max_batch_size", "--max-running-requests"),
+    ("serve.graph_batch_sizes", "--cuda-graph-bs-decode"),
+    ("model.target", "--model-path"),
+    ("model.dtype", "--dtype"),
+    ("transfer.backend", "--disaggregation-transfer-backend"),
+    ("PREFILL.yaml DECODE.yaml", "prefill.sh decode.sh"),
+), key=lambda kv: -len(kv[0])))
+_BUILTIN = re.compile(r"\s*\((?:e\.g\.\s*)?builtin:[^)]*\)|builtin:tiny-[a-z]+(?: / builtin:tiny-[a-z]+)?")
+
+
+def in_sglang_dialect(text: str) -> str:
+    """`text` with deployment-schema fields named by their SGLang flags and builtin model examples dropped."""
+    for word, flag in _DIALECT:
+        text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w])", flag, text)
+    return _BUILTIN.sub(lambda m: "" if m.group(0).lstrip().startswith("(") else "a model directory", text)
+
+
+def other_spelling(code: str, summary: str, fix: str) -> tuple[str, str] | None:
+    """("On SGLang commands" | "In deployment files", text) for a rule that applies to both inputs, else None:
+    the counterpart code where SGLang's own check replaces the rule, or the fix in SGLang's flags."""
+    if code in SGLANG_COUNTERPART:
+        return ("On SGLang commands", f"SGLang decides this itself at start-up; validate reports "
+                f"{SGLANG_COUNTERPART[code]} instead (specctl explain {SGLANG_COUNTERPART[code]})")
+    back = {v: k for k, v in SGLANG_COUNTERPART.items()}
+    if code in back:
+        return ("In deployment files", f"the same check is {back[code]} (specctl explain {back[code]})")
+    if code.startswith("SGL"):
+        return None
+    translated = in_sglang_dialect(fix)
+    if translated != fix or in_sglang_dialect(summary) != summary:
+        return ("On SGLang commands", f"{translated} (validate names the flag behind each field)")
+    return None

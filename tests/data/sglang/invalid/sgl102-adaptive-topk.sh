@@ -1,5 +1,5 @@
 # SGL102: adaptive is silently turned off for --speculative-eagle-topk > 1
-# expect: SGL102 --speculative-eagle-topk; FBK401 --speculative-eagle-topk
+# expect: SGL102 --speculative-eagle-topk
 python -m sglang.launch_server --model-path models/llama --port 31010 \
   --speculative-algorithm EAGLE --speculative-draft-model-path models/llama-draft \
   --speculative-num-steps 3 --speculative-eagle-topk 4 \

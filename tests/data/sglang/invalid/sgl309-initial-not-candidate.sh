@@ -1,5 +1,5 @@
 # An existing rule on SGLang input: the initial step is not a candidate (SGLang refuses at start-up)
-# expect: ADP101 --speculative-num-steps
+# expect: SGL309 --speculative-num-steps
 python -m sglang.launch_server --model-path models/llama --port 31010 \
   --speculative-algorithm EAGLE --speculative-draft-model-path models/llama-draft \
   --speculative-num-steps 4 --speculative-adaptive --speculative-adaptive-config adaptive.json \

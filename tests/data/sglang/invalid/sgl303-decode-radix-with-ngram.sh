@@ -1,0 +1,5 @@
+# SGL303: decode radix cache with a speculative algorithm other than EAGLE/EAGLE3/DSPARK
+# expect: SGL303 --disaggregation-decode-enable-radix-cache
+python -m sglang.launch_server --model-path models/llama --port 31010 \
+  --disaggregation-mode decode --disaggregation-decode-enable-radix-cache \
+  --speculative-algorithm NGRAM

@@ -1,0 +1,5 @@
+# SGL212: prefill side (static)
+python -m sglang.launch_server --model-path models/llama \
+  --disaggregation-mode prefill --host 127.0.0.1 --port 31101 --disaggregation-bootstrap-port 31998 \
+  --speculative-algorithm EAGLE3 --speculative-draft-model-path models/llama-eagle3-draft \
+  --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2
