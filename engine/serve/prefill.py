@@ -29,7 +29,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -45,6 +44,7 @@ from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.pd.outbox import TransferOutbox
 from specctl.engine.serve.backend import (
     BOTH_HALVES,
     EngineBackend,
@@ -63,11 +63,13 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
     from specctl.engine.pd.bootstrap import BootstrapServer
     from specctl.engine.pd.registration import RegistrationInfo
-    from specctl.engine.pd.transfer import TransferResult, TransferSender
+    from specctl.engine.pd.transfer import TransferResult
     from specctl.engine.sequence import Sequence
 
 log = logging.getLogger("specctl.prefill")
 
+# A session not heard from this long (decode pings every second) fails the rooms it holds at once.
+STALE_SESSION_S = 5.0
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
 
 
@@ -96,8 +98,7 @@ class PrefillBackend(EngineBackend):
         self.bootstrap: BootstrapServer | None = None
         self.info: RegistrationInfo | None = None
         self.faults = ctx.faults
-        self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
-        self._senders: dict[tuple[str, bytes | None], TransferSender] = {}
+        self._outbox: TransferOutbox | None = None  # per-session concurrent transfers (load() builds it)
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
@@ -145,6 +146,9 @@ class PrefillBackend(EngineBackend):
             raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
         self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
                                          on_pair=self._on_pair, on_unpair=self._on_unpair).start()
+        self._outbox = TransferOutbox(backend=str(self.ctx.transfer.get("backend", "zmq")),
+                                      timeout_s=self.ctx.timeout_s, liveness=self._session_age,
+                                      stale_after_s=min(STALE_SESSION_S, self.bootstrap.peer_ttl_s))
         self._bg.append(asyncio.create_task(self._control_loop()))
         self.ctx.state.extra.update({"fingerprint": self.info.fingerprint(), "paired": 0})
         self.ctx.state.set("ready", ready=True)
@@ -158,6 +162,13 @@ class PrefillBackend(EngineBackend):
 
     def _on_unpair(self, peer: Peer) -> None:
         log.info("session %d expired (its decode stopped pinging)", peer.generation)
+        if self._outbox is not None:  # its rooms fail now, not one transfer timeout each
+            self._outbox.fail_session(peer.session_id, "decode's session expired (its decode stopped pinging)")
+
+    def _session_age(self, session_id: str) -> float | None:
+        """Seconds since `session_id`'s decode was last heard from; None once the session is gone."""
+        peer = self.bootstrap.peer_for(session_id) if self.bootstrap is not None else None
+        return None if peer is None else time.monotonic() - peer.last_seen
 
     async def close(self) -> None:
         for t in self._bg:
@@ -167,8 +178,8 @@ class PrefillBackend(EngineBackend):
                 await t
         if self.bootstrap is not None:
             await asyncio.to_thread(self.bootstrap.stop)
-        await asyncio.get_running_loop().run_in_executor(self._send_pool, self._close_senders)
-        self._send_pool.shutdown(wait=False)
+        if self._outbox is not None:
+            await asyncio.to_thread(self._outbox.close)
         if self._sock is not None:
             self._sock.close(linger=0)
         self._zctx.destroy(linger=0)
@@ -342,9 +353,11 @@ class PrefillBackend(EngineBackend):
         assert room.peer is not None
         endpoint = str(room.peer.info.endpoints["transfer"])
         extra["sent_at"] = time.time()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._send_pool, self._send_sync, endpoint, room.peer.key, room.key,
-                                          tensors, len(seq.prompt_ids), extra)
+        assert self._outbox is not None  # load() built it
+        # The room's own lane: a slow or stopped decode holds up only its own session's rooms.
+        fut = self._outbox.submit(room.peer.session_id, endpoint, room.peer.key, room.key, tensors,
+                                  length=len(seq.prompt_ids), extra=extra)
+        return await asyncio.wrap_future(fut)
 
     # control socket -------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -439,25 +452,6 @@ class PrefillBackend(EngineBackend):
     async def _reply(self, room: _Room, msg: PdProgress | PdDone) -> None:
         if room.claim is not None:
             self._reply_to(room.identity, room.peer, msg)
-
-    # sender thread --------------------------------------------------------------------------------
-    def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
-                   extra: dict[str, Any]) -> TransferResult:
-        from specctl.engine.pd.transfer import TransferSender
-
-        # One sender per decode session: with a secret every payload carries that session's MAC.
-        sender = self._senders.get((endpoint, key))
-        if sender is None:
-            sender = self._senders[(endpoint, key)] = TransferSender(
-                endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")), timeout_s=self.ctx.timeout_s,
-                key=key)
-        return sender.send(req_id, tensors, length=length, extra=extra)
-
-    def _close_senders(self) -> None:
-        for sender in self._senders.values():
-            with contextlib.suppress(Exception):
-                sender.close()
-        self._senders.clear()
 
     # info -----------------------------------------------------------------------------------------
     async def server_info(self) -> dict[str, Any]:

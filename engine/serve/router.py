@@ -22,6 +22,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from specctl.engine.serve.budget import request_budget_s
 from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
 
@@ -49,8 +50,6 @@ def http_url(role: dict[str, Any]) -> str:
 
 def router_argv(deployment: Deployment, *, python: str = sys.executable) -> list[str]:
     router = deployment.role("router")
-    decode = deployment.role("decode")
-    timeout_s = float((decode.get("transfer") or {}).get("timeout_s", 30))
     argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
             "--host", str(router.get("host") or "127.0.0.1"), "--port", str(router["port"])]
     for pre in role_instances(deployment, "prefill"):
@@ -60,9 +59,8 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable) -> list
     argv += [
         "--policy", "round_robin",
         "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),
-        # A request may wait for its KV up to the transfer timeout, then decode for minutes on a CPU; the
-        # engines fail a stuck request themselves (transfer.timeout_s), this only bounds a hung worker.
-        "--request-timeout-secs", str(int(max(600.0, timeout_s * 4))),
+        # The request's end-to-end budget (serve/budget.py): a stopped worker fails its requests within it.
+        "--request-timeout-secs", str(request_budget_s(deployment)),
         "--health-check-interval-secs", "1",
         "--health-failure-threshold", "2",
         "--health-success-threshold", "1",
