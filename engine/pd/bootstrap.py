@@ -54,6 +54,7 @@ log = logging.getLogger("specctl.bootstrap")
 
 _NONCE_TTL_S = 30.0
 _MAX_NONCES = 1024
+MAX_SESSIONS = 64  # live sessions (paired decodes) one prefill serves; a registration beyond is refused
 
 
 class Hello(wire.Message, tag="bootstrap.hello", frozen=True):
@@ -172,6 +173,10 @@ class BootstrapStats:
     rejected: int = 0
     last_rejection: list[dict[str, Any]] = field(default_factory=list)
     last_reason: str = ""
+    rejected_by: dict[str, int] = field(default_factory=dict)  # refusals by kind (a metric)
+
+    def count(self, kind: str) -> None:
+        self.rejected_by[kind] = self.rejected_by.get(kind, 0) + 1
 
 
 class BootstrapServer:
@@ -188,8 +193,10 @@ class BootstrapServer:
         on_unpair: Callable[[Peer], None] | None = None,
         peer_ttl_s: float = 10.0,
         ctx: zmq.Context[Any] | None = None,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         self.local = local
+        self.max_sessions = max_sessions
         self._host, self._port = host, port
         self._key = _as_key(secret)
         self._on_pair = on_pair
@@ -306,6 +313,7 @@ class BootstrapServer:
                     env = wire.decode(frames[1:], as_torch=False)
                     reply = self._handle(env.msg)
                 except wire.WireError as exc:
+                    self.stats.count("malformed")
                     reply = Rejected(reason=f"malformed handshake message: {exc}")
                 except Exception as exc:  # a bug in a check must not kill the thread: prefill could never pair again
                     log.warning("bootstrap: refused a message it could not handle (%s: %s)", type(exc).__name__, exc)
@@ -345,8 +353,10 @@ class BootstrapServer:
             return self._register(msg)
         return Rejected(reason=f"unexpected message {type(msg).__name__} on the bootstrap endpoint")
 
-    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None) -> Rejected:
+    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None, *, kind: str = "registration"
+                ) -> Rejected:
         self.stats.rejected += 1
+        self.stats.count(kind)
         self.stats.last_reason = reason
         self.stats.last_rejection = [m.to_json() for m in mismatches or []]
         # No `prefill=` registration in a rejection: a stranger must not learn what to claim.
@@ -355,16 +365,23 @@ class BootstrapServer:
     def _register(self, msg: Register) -> wire.Message:
         expiry = self._nonces.pop(msg.nonce, None)  # one-time: a replayed Register finds no nonce
         if expiry is None or expiry < time.monotonic():
-            return self._reject("unknown or expired handshake nonce (retry the handshake)")
+            return self._reject("unknown or expired handshake nonce (retry the handshake)", kind="nonce")
         if self._key is not None and not hmac.compare_digest(msg.proof, _proof(self._key, msg.nonce, msg.info)):
-            return self._reject("authentication failed: decode could not prove the shared secret")
+            return self._reject("authentication failed: decode could not prove the shared secret", kind="auth")
         try:
             info = _info_decoder.decode(msg.info)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return self._reject(f"malformed registration info: {exc}")
+            return self._reject(f"malformed registration info: {exc}", kind="malformed")
         mismatches = compare(self.local, info)
         if mismatches:
             return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", mismatches)
+        self._expire()
+        with self._cond:
+            full = len(self._peers) >= self.max_sessions
+        if full:
+            return self._reject(f"prefill already serves {self.max_sessions} sessions, the most it holds; sessions "
+                                "of decodes that stopped pinging expire within peer_ttl_s (retry then)",
+                                kind="sessions")
         with self._cond:
             self._generation += 1
             peer = Peer(info=info, session_id=uuid.uuid4().hex, generation=self._generation, paired_at=time.time(),

@@ -68,6 +68,8 @@ from specctl.engine.pd.wire import TensorMeta
 from specctl.errors import RuntimeFailure
 
 BACKENDS = ("zmq", "shm")
+UNBOUNDED_FRAME_BYTES = 1 << 31  # a receiver without a spec: the most one frame may carry
+MAX_MAPPED_SEGMENTS = 16  # shm segments a receiver keeps mapped (each holds a descriptor while mapped)
 _ALIGN = 64
 _SEGMENT_RE = re.compile(r"^specctl-shm-[0-9]+-[0-9a-f]+-[0-9]+$")
 
@@ -211,6 +213,19 @@ class PayloadSpec:
             comps += _paged_kv("draft.kv", dm.dtype, d.page_size, d.kv_item_lens, dm.shapes, True)
             comps += _states("draft.", dm.dtype, d.state_types, d.state_item_lens, d.state_dims, True)
         return cls(tuple(comps))
+
+    def max_frame_bytes(self, max_length: int) -> int:
+        """The largest tensor frame a payload of at most `max_length` cached tokens can carry (the receiver's
+        ZMQ_MAXMSGSIZE); components of unknown size leave it at `UNBOUNDED_FRAME_BYTES`."""
+        biggest = wire.MAX_CONTROL_BYTES
+        for c in self.components:
+            if c.page_bytes is not None and c.page_size:
+                biggest = max(biggest, -(-max(0, max_length) // c.page_size) * c.page_bytes)
+            elif c.nbytes is not None:
+                biggest = max(biggest, c.nbytes)
+            else:
+                return UNBOUNDED_FRAME_BYTES
+        return biggest
 
     def problems(
         self, length: int, metas: Sequence[TensorMeta], *, draft_length: int | None = None
@@ -718,15 +733,23 @@ class TransferReceiver:
         as_torch: bool = True,
         shm_directory: str | None = None,
         auth: Callable[[str], bytes | None] | None = None,
+        backend: str = "zmq",
+        max_message_bytes: int = UNBOUNDED_FRAME_BYTES,
     ) -> None:
+        """`max_message_bytes` bounds one frame (ZMQ_MAXMSGSIZE, fixed at bind): a peer sending more is
+        disconnected before the frame is buffered; `spec.max_frame_bytes(max tokens)` is the right bound."""
+        if backend not in BACKENDS:
+            raise RuntimeFailure(f"unknown transfer backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
         self.spec = spec
         self.auth = auth
+        self.backend = backend
         self.auth_failures = 0
+        self.rejections: collections.Counter[str] = collections.Counter()  # refused messages, by reason
         self.timeout_s = timeout_s
         self.as_torch = as_torch
         self._dir = shm_directory or shm_dir()
         self._ctx = ctx or zmq.Context.instance()
-        self._sock = wire.make_socket(self._ctx, zmq.ROUTER)
+        self._sock = wire.make_socket(self._ctx, zmq.ROUTER, max_message_bytes=max_message_bytes)
         self.endpoint = wire.bind(self._sock, bind)
         self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
         self._releases: collections.deque[tuple[bytes, str, bytes | None]] = collections.deque()
@@ -782,12 +805,14 @@ class TransferReceiver:
             pass  # the sender vanished; it gets its own error
 
     def _fail(self, identity: bytes | None, request_id: str, field: str, message: str) -> TransferError:
+        self.rejections[field.split(".")[-1]] += 1
         self._ack(identity, request_id, False, message, field)
         return TransferError(f"request {request_id}: transfer rejected: {message}", request_id=request_id, field=field)
 
     def _attach(self, name: str) -> mmap.mmap:
         mm = self._maps.get(name)
         if mm is not None:
+            self._maps.move_to_end(name)
             return mm
         if not _SEGMENT_RE.match(name):  # never open an arbitrary path named by a peer
             raise ValueError(f"invalid segment name {name!r}")
@@ -797,14 +822,20 @@ class TransferReceiver:
         finally:
             os.close(fd)
         # Unmap segments the sender has unlinked (it failed over or shrank its pool): their memory
-        # is only returned once nobody maps them. One still viewed by a live payload stays.
-        for old_name in [n for n in self._maps if not os.path.exists(os.path.join(self._dir, n))]:
-            try:
-                self._maps[old_name].close()
-                del self._maps[old_name]
-            except BufferError:
-                pass
+        # is only returned once nobody maps them. Beyond MAX_MAPPED_SEGMENTS the least recently used go too
+        # (each mapping holds a descriptor). One still viewed by a live payload stays.
         self._maps[name] = mm
+        over = len(self._maps) - MAX_MAPPED_SEGMENTS
+        for old_name in list(self._maps):
+            if old_name == name:
+                continue
+            if over > 0 or not os.path.exists(os.path.join(self._dir, old_name)):
+                try:
+                    self._maps[old_name].close()
+                    del self._maps[old_name]
+                    over -= 1
+                except BufferError:
+                    pass
         return mm
 
     def _release_fn(self, identity: bytes, segment: str, key: bytes | None) -> Callable[[], None]:
@@ -836,6 +867,7 @@ class TransferReceiver:
                 body = wire.strip_mac(key, frames) if key is not None else None
                 if body is None:
                     self.auth_failures += 1
+                    self.rejections["auth"] += 1
                     continue  # dropped unanswered: an unauthenticated payload is never acted on
                 frames = body
             try:
@@ -873,13 +905,20 @@ class TransferReceiver:
 
     def _accept_shm(self, identity: bytes, msg: ShmPayload) -> Payload:
         rid = msg.request_id
+        if self.backend != "shm":  # never map a segment a peer names on a deployment that does not use shm
+            raise self._fail(identity, rid, "backend", "a shared-memory payload on a zmq-backend deployment")
+        # The header checks out before anything is mapped: spec, offsets, the segment's name and size.
+        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
+        if len(msg.offsets) != len(msg.metas):
+            raise self._fail(identity, rid, "offsets", f"{len(msg.offsets)} offsets for {len(msg.metas)} tensors")
+        end = max((o + m.nbytes for o, m in zip(msg.offsets, msg.metas, strict=True)), default=0)
+        if any(o < 0 for o in msg.offsets) or not _SEGMENT_RE.match(msg.segment) or \
+                end > int(msg.segment.rsplit("-", 1)[-1]):
+            raise self._fail(identity, rid, "segment", f"segment {msg.segment!r} cannot hold the payload it names")
         try:
             mm = self._attach(msg.segment)
         except (OSError, ValueError) as exc:
             raise self._fail(identity, rid, "segment", f"cannot map shared memory {msg.segment!r}: {exc}") from None
-        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
-        if len(msg.offsets) != len(msg.metas):
-            raise self._fail(identity, rid, "offsets", f"{len(msg.offsets)} offsets for {len(msg.metas)} tensors")
         tensors: dict[str, Any] = {}
         for meta, off in zip(msg.metas, msg.offsets, strict=True):
             if off < 0 or off + meta.nbytes > len(mm):

@@ -40,6 +40,9 @@ PROTOCOL_VERSION = 1
 # Plain ints: enum arithmetic on every send is measurable on the hot path.
 _NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 _COPY_BELOW = 65536
+# The largest frame a control socket accepts (ZMQ_MAXMSGSIZE: a peer sending more is disconnected before
+# the frame is buffered). Transfer receivers set their own bound from the registration.
+MAX_CONTROL_BYTES = 1 << 20
 
 # dtype name -> (numpy dtype used to view the bytes, item size). bfloat16 has no numpy dtype: its
 # bytes travel as uint16 and are reinterpreted by torch on the receiving side.
@@ -241,16 +244,24 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
 # --------------------------------------------------------------------------------------------- sockets
 
 
-def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = 1000) -> zmq.Socket[Any]:
-    """A socket that never lingers on close and never blocks forever on a full queue."""
+def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = 1000,
+                max_message_bytes: int = MAX_CONTROL_BYTES) -> zmq.Socket[Any]:
+    """A socket that never lingers on close, never blocks forever on a full queue, and disconnects a peer that
+    sends a frame over `max_message_bytes` (ZMQ_MAXMSGSIZE) instead of buffering it."""
     sock: zmq.Socket[Any] = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
+    bound_socket(sock, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     if kind == zmq.ROUTER:
         # A reply to a vanished peer is an error, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock
+
+
+def bound_socket(sock: Any, max_message_bytes: int = MAX_CONTROL_BYTES) -> None:
+    """LINGER 0 and ZMQ_MAXMSGSIZE on any socket (zmq or zmq.asyncio) this process makes."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
 
 
 def close_socket(sock: zmq.Socket[Any] | None) -> None:

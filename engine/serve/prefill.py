@@ -29,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -71,6 +72,12 @@ log = logging.getLogger("specctl.prefill")
 # A session not heard from this long (decode pings every second) fails the rooms it holds at once.
 STALE_SESSION_S = 5.0
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
+MAX_WAITING_CLAIMS = 1024  # all sessions together
+
+
+def claim_bytes_bound(max_context: int) -> int:
+    """The largest control message prefill accepts: a claim of `max_context` prompt ids plus its parameters."""
+    return 9 * int(max_context) + wire.MAX_CONTROL_BYTES
 
 
 @dataclasses.dataclass(eq=False)
@@ -110,6 +117,7 @@ class PrefillBackend(EngineBackend):
         self.completed = 0
         self.failed = 0
         self.auth_failures = 0
+        self.rejections: collections.Counter[str] = collections.Counter()  # refused control messages, by reason
         self.transfer_s = 0.0
         self.compute_s = 0.0
 
@@ -126,7 +134,8 @@ class PrefillBackend(EngineBackend):
         host = str(self.ctx.role.get("host") or "127.0.0.1")
         warn_unauthenticated(self.ctx, host)
         self._sock = self._zctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        # A claim carries a prompt of at most max_context ids (msgpack: <= 9 bytes each) and its parameters.
+        wire.bound_socket(self._sock, claim_bytes_bound(self.max_context))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(f"tcp://{host}:0")
         control = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -381,6 +390,7 @@ class PrefillBackend(EngineBackend):
                 raise wire.WireError(f"unexpected {type(msg).__name__}")
         except wire.WireError as exc:
             self.auth_failures += 1
+            self.rejections["malformed"] += 1
             log.warning("refused a malformed control message: %s", exc)
             return
         peer = self.bootstrap.peer_for(msg.pairing_id) if self.bootstrap is not None else None
@@ -390,10 +400,12 @@ class PrefillBackend(EngineBackend):
                     "prefill is not paired with this decode (it restarted, or the session expired); re-register")))
             else:
                 self.auth_failures += 1
+                self.rejections["session"] += 1
                 log.warning("refused a control message for an unknown session")
             return
         if open_sealed(peer.key, frames) is None:
             self.auth_failures += 1
+            self.rejections["auth"] += 1
             log.warning("refused a control message that failed authentication (session %d)", peer.generation)
             return
         peer.last_seen = time.monotonic()
@@ -407,13 +419,20 @@ class PrefillBackend(EngineBackend):
             self._reply_to(identity, peer, PdDone(req_id=msg.req_id,
                                                   error=f"{msg.req_id} is already claimed"))
             return
+        if len(msg.prompt_ids) > self.max_context:
+            self.rejections["prompt_size"] += 1
+            self._reply_to(identity, peer, PdDone(req_id=msg.req_id, status=413, error=(
+                f"the claim's prompt has {len(msg.prompt_ids)} tokens, over this prefill's {self.max_context}")))
+            return
         if room is None:
-            # Claims whose HTTP half has not come are bounded per session: a peer cannot pile them up.
-            waiting = sum(1 for r in self._rooms.values()
-                          if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
-            if waiting >= MAX_UNMATCHED_CLAIMS:
+            # Claims whose HTTP half has not come are bounded per session and in all: a peer cannot pile them up.
+            unmatched = [r for r in self._rooms.values() if r.peer is not None and not r.http.is_set()]
+            waiting = sum(1 for r in unmatched if r.peer is not None and r.peer.session_id == peer.session_id)
+            if waiting >= MAX_UNMATCHED_CLAIMS or len(unmatched) >= MAX_WAITING_CLAIMS:
+                self.rejections["claims"] += 1
                 self._reply_to(identity, peer, PdDone(req_id=msg.req_id, error=(
-                    f"{waiting} claims of this session wait for rooms prefill never received; refused")))
+                    f"{waiting} claims of this session ({len(unmatched)} in all) wait for rooms prefill never "
+                    "received; refused")))
                 return
             room = self._rooms[msg.req_id] = _Room(msg.req_id)
             self._bg.append(asyncio.create_task(self._expire_unsent(room)))
@@ -464,6 +483,7 @@ class PrefillBackend(EngineBackend):
         # Endpoints are no secret: claiming a room needs a session (ids never leave the handshake) and, with a
         # shared secret, that session's key.
         info["bootstrap"] = {**stats, "sessions": len(self.bootstrap.peers) if self.bootstrap else 0,
+                             "rejected_by_reason": self.pd_rejections(),
                              "auth_failures": self.auth_failures, "authenticated": bool(secret_of(self.ctx)),
                              "endpoint": self.bootstrap.endpoint if self.bootstrap else None,
                              "control": self.info.endpoints.get("control") if self.info else None}
@@ -480,5 +500,19 @@ class PrefillBackend(EngineBackend):
 
     async def refresh_metrics(self, metrics: ServingMetrics) -> None:
         await super().refresh_metrics(metrics)
+        metrics.pd_sessions.set(len(self.bootstrap.peers) if self.bootstrap is not None else 0)
+        metrics.pd_claims_waiting.set(sum(1 for r in self._rooms.values() if r.claim is not None
+                                          and not r.http.is_set()))
+        metrics.pd_transfers_in_flight.set(sum(self._outbox.in_flight().values()) if self._outbox else 0)
+        for reason, n in self.pd_rejections().items():
+            metrics.pd_rejected.mirror(n, reason=reason)
+
+    def pd_rejections(self) -> dict[str, int]:
+        """Every PD-plane refusal of this prefill by reason: control messages and the bootstrap's refusals."""
+        out = dict(self.rejections)
+        if self.bootstrap is not None:
+            for kind, n in self.bootstrap.stats.rejected_by.items():
+                out[f"bootstrap_{kind}"] = n
+        return out
 
 
