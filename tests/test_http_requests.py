@@ -398,3 +398,16 @@ def test_body_timeout_answers_408(model_dir: Path) -> None:
         assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
     finally:
         s.close()
+
+
+def test_a_client_that_disconnects_mid_request_is_a_debug_line_not_a_traceback(server: Server,
+                                                                               logs: LogRecorder) -> None:
+    since = len(logs.records)
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+            time.sleep(0.2)  # the handler is reading the body when the client goes
+    still_serving(server)
+    assert logs.faults(since) == []
+    assert any("disconnected" in r.getMessage() for r in logs.records[since:] if r.levelno == logging.DEBUG)

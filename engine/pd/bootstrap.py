@@ -24,7 +24,8 @@ let decode notice that prefill restarted (a new `server_epoch`, or an unknown se
 With a shared secret, each session also gets a per-session key, HMAC(secret, "specctl-session" ||
 server nonce || client nonce), known to exactly the two peers: `seal`/`open_sealed` put an HMAC on every
 control message of that session (pd/messages), so no socket of the PD plane acts on a message that fails
-authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim).
+authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim): without
+a shared secret it names the differing fields and the peer's own values, never prefill's.
 Each round trip is a Lazy Pirate request (timeout, bounded
 retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.
 """
@@ -47,7 +48,7 @@ import msgspec
 import zmq
 
 from specctl.engine.pd import wire
-from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches
+from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches, withheld
 from specctl.errors import RuntimeFailure
 
 log = logging.getLogger("specctl.bootstrap")
@@ -374,7 +375,9 @@ class BootstrapServer:
             return self._reject(f"malformed registration info: {exc}", kind="malformed")
         mismatches = compare(self.local, info)
         if mismatches:
-            return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", mismatches)
+            # Only a peer that proved the shared secret learns prefill's values; any other learns the fields.
+            shown = mismatches if self._key is not None else withheld(mismatches)
+            return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", shown)
         self._expire()
         with self._cond:
             full = len(self._peers) >= self.max_sessions

@@ -907,6 +907,11 @@ class TransferReceiver:
         rid = msg.request_id
         if self.backend != "shm":  # never map a segment a peer names on a deployment that does not use shm
             raise self._fail(identity, rid, "backend", "a shared-memory payload on a zmq-backend deployment")
+        for meta in msg.metas:
+            try:
+                wire.check_meta(meta, "transfer.shm")
+            except wire.WireError as exc:
+                raise self._fail(identity, rid, "metas", str(exc)) from None
         # The header checks out before anything is mapped: spec, offsets, the segment's name and size.
         self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
         if len(msg.offsets) != len(msg.metas):

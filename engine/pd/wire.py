@@ -40,6 +40,7 @@ PROTOCOL_VERSION = 1
 # Plain ints: enum arithmetic on every send is measurable on the hot path.
 _NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 _COPY_BELOW = 65536
+MAX_TENSOR_DIMS = 8
 # The largest frame a control socket accepts (ZMQ_MAXMSGSIZE: a peer sending more is disconnected before
 # the frame is buffered). Transfer receivers set their own bound from the registration.
 MAX_CONTROL_BYTES = 1 << 20
@@ -98,6 +99,15 @@ class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * dtype_itemsize(self.dtype)
+
+
+def check_meta(meta: TensorMeta, what: str = "message") -> None:
+    """WireError unless `meta` is a tensor this side can build: a known dtype, at most MAX_TENSOR_DIMS
+    dimensions, none negative (a peer's shape is never trusted)."""
+    if len(meta.shape) > MAX_TENSOR_DIMS or any(d < 0 for d in meta.shape):
+        raise WireError(f"{what!r} tensor {meta.name!r}: invalid shape {list(meta.shape)} (at most "
+                        f"{MAX_TENSOR_DIMS} dimensions, none negative)")
+    dtype_itemsize(meta.dtype)
 
 
 def dtype_itemsize(name: str) -> int:
@@ -202,8 +212,8 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
     head = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
     try:
         magic, version, tag, body, metas_raw = _outer.decode(head)
-    except msgspec.DecodeError as exc:
-        raise WireError(f"not a specctl message header ({exc})") from None
+    except (msgspec.DecodeError, RecursionError, ValueError, TypeError) as exc:
+        raise WireError(f"not a specctl message header ({type(exc).__name__}: {exc})") from None
     if magic != MAGIC:
         raise WireError(f"not a specctl message (magic {magic!r})")
     if version != PROTOCOL_VERSION:
@@ -225,6 +235,10 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
         metas = _metas.decode(metas_raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(f"malformed {tag!r} message: {exc}") from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:  # e.g. msgpack nested past the stack
+        raise WireError(f"malformed {tag!r} message ({type(exc).__name__}: {exc})") from None
+    for meta in metas:
+        check_meta(meta, tag)
     raws = frames[1:]
     if len(raws) != len(metas):
         raise WireError(f"{tag!r} message declares {len(metas)} tensors but carries {len(raws)} frames")
@@ -237,7 +251,10 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
                 f"{tag!r} tensor {meta.name!r}: frame has {size} bytes but dtype {meta.dtype} shape "
                 f"{list(meta.shape)} needs {meta.nbytes}"
             )
-        tensors[meta.name] = buffer_tensor(buf, meta, as_torch=as_torch)
+        try:
+            tensors[meta.name] = buffer_tensor(buf, meta, as_torch=as_torch)
+        except (ValueError, TypeError) as exc:
+            raise WireError(f"{tag!r} tensor {meta.name!r}: {exc}") from None
     return Envelope(msg=msg, tensors=tensors, frames=tuple(frames), metas=tuple(metas))
 
 

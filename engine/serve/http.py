@@ -468,10 +468,17 @@ class OpenAIServer:
 
 class _MalformedHttp(logging.Filter):
     """aiohttp logs a client's malformed HTTP (bad request line, oversized header, broken chunking) as
-    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here."""
+    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here, and a client
+    that disconnects mid-request one line of DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ConnectionError):  # the client went away mid-request: nothing to fix here
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.msg, record.args = "client %s disconnected: %s", (*args[:1], exc)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return _protocol_log.isEnabledFor(logging.DEBUG)
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
             args = record.args if isinstance(record.args, tuple) else (record.args,)
             record.msg, record.args = "malformed HTTP request from %s: %s", (*args[:1], exc)

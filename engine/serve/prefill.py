@@ -32,11 +32,12 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
@@ -73,6 +74,11 @@ log = logging.getLogger("specctl.prefill")
 STALE_SESSION_S = 5.0
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
 MAX_WAITING_CLAIMS = 1024  # all sessions together
+
+
+def _sent(fut: asyncio.Future[Any], req_id: str) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("could not answer decode for %s: %s", req_id, fut.exception())  # decode is gone
 
 
 def claim_bytes_bound(max_context: int) -> int:
@@ -464,9 +470,13 @@ class PrefillBackend(EngineBackend):
             return
         frames = seal(peer.key if peer is not None else None, [bytes(f) for f in wire.encode(msg)])
         try:
-            self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+            sent = self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            log.info("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
+            log.debug("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
+            return
+        # zmq.asyncio reports a failed non-blocking send (EHOSTUNREACH: decode is gone) on the returned future;
+        # retrieve it here, or every reply to a vanished peer logs "Future exception was never retrieved".
+        cast("asyncio.Future[Any]", sent).add_done_callback(functools.partial(_sent, req_id=msg.req_id))
 
     async def _reply(self, room: _Room, msg: PdProgress | PdDone) -> None:
         if room.claim is not None:
