@@ -22,12 +22,15 @@ decode pings it (`ping(endpoint, session)`, every second); one not pinged for `p
 let decode notice that prefill restarted (a new `server_epoch`, or an unknown session) and re-register.
 
 With a shared secret, each session also gets a per-session key, HMAC(secret, "specctl-session" ||
-server nonce || client nonce), known to exactly the two peers: `seal`/`open_sealed` put an HMAC on every
-control message of that session (pd/messages), so no socket of the PD plane acts on a message that fails
-authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim): without
-a shared secret it names the differing fields and the peer's own values, never prefill's.
-Each round trip is a Lazy Pirate request (timeout, bounded
-retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.
+server nonce || client nonce), known to exactly the two peers: the session's seals (`Peer.control`,
+`Pairing.control`, and the transfer channel's, wire.Seal) put a per-session counter and an HMAC on every control
+message and payload of that session (pd/messages), and every ping carries the counter in its proof, so no socket of
+the PD plane acts on a message that fails authentication or replays one already seen (stale ones are counted).
+
+A rejection never carries prefill's registration (it would tell a stranger what to claim): without a shared
+secret it names the differing fields and the peer's own values, never prefill's. Each round trip is a Lazy
+Pirate request (timeout, bounded retries, fresh socket per attempt), so a missing prefill is a clear error,
+never a hang.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import zmq
 
 from specctl.engine.pd import wire
 from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches, withheld
+from specctl.engine.pd.transfer import transfer_seal
 from specctl.errors import RuntimeFailure
 
 log = logging.getLogger("specctl.bootstrap")
@@ -90,8 +94,9 @@ class Rejected(wire.Message, tag="bootstrap.rejected", frozen=True):
 
 class Ping(wire.Message, tag="bootstrap.ping", frozen=True):
     session_id: str
-    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce)
+    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce || counter)
     proof: bytes = b""
+    counter: int = 0  # the session's control counter (Seal.next_counter): a replayed ping is stale
 
 
 class Pong(wire.Message, tag="bootstrap.pong", frozen=True):
@@ -142,10 +147,25 @@ class Peer:
     paired_at: float
     key: bytes | None = None  # the session's message key (shared secret only)
     last_seen: float = field(default_factory=time.monotonic)
+    # The session's sealed channels as prefill sees them (counter + MAC; pass-through without a key).
+    control: wire.Seal = field(init=False)
+    transfer: wire.Seal = field(init=False)
+    ping_high: int = 0  # the highest ping counter seen: a ping at or below it is a replay
+
+    def __post_init__(self) -> None:
+        self.control = control_seal(self.key, "prefill")
+        self.transfer = transfer_seal(self.key, "prefill")
 
 
-def _ping_proof(key: bytes, session_id: str, nonce: bytes) -> bytes:
-    return hmac.new(key, b"ping\0" + session_id.encode() + b"\0" + nonce, hashlib.sha256).digest()
+def _ping_proof(key: bytes, session_id: str, nonce: bytes, counter: int = 0) -> bytes:
+    msg = b"ping\0" + session_id.encode() + b"\0" + nonce + b"\0" + counter.to_bytes(8, "little")
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def control_seal(key: bytes | None, side: str) -> wire.Seal:
+    """The control channel's seal of a session as `side` ("prefill" or "decode") sees it."""
+    other = "decode" if side == "prefill" else "prefill"
+    return wire.Seal(key, send=f"{side}/control", recv=f"{other}/control")
 
 
 def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes | None:
@@ -155,7 +175,8 @@ def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> 
 
 
 def seal(key: bytes | None, frames: list[bytes]) -> list[bytes]:
-    """`frames` + one MAC frame over all of them (nothing is added without a key)."""
+    """`frames` + one MAC frame over all of them (nothing is added without a key). Stateless: no counter, so
+    nothing the serving path sends; the sessions' channels use `Peer.control` / `Pairing.control`."""
     if key is None:
         return frames
     return [*frames, wire.mac_of(key, frames)]
@@ -344,9 +365,14 @@ class BootstrapServer:
             # A ping keeps its session alive; knowing a session id is what a ping proves (ids are random
             # 128-bit values only the paired decode learned), and a ping grants nothing else.
             peer = self.peer_for(msg.session_id)
-            if peer is not None and peer.key is not None and not hmac.compare_digest(
-                    msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce)):
-                return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
+            if peer is not None and peer.key is not None:
+                if not hmac.compare_digest(msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce, msg.counter)):
+                    self.stats.count("auth")
+                    return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
+                if msg.counter <= peer.ping_high:  # a replayed ping: answered, but it keeps nothing alive
+                    self.stats.count("stale")
+                    return Pong(paired=True, server_epoch=self.server_epoch)
+                peer.ping_high = msg.counter
             if peer is not None:
                 peer.last_seen = time.monotonic()
             return Pong(paired=peer is not None, server_epoch=self.server_epoch)
@@ -415,6 +441,11 @@ class Pairing:
     server_epoch: str
     latency_s: float
     key: bytes | None = None  # the session's message key (shared secret only)
+    # The session's sealed channels as decode sees them (counter + MAC; pass-through without a key).
+    control: wire.Seal = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "control", control_seal(self.key, "decode"))
 
 
 def register(
@@ -485,7 +516,9 @@ def _ping(pairing: Pairing) -> Ping:
     if pairing.key is None:
         return Ping(session_id=pairing.session_id)
     nonce = os.urandom(16)
-    return Ping(session_id=pairing.session_id, nonce=nonce, proof=_ping_proof(pairing.key, pairing.session_id, nonce))
+    counter = pairing.control.next_counter()
+    return Ping(session_id=pairing.session_id, nonce=nonce, counter=counter,
+                proof=_ping_proof(pairing.key, pairing.session_id, nonce, counter))
 
 
 def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context[Any] | None = None) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specctl.engine.pd import wire
 from specctl.engine.pd.transfer import TransferError, TransferResult, TransferSender
 
 MAX_IN_FLIGHT = 32  # rooms of one session sent and awaiting their ack; the rest wait in the lane's queue
@@ -45,7 +46,7 @@ class _Job:
 class _Lane:
     """One session's sender thread."""
 
-    def __init__(self, outbox: TransferOutbox, session: str, endpoint: str, key: bytes | None) -> None:
+    def __init__(self, outbox: TransferOutbox, session: str, endpoint: str, key: bytes | wire.Seal | None) -> None:
         self.outbox = outbox
         self.session = session
         self.endpoint = endpoint
@@ -139,7 +140,7 @@ class TransferOutbox:
         liveness: Callable[[str], float | None] | None = None,
         stale_after_s: float = 3.0,
         max_in_flight: int = MAX_IN_FLIGHT,
-        sender_factory: Callable[[str, bytes | None], TransferSender] | None = None,
+        sender_factory: Callable[[str, bytes | wire.Seal | None], TransferSender] | None = None,
     ) -> None:
         self.backend = backend
         self.timeout_s = timeout_s
@@ -151,7 +152,7 @@ class TransferOutbox:
         self.lanes: dict[str, _Lane] = {}
         self._closed = False
 
-    def make_sender(self, endpoint: str, key: bytes | None) -> TransferSender:
+    def make_sender(self, endpoint: str, key: bytes | wire.Seal | None) -> TransferSender:
         if self._factory is not None:
             return self._factory(endpoint, key)
         return TransferSender(endpoint, backend=self.backend, timeout_s=self.timeout_s, key=key)
@@ -160,7 +161,7 @@ class TransferOutbox:
         self,
         session: str,
         endpoint: str,
-        key: bytes | None,
+        key: bytes | wire.Seal | None,
         room: str,
         tensors: Mapping[str, Any],
         *,

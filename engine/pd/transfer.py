@@ -69,6 +69,7 @@ from specctl.errors import RuntimeFailure
 
 BACKENDS = ("zmq", "shm")
 UNBOUNDED_FRAME_BYTES = 1 << 31  # a receiver without a spec: the most one frame may carry
+MAX_SESSION_SEALS = 256  # sessions whose transfer counters a receiver remembers
 MAX_MAPPED_SEGMENTS = 16  # shm segments a receiver keeps mapped (each holds a descriptor while mapped)
 _ALIGN = 64
 _SEGMENT_RE = re.compile(r"^specctl-shm-[0-9]+-[0-9a-f]+-[0-9]+$")
@@ -88,6 +89,13 @@ class TransferTimeout(TransferError):
 
 
 # --------------------------------------------------------------------------------------------- messages
+
+
+def transfer_seal(key: bytes | None, side: str) -> wire.Seal:
+    """The transfer channel's seal of a session as `side` ("prefill" sends payloads, "decode" acks) sees it."""
+    other = "decode" if side == "prefill" else "prefill"
+    return wire.Seal(key, send=f"{side}/transfer", recv=f"{other}/transfer")
+
 
 
 class TransferHeader(wire.Message, tag="transfer.payload", frozen=True):
@@ -389,14 +397,18 @@ class TransferSender:
         ctx: zmq.Context[Any] | None = None,
         shm_directory: str | None = None,
         max_shm_bytes: int = 2 << 30,
-        key: bytes | None = None,
+        key: bytes | wire.Seal | None = None,
     ) -> None:
+        """`key`: the session's key, or its sender-side `transfer_seal` (shared by every sender of the session, so
+        the counters the receiver checks never restart)."""
         if backend not in BACKENDS:
             raise RuntimeFailure(f"unknown transfer backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
         self.endpoint = endpoint
         self.backend = backend
         self.timeout_s = timeout_s
-        self.key = key
+        self.seal: wire.Seal | None = key if isinstance(key, wire.Seal) else (
+            transfer_seal(key, "prefill") if key is not None else None)
+        self.key = self.seal.key if self.seal is not None else None
         self.auth_failures = 0
         self._ctx = ctx or zmq.Context.instance()
         self._dir = shm_directory or shm_dir()
@@ -519,10 +531,10 @@ class TransferSender:
         if self._sock in events:
             while wire.readable(self._sock):
                 frames = self._sock.recv_multipart(copy=False)
-                if self.key is not None:
-                    body = wire.strip_mac(self.key, frames)
+                if self.seal is not None:
+                    body = self.seal.open(frames)
                     if body is None:
-                        self.auth_failures += 1  # a forged ack or release is never acted on
+                        self.auth_failures += 1  # a forged or replayed ack or release is never acted on
                         continue
                     frames = body
                 try:
@@ -640,14 +652,14 @@ class TransferSender:
             if self.backend == "shm":
                 msg, seg = self._stage_shm(request_id, length, tensors, extra, deadline)
                 nbytes = sum(m.nbytes for m in msg.metas)
-                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), mac_key=self.key)
+                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), seal=self.seal)
             else:
                 header = TransferHeader(
                     request_id=request_id, length=length, components=list(tensors), extra=dict(extra or {})
                 )
                 nbytes = sum(wire.tensor_nbytes(t) for t in tensors.values())
                 wire.send(self._sock, header, tensors, timeout_s=max(0.0, deadline - time.monotonic()),
-                          mac_key=self.key)
+                          seal=self.seal)
         except wire.WireError as exc:
             if seg is not None:
                 seg.busy = False
@@ -754,6 +766,7 @@ class TransferReceiver:
         self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
         self._releases: collections.deque[tuple[bytes, str, bytes | None]] = collections.deque()
         self._lock = threading.Lock()
+        self._seals: collections.OrderedDict[bytes, wire.Seal] = collections.OrderedDict()  # per session key
 
     def set_spec(self, spec: PayloadSpec | None) -> None:
         self.spec = spec
@@ -773,6 +786,19 @@ class TransferReceiver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _seal(self, key: bytes | None) -> wire.Seal | None:
+        """The receiver-side seal of the session whose key is `key` (its counters live as long as the session)."""
+        if key is None:
+            return None
+        with self._lock:
+            seal = self._seals.get(key)
+            if seal is None:
+                seal = self._seals[key] = transfer_seal(key, "decode")
+                while len(self._seals) > MAX_SESSION_SEALS:
+                    self._seals.popitem(last=False)
+            self._seals.move_to_end(key)
+            return seal
+
     def flush(self) -> None:
         """Send pending shm releases (recv() does this too)."""
         while True:
@@ -781,7 +807,8 @@ class TransferReceiver:
                     return
                 identity, segment, key = self._releases.popleft()
             try:
-                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity, mac_key=key)
+                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity,
+                          seal=self._seal(key))
             except wire.WireError:
                 pass  # the sender is gone; nothing to give back
 
@@ -799,7 +826,7 @@ class TransferReceiver:
                 TransferAck(request_id=request_id, ok=ok, error=error, field=field, released=released),
                 timeout_s=0.5,
                 identity=identity,
-                mac_key=self.auth(request_id) if self.auth is not None else None,
+                seal=self._seal(self.auth(request_id)) if self.auth is not None else None,
             )
         except wire.WireError:
             pass  # the sender vanished; it gets its own error
@@ -863,12 +890,12 @@ class TransferReceiver:
             identity, frames = frames[0].bytes, frames[1:]
             if self.auth is not None:
                 # Only a room some session claimed has a key; only that session's MAC opens it.
-                key = self.auth(_peek_request_id(frames[0].bytes if frames else b""))
-                body = wire.strip_mac(key, frames) if key is not None else None
+                seal = self._seal(self.auth(_peek_request_id(frames[0].bytes if frames else b"")))
+                body = seal.open(frames) if seal is not None else None
                 if body is None:
                     self.auth_failures += 1
-                    self.rejections["auth"] += 1
-                    continue  # dropped unanswered: an unauthenticated payload is never acted on
+                    self.rejections[seal.last_refusal if seal is not None else "auth"] += 1
+                    continue  # dropped unanswered: an unauthenticated or replayed payload is never acted on
                 frames = body
             try:
                 env = wire.decode(frames, as_torch=self.as_torch)

@@ -42,7 +42,6 @@ import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
-from specctl.engine.pd.bootstrap import open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
 from specctl.engine.serve.backend import (
     BOTH_HALVES,
@@ -168,7 +167,9 @@ class PrefillLink:
     async def send(self, msg: PdClaim | PdAbort) -> None:
         if self.sock is None:
             raise RoomFailure(f"decode is not paired with prefill {self.endpoint}")
-        frames = seal(self.key, [bytes(f) for f in wire.encode(msg)])
+        pairing = self.pairing
+        assert pairing is not None  # the socket exists only once paired
+        frames = pairing.control.seal([bytes(f) for f in wire.encode(msg)])
         await asyncio.wait_for(self.sock.send_multipart(frames), 5.0)
 
     async def receive(self, sock: zmq.asyncio.Socket) -> None:
@@ -181,10 +182,13 @@ class PrefillLink:
                     frames = [f.bytes for f in await sock.recv_multipart(copy=False)]
                 except zmq.ZMQError:
                     return
-                body = open_sealed(self.key, frames)
+                pairing = self.pairing
+                body = pairing.control.open(frames) if pairing is not None else None
                 if body is None:
-                    b.rejections["auth"] += 1
-                    log.warning("refused a message from prefill %s that failed authentication", self.endpoint)
+                    refusal = pairing.control.last_refusal if pairing is not None else "auth"
+                    b.rejections[refusal or "auth"] += 1
+                    log.warning("refused a message from prefill %s that failed authentication or was replayed (%s)",
+                                self.endpoint, refusal)
                     continue
                 try:
                     msg = wire.decode(body, as_torch=False, expect=(PdProgress, PdDone)).msg

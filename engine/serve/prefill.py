@@ -44,7 +44,7 @@ import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
-from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
+from specctl.engine.pd.bootstrap import Peer
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
 from specctl.engine.pd.outbox import TransferOutbox
 from specctl.engine.serve.backend import (
@@ -370,7 +370,7 @@ class PrefillBackend(EngineBackend):
         extra["sent_at"] = time.time()
         assert self._outbox is not None  # load() built it
         # The room's own lane: a slow or stopped decode holds up only its own session's rooms.
-        fut = self._outbox.submit(room.peer.session_id, endpoint, room.peer.key, room.key, tensors,
+        fut = self._outbox.submit(room.peer.session_id, endpoint, room.peer.transfer, room.key, tensors,
                                   length=len(seq.prompt_ids), extra=extra)
         return await asyncio.wrap_future(fut)
 
@@ -409,10 +409,11 @@ class PrefillBackend(EngineBackend):
                 self.rejections["session"] += 1
                 log.warning("refused a control message for an unknown session")
             return
-        if open_sealed(peer.key, frames) is None:
+        if peer.control.open(frames) is None:  # forged, or a replay of a message already seen
             self.auth_failures += 1
-            self.rejections["auth"] += 1
-            log.warning("refused a control message that failed authentication (session %d)", peer.generation)
+            self.rejections[peer.control.last_refusal or "auth"] += 1
+            log.warning("refused a control message that failed authentication or was replayed (%s, session %d)",
+                        peer.control.last_refusal, peer.generation)
             return
         peer.last_seen = time.monotonic()
         room = self._rooms.get(msg.req_id)
@@ -468,7 +469,9 @@ class PrefillBackend(EngineBackend):
     def _reply_to(self, identity: bytes, peer: Peer | None, msg: PdProgress | PdDone) -> None:
         if self._sock is None:
             return
-        frames = seal(peer.key if peer is not None else None, [bytes(f) for f in wire.encode(msg)])
+        frames = [bytes(f) for f in wire.encode(msg)]
+        if peer is not None:
+            frames = peer.control.seal(frames)
         try:
             sent = self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
