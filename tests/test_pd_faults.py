@@ -24,6 +24,7 @@ from specctl.engine.serve.ports import free_ports
 from test_serve_pd import (  # isort: skip
     START_TIMEOUT,
     Proc,
+    complete,
     healthy,
     info,
     models,  # noqa: F401 - the module fixture
@@ -128,3 +129,21 @@ def test_a_stopped_decode_fails_its_own_requests_within_the_budget_and_costs_no_
     assert pre["in_flight"] == 0
     assert "stopped pinging" in procs[0].text() or "session expired" in procs[0].text()
     stopped.p.send_signal(signal.SIGCONT)
+
+
+def test_a_room_whose_halves_carry_different_prompts_is_the_senders_4xx_on_both_sides(
+        two_decodes: dict[str, Any]) -> None:  # fmt: skip
+    url, ports = two_decodes["url"], two_decodes["ports"]
+    fields = {"bootstrap_host": "127.0.0.1", "bootstrap_port": ports["bootstrap"], "bootstrap_room": 5150}
+    out: dict[str, tuple[int | None, Any]] = {}
+    halves = [threading.Thread(target=lambda r=r, p=p: out.__setitem__(r, complete(url[r], p, **fields)))
+              for r, p in (("decode", "one prompt"), ("prefill", "another prompt"))]
+    for t in halves:
+        t.start()
+    for t in halves:
+        t.join(60)
+    for role in ("decode", "prefill"):
+        code, body = out[role]
+        assert code == 400, (role, body)
+        assert "different prompts" in body["error"]["message"], (role, body)
+    assert info(url["prefill"])["in_flight"] == 0

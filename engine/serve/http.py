@@ -41,6 +41,7 @@ disaggregated pair behind sglang-router) and streams text through the one detoke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -460,6 +461,13 @@ class OpenAIServer:
         except (ConnectionResetError, asyncio.CancelledError):
             status = "disconnected"  # the backend generator's finally aborted the request
             raise
+        except Exception as exc:  # a failure once the stream began: it still ends with an error event
+            log.warning("stream %s failed: %s: %s", rid, type(exc).__name__, exc)
+            self.metrics.http_errors.inc(code="500")
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await send(error_body(f"internal error: {type(exc).__name__}: {exc}", status=500))
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
         finally:
             recorded = final if status not in {"error", "disconnected"} else None
             self._record(t0=t0, first=clock.first, ids=ids, final=recorded, status=status)

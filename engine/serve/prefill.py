@@ -256,9 +256,10 @@ class PrefillBackend(EngineBackend):
                 raise RoomFailure(f"{key}: decode aborted it ({room.aborted})")
             claim = room.claim
             assert claim is not None and room.peer is not None
-            if list(claim.prompt_ids) != list(prompt_ids):
+            if list(claim.prompt_ids) != list(prompt_ids):  # the sender's fault: a 4xx on both halves
                 raise RoomFailure(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
-                                  f"{len(prompt_ids)} tokens); the router must send the same request to both")
+                                  f"{len(prompt_ids)} tokens); the router must send the same request to both",
+                                  status=400)
             first = int(seq.output_ids[0])
             sent = await self._send(room, seq, first, out, self._empty_draft())
             self.completed += 1
@@ -281,8 +282,8 @@ class PrefillBackend(EngineBackend):
             if error is not None:
                 self.failed += 1
                 log.warning("%s failed on prefill: %s", key, error)
-                if room.claim is not None and not room.aborted:
-                    await self._reply(room, PdDone(req_id=key, error=error))
+                if room.claim is not None and not room.aborted:  # decode answers with the same status
+                    await self._reply(room, PdDone(req_id=key, error=error, status=error_status or 0))
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error, error_status=error_status)
 
