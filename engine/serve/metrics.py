@@ -222,6 +222,9 @@ class ServingMetrics:
         self.pages_total = r.gauge("specctl_kv_pages_capacity", "KV pages in the pool.")
         self.kv_usage = r.gauge("specctl_kv_cache_usage_ratio", "Fraction of the KV pool in use (0-1).")
         self.http_errors = r.counter("specctl_http_errors_total", "HTTP error responses by status.", ["code"])
+        self.http_connections = r.gauge("specctl_http_connections", "Open HTTP connections.")
+        self.http_shed = r.counter("specctl_http_shed_total", "Connections and requests shed by admission (idle "
+                                   "connections evicted, connections or requests answered 503).", ["reason"])
         self.pd_sessions = r.gauge("specctl_pd_sessions", "Live PD sessions (paired decodes) of this prefill.")
         self.pd_claims_waiting = r.gauge("specctl_pd_claims_waiting",
                                          "Claims holding a room whose HTTP half has not reached prefill.")
