@@ -220,3 +220,46 @@ def test_replayed_sealed_claims_and_pings_are_dropped_and_counted_and_a_vanished
     assert 'specctl_pd_rejected_total{model_name=' in metrics and 'reason="stale"} 20' in metrics
     code, body = complete(secret_pair["url"]["router"], PROMPTS[0])
     assert code == 200, body
+
+
+def test_a_stranger_whose_transfer_endpoint_never_acknowledges_stalls_only_its_own_rooms(
+    open_pair: dict[str, Any], models: dict[str, Path], offline: dict[str, list[int]]  # noqa: F811
+) -> None:
+    """Without a secret a local process may pair; its rooms' KV goes to an endpoint that never acknowledges.
+    Prefill sends each session's rooms on their own lane, so every real user is served as if it were not there."""
+    attacker = Attacker(models, open_pair["ports"]["bootstrap"])
+    pairing = register(attacker.bootstrap, attacker.info, timeout_s=5, retries=1, ctx=attacker.ctx)
+    prefill = open_pair["url"]["prefill"]
+    sock = attacker.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(info(prefill)["bootstrap"]["control"])
+    rooms = list(range(9100, 9106))
+    stranger_halves: list[tuple[int | None, Any]] = []
+    try:
+        for room in rooms:
+            sock.send_multipart(pairing.control.seal([bytes(f) for f in wire.encode(PdClaim(
+                req_id=f"room-{room}", prompt_ids=[5, 6, 7, 8], params={},
+                pairing_id=pairing.session_id))]))
+        halves = [threading.Thread(target=lambda r=r: stranger_halves.append(complete(
+            prefill, [5, 6, 7, 8], bootstrap_host="127.0.0.1", bootstrap_port=open_pair["ports"]["bootstrap"],
+            bootstrap_room=r))) for r in rooms]
+        for t in halves:
+            t.start()
+        wait_for(lambda: attacker.sink.poll(0, zmq.POLLIN) or len(stranger_halves) == len(rooms), 30,
+                 "prefill to start sending the stranger's KV")
+        assert not stranger_halves, stranger_halves
+        t0 = time.monotonic()
+        results = concurrent(open_pair["url"]["router"], PROMPTS[:4])
+        for t in halves:
+            t.join(60)
+    finally:
+        sock.close(0)
+        attacker.sink.close(0)
+        attacker.ctx.term()
+    for prompt, (code, body) in results.items():
+        assert code == 200, body
+        assert body["choices"][0]["token_ids"] == offline[prompt]
+        assert body["timings"]["prefill_wait_s"] < 3.0, body["timings"]  # nobody queued behind the stranger
+    assert time.monotonic() - t0 < 30
+    assert len(stranger_halves) == len(rooms) and all(code != 200 for code, _ in stranger_halves)
+    wait_for(lambda: info(prefill)["in_flight"] == 0, 15, "prefill to drop the stranger's rooms")
