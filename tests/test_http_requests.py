@@ -413,3 +413,27 @@ def test_a_client_that_disconnects_mid_request_is_a_debug_line_not_a_traceback(s
     still_serving(server)
     assert logs.faults(since) == []
     assert any("disconnected" in r.getMessage() for r in logs.records[since:] if r.levelno == logging.DEBUG)
+
+
+def test_a_stream_whose_backend_fails_midway_still_ends_with_an_error_event(model_dir: Path) -> None:
+    s = Server(model_dir)
+    real = s.backend.generate
+
+    async def failing(prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True) -> Any:
+        """The real engine's stream, then a bug: a failure after the first chunk went out."""
+        async for item in real(prompt_ids, params, stream=stream):
+            yield item
+            raise RuntimeError("the backend broke mid-stream")
+
+    s.backend.generate = failing  # type: ignore[method-assign]
+    try:
+        req = urllib.request.Request(s.url + C, data=json.dumps(comp(max_tokens=8, stream=True, ignore_eos=True,
+                                                                        temperature=0)).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            events = [line[6:].decode() for line in r.read().splitlines() if line.startswith(b"data: ")]
+        assert events[-1] == "[DONE]", events
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "internal_error" and "broke mid-stream" in error["message"], events
+    finally:
+        s.close()
