@@ -51,7 +51,7 @@ def _receiver(endpoint_q, kind: str, bind: str, n: int) -> None:
 
     # one "page" per 1 KiB row: the receiver checks name, dtype and exact shape of every payload
     spec = PayloadSpec((ComponentSpec("kv", "uint8", shape=(PAGES, 1024), page_size=1),))
-    with TransferReceiver(spec, bind=bind, timeout_s=120, as_torch=False) as rx:
+    with TransferReceiver(spec, bind=bind, timeout_s=120, as_torch=False, backend=kind) as rx:
         endpoint_q.put(rx.endpoint)
         for _ in range(n):
             p = rx.recv()
@@ -108,7 +108,7 @@ def _stream(submit, complete, reps: int, window: int) -> float:
 def bench_transfer(backend: str, bind: str, size: int, reps: int, window: int) -> float:
     from specctl.engine.pd.transfer import TransferSender
 
-    proc, endpoint = _spawn("spec", bind, reps + window)
+    proc, endpoint = _spawn(backend, bind, reps + window)
     data = np.random.randint(0, 255, size, dtype=np.uint8).reshape(-1, 1024)
     with TransferSender(endpoint, backend=backend, timeout_s=120) as tx:
 

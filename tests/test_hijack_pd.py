@@ -9,6 +9,8 @@ The attacker is what the issue measured: a local process that builds a registrat
 from __future__ import annotations
 
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,94 @@ def test_with_a_secret_a_stranger_cannot_pair_and_unauthenticated_control_messag
     assert info(secret_pair["url"]["prefill"])["in_flight"] == 0
     code, body = complete(secret_pair["url"]["router"], PROMPTS[0])
     assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[0]]
+
+
+def test_replayed_sealed_claims_and_pings_are_dropped_and_counted_and_a_vanished_peer_logs_no_traceback(
+    secret_pair: dict[str, Any], models: dict[str, Path]  # noqa: F811
+) -> None:
+    """What a capture of the real session's traffic buys: nothing. Each sealed message carries the session's
+    counter, so a replayed claim creates no room and a replayed ping keeps nothing alive; both are counted."""
+    from specctl.engine.pd.bootstrap import _ping
+    from specctl.engine.pd.messages import PdProgress
+
+    secret = "correct horse battery staple"
+    with Attacker(models, secret_pair["ports"]["bootstrap"], secret=secret) as peer:
+        pairing = register(peer.bootstrap, peer.info, secret=secret, timeout_s=5, retries=1, ctx=peer.ctx)
+    prefill = secret_pair["url"]["prefill"]
+    control = info(prefill)["bootstrap"]["control"]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control)
+    try:
+        claim = pairing.control.seal([bytes(f) for f in wire.encode(PdClaim(
+            req_id="room-4242", prompt_ids=[1, 2, 3], params={}, pairing_id=pairing.session_id))])
+        sock.send_multipart(claim)
+        assert sock.poll(5000, zmq.POLLIN)
+        body = pairing.control.open(sock.recv_multipart())
+        assert body is not None and wire.decode(body).msg == PdProgress(req_id="room-4242", stage="queued")
+        for _ in range(20):
+            sock.send_multipart(claim)  # the captured claim, replayed
+        assert not sock.poll(1500, zmq.POLLIN)  # nothing answered, nothing acted on
+        ping = _ping(pairing)
+        for _ in range(2):  # the captured ping, replayed once
+            wire.request(ctx, pairing.endpoint, ping, timeout_s=5, retries=1)
+    finally:
+        sock.close(0)  # the claim's room expires (transfer.timeout_s): prefill answers a peer that is gone
+        ctx.term()
+    pre = info(prefill)
+    assert pre["bootstrap"]["rejected_by_reason"]["stale"] == 20
+    assert pre["bootstrap"]["rejected_by_reason"]["bootstrap_stale"] == 1
+    assert pre["in_flight"] <= 1  # the one room the real claim opened, never 21
+    wait_for(lambda: info(prefill)["in_flight"] == 0, 15, "the unclaimed room to expire")
+    time.sleep(0.5)
+    log = secret_pair["procs"][0].text()
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
+    with urllib.request.urlopen(prefill + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert 'specctl_pd_rejected_total{model_name=' in metrics and 'reason="stale"} 20' in metrics
+    code, body = complete(secret_pair["url"]["router"], PROMPTS[0])
+    assert code == 200, body
+
+
+def test_a_stranger_whose_transfer_endpoint_never_acknowledges_stalls_only_its_own_rooms(
+    open_pair: dict[str, Any], models: dict[str, Path], offline: dict[str, list[int]]  # noqa: F811
+) -> None:
+    """Without a secret a local process may pair; its rooms' KV goes to an endpoint that never acknowledges.
+    Prefill sends each session's rooms on their own lane, so every real user is served as if it were not there."""
+    attacker = Attacker(models, open_pair["ports"]["bootstrap"])
+    pairing = register(attacker.bootstrap, attacker.info, timeout_s=5, retries=1, ctx=attacker.ctx)
+    prefill = open_pair["url"]["prefill"]
+    sock = attacker.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(info(prefill)["bootstrap"]["control"])
+    rooms = list(range(9100, 9106))
+    stranger_halves: list[tuple[int | None, Any]] = []
+    try:
+        for room in rooms:
+            sock.send_multipart(pairing.control.seal([bytes(f) for f in wire.encode(PdClaim(
+                req_id=f"room-{room}", prompt_ids=[5, 6, 7, 8], params={},
+                pairing_id=pairing.session_id))]))
+        halves = [threading.Thread(target=lambda r=r: stranger_halves.append(complete(
+            prefill, [5, 6, 7, 8], bootstrap_host="127.0.0.1", bootstrap_port=open_pair["ports"]["bootstrap"],
+            bootstrap_room=r))) for r in rooms]
+        for t in halves:
+            t.start()
+        wait_for(lambda: attacker.sink.poll(0, zmq.POLLIN) or len(stranger_halves) == len(rooms), 30,
+                 "prefill to start sending the stranger's KV")
+        assert not stranger_halves, stranger_halves
+        t0 = time.monotonic()
+        results = concurrent(open_pair["url"]["router"], PROMPTS[:4])
+        for t in halves:
+            t.join(60)
+    finally:
+        sock.close(0)
+        attacker.sink.close(0)
+        attacker.ctx.term()
+    for prompt, (code, body) in results.items():
+        assert code == 200, body
+        assert body["choices"][0]["token_ids"] == offline[prompt]
+        assert body["timings"]["prefill_wait_s"] < 3.0, body["timings"]  # nobody queued behind the stranger
+    assert time.monotonic() - t0 < 30
+    assert len(stranger_halves) == len(rooms) and all(code != 200 for code, _ in stranger_halves)
+    wait_for(lambda: info(prefill)["in_flight"] == 0, 15, "prefill to drop the stranger's rooms")

@@ -142,6 +142,8 @@ STRICT = (
     "engine/pd/registration.py",
     "engine/pd/transfer.py",
     "engine/pd/wire.py",
+    "engine/pd/outbox.py",
+    "engine/serve/budget.py",
     "engine/model.py",
 )
 

@@ -52,10 +52,11 @@ class Server:
     """An OpenAIServer over EngineBackend on a private event loop thread."""
 
     def __init__(self, model_dir: Path, **limits: Any) -> None:
-        """`limits`: start_http's header_timeout_s / max_connections_per_client, OpenAIServer's body_timeout_s."""
+        """`limits`: start_http's header_timeout_s / max_connections, OpenAIServer's body_timeout_s and
+        max_queued_requests."""
         self.ctx = RoleContext(deployment=None, role_name="colocated", role=role_dict(model_dir))
         self.backend = EngineBackend(self.ctx)
-        http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections_per_client") if k in limits}
+        http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections") if k in limits}
         self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024, **limits)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -79,7 +79,7 @@ def _payload(length: int, seed: int = 0, dtype=torch.float32, draft_length: int 
 def link(request, tmp_path):
     backend = "shm" if request.param == "shm" else "zmq"
     bind = f"ipc://{tmp_path}/rx.sock" if request.param == "ipc" else "tcp://127.0.0.1:0"
-    rx = TransferReceiver(_spec(), bind=bind, timeout_s=10)
+    rx = TransferReceiver(_spec(), bind=bind, timeout_s=10, backend=backend)
     tx = TransferSender(rx.endpoint, backend=backend, timeout_s=10)
     yield tx, rx
     tx.close()
@@ -281,7 +281,7 @@ def _my_segments() -> set[str]:
 
 def test_shm_segments_are_reused_and_removed_on_close() -> None:
     before = _my_segments()
-    with TransferReceiver(_spec(), timeout_s=10) as rx:
+    with TransferReceiver(_spec(), timeout_s=10, backend="shm") as rx:
         tx = TransferSender(rx.endpoint, backend="shm", timeout_s=10)
         out: dict = {}
         th = _serve(rx, 5, out)
@@ -298,7 +298,7 @@ def test_shm_receiver_refuses_foreign_segment_names(tmp_path) -> None:
     """A control message naming an arbitrary file is refused, never opened."""
     victim = tmp_path / "secret"
     victim.write_bytes(b"x" * 64)
-    with TransferReceiver(None, timeout_s=5) as rx:
+    with TransferReceiver(None, timeout_s=5, backend="shm") as rx:
         s = wire.make_socket(zmq.Context.instance(), zmq.DEALER)
         s.connect(rx.endpoint)
         meta = wire.TensorMeta("kv.0", "uint8", (64,))
@@ -340,7 +340,7 @@ def _deleted_segment_mappings() -> int:
 def test_receiver_unmaps_segments_a_sender_abandoned() -> None:
     """After a sender goes away (segments unlinked), the receiver drops its mappings of them, so the
     shared memory is really returned."""
-    with TransferReceiver(_spec(), timeout_s=10) as rx:
+    with TransferReceiver(_spec(), timeout_s=10, backend="shm") as rx:
         for i in range(2):
             out: dict = {}
             th = _serve(rx, 1, out)
@@ -359,7 +359,7 @@ def test_with_keys_only_the_claiming_sessions_mac_opens_a_payload(backend: str) 
     with another session's, or for an unclaimed request is dropped unanswered and counted."""
     good, other = b"g" * 32, b"o" * 32
     claimed = {"r-good": good, "r-other": good}
-    rx = TransferReceiver(_spec(), timeout_s=10, auth=claimed.get)
+    rx = TransferReceiver(_spec(), timeout_s=10, auth=claimed.get, backend=backend)
     senders = {name: TransferSender(rx.endpoint, backend=backend, timeout_s=1.5, key=key)
                for name, key in (("good", good), ("other", other), ("none", None))}
     out: dict = {}

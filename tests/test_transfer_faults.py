@@ -23,7 +23,7 @@ RECEIVER = textwrap.dedent(
     """
     import sys
     from specctl.engine.pd.transfer import TransferReceiver, TransferTimeout
-    with TransferReceiver(None, bind=sys.argv[1], as_torch=False) as rx:
+    with TransferReceiver(None, bind=sys.argv[1], as_torch=False, backend=sys.argv[2]) as rx:
         print(rx.endpoint, flush=True)
         while True:
             try:
@@ -39,9 +39,9 @@ RECEIVER = textwrap.dedent(
 class Child:
     """A receiver process: its stdout lines tell what it received."""
 
-    def __init__(self, bind: str) -> None:
+    def __init__(self, bind: str, backend: str = "zmq") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", RECEIVER, bind],
+            [sys.executable, "-c", RECEIVER, bind, backend],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
@@ -77,7 +77,7 @@ def _data(mib: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("backend", ["zmq", "shm"])
 def test_kill_9_receiver_mid_transfer_fails_fast_then_repairs(tmp_path, backend) -> None:
     bind = f"ipc://{tmp_path}/rx.sock"
-    child = Child(bind)
+    child = Child(bind, backend)
     tx = TransferSender(child.endpoint, backend=backend, timeout_s=20)
     try:
         tx.send("warm", _data(1), length=1024)  # connected and acknowledged
@@ -112,7 +112,7 @@ def test_kill_9_receiver_mid_transfer_fails_fast_then_repairs(tmp_path, backend)
         assert outcome["seconds"] < 10, outcome
 
         # decode comes back on the same endpoint: the next request arrives, the stale one never does
-        again = Child(bind)
+        again = Child(bind, backend)
         try:
             tx.send("after", _data(1), length=1024)
             lines = again.wait_lines(1)

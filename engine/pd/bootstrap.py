@@ -22,11 +22,15 @@ decode pings it (`ping(endpoint, session)`, every second); one not pinged for `p
 let decode notice that prefill restarted (a new `server_epoch`, or an unknown session) and re-register.
 
 With a shared secret, each session also gets a per-session key, HMAC(secret, "specctl-session" ||
-server nonce || client nonce), known to exactly the two peers: `seal`/`open_sealed` put an HMAC on every
-control message of that session (pd/messages), so no socket of the PD plane acts on a message that fails
-authentication. A rejection never carries prefill's registration (it would tell a stranger what to claim).
-Each round trip is a Lazy Pirate request (timeout, bounded
-retries, fresh socket per attempt), so a missing prefill is a clear error, never a hang.
+server nonce || client nonce), known to exactly the two peers: the session's seals (`Peer.control`,
+`Pairing.control`, and the transfer channel's, wire.Seal) put a per-session counter and an HMAC on every control
+message and payload of that session (pd/messages), and every ping carries the counter in its proof, so no socket of
+the PD plane acts on a message that fails authentication or replays one already seen (stale ones are counted).
+
+A rejection never carries prefill's registration (it would tell a stranger what to claim): without a shared
+secret it names the differing fields and the peer's own values, never prefill's. Each round trip is a Lazy
+Pirate request (timeout, bounded retries, fresh socket per attempt), so a missing prefill is a clear error,
+never a hang.
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ import msgspec
 import zmq
 
 from specctl.engine.pd import wire
-from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches
+from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches, withheld
+from specctl.engine.pd.transfer import transfer_seal
 from specctl.errors import RuntimeFailure
 
 log = logging.getLogger("specctl.bootstrap")
 
 _NONCE_TTL_S = 30.0
 _MAX_NONCES = 1024
+MAX_SESSIONS = 64  # live sessions (paired decodes) one prefill serves; a registration beyond is refused
 
 
 class Hello(wire.Message, tag="bootstrap.hello", frozen=True):
@@ -88,8 +94,9 @@ class Rejected(wire.Message, tag="bootstrap.rejected", frozen=True):
 
 class Ping(wire.Message, tag="bootstrap.ping", frozen=True):
     session_id: str
-    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce)
+    nonce: bytes = b""  # fresh per ping; with a secret `proof` = HMAC(session key, "ping" || id || nonce || counter)
     proof: bytes = b""
+    counter: int = 0  # the session's control counter (Seal.next_counter): a replayed ping is stale
 
 
 class Pong(wire.Message, tag="bootstrap.pong", frozen=True):
@@ -140,10 +147,25 @@ class Peer:
     paired_at: float
     key: bytes | None = None  # the session's message key (shared secret only)
     last_seen: float = field(default_factory=time.monotonic)
+    # The session's sealed channels as prefill sees them (counter + MAC; pass-through without a key).
+    control: wire.Seal = field(init=False)
+    transfer: wire.Seal = field(init=False)
+    ping_high: int = 0  # the highest ping counter seen: a ping at or below it is a replay
+
+    def __post_init__(self) -> None:
+        self.control = control_seal(self.key, "prefill")
+        self.transfer = transfer_seal(self.key, "prefill")
 
 
-def _ping_proof(key: bytes, session_id: str, nonce: bytes) -> bytes:
-    return hmac.new(key, b"ping\0" + session_id.encode() + b"\0" + nonce, hashlib.sha256).digest()
+def _ping_proof(key: bytes, session_id: str, nonce: bytes, counter: int = 0) -> bytes:
+    msg = b"ping\0" + session_id.encode() + b"\0" + nonce + b"\0" + counter.to_bytes(8, "little")
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def control_seal(key: bytes | None, side: str) -> wire.Seal:
+    """The control channel's seal of a session as `side` ("prefill" or "decode") sees it."""
+    other = "decode" if side == "prefill" else "prefill"
+    return wire.Seal(key, send=f"{side}/control", recv=f"{other}/control")
 
 
 def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> bytes | None:
@@ -153,7 +175,8 @@ def session_key(key: bytes | None, server_nonce: bytes, client_nonce: bytes) -> 
 
 
 def seal(key: bytes | None, frames: list[bytes]) -> list[bytes]:
-    """`frames` + one MAC frame over all of them (nothing is added without a key)."""
+    """`frames` + one MAC frame over all of them (nothing is added without a key). Stateless: no counter, so
+    nothing the serving path sends; the sessions' channels use `Peer.control` / `Pairing.control`."""
     if key is None:
         return frames
     return [*frames, wire.mac_of(key, frames)]
@@ -172,6 +195,10 @@ class BootstrapStats:
     rejected: int = 0
     last_rejection: list[dict[str, Any]] = field(default_factory=list)
     last_reason: str = ""
+    rejected_by: dict[str, int] = field(default_factory=dict)  # refusals by kind (a metric)
+
+    def count(self, kind: str) -> None:
+        self.rejected_by[kind] = self.rejected_by.get(kind, 0) + 1
 
 
 class BootstrapServer:
@@ -188,8 +215,10 @@ class BootstrapServer:
         on_unpair: Callable[[Peer], None] | None = None,
         peer_ttl_s: float = 10.0,
         ctx: zmq.Context[Any] | None = None,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         self.local = local
+        self.max_sessions = max_sessions
         self._host, self._port = host, port
         self._key = _as_key(secret)
         self._on_pair = on_pair
@@ -306,6 +335,7 @@ class BootstrapServer:
                     env = wire.decode(frames[1:], as_torch=False)
                     reply = self._handle(env.msg)
                 except wire.WireError as exc:
+                    self.stats.count("malformed")
                     reply = Rejected(reason=f"malformed handshake message: {exc}")
                 except Exception as exc:  # a bug in a check must not kill the thread: prefill could never pair again
                     log.warning("bootstrap: refused a message it could not handle (%s: %s)", type(exc).__name__, exc)
@@ -335,9 +365,14 @@ class BootstrapServer:
             # A ping keeps its session alive; knowing a session id is what a ping proves (ids are random
             # 128-bit values only the paired decode learned), and a ping grants nothing else.
             peer = self.peer_for(msg.session_id)
-            if peer is not None and peer.key is not None and not hmac.compare_digest(
-                    msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce)):
-                return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
+            if peer is not None and peer.key is not None:
+                if not hmac.compare_digest(msg.proof, _ping_proof(peer.key, msg.session_id, msg.nonce, msg.counter)):
+                    self.stats.count("auth")
+                    return Pong(paired=False, server_epoch=self.server_epoch)  # unauthenticated: keeps nothing alive
+                if msg.counter <= peer.ping_high:  # a replayed ping: answered, but it keeps nothing alive
+                    self.stats.count("stale")
+                    return Pong(paired=True, server_epoch=self.server_epoch)
+                peer.ping_high = msg.counter
             if peer is not None:
                 peer.last_seen = time.monotonic()
             return Pong(paired=peer is not None, server_epoch=self.server_epoch)
@@ -345,8 +380,10 @@ class BootstrapServer:
             return self._register(msg)
         return Rejected(reason=f"unexpected message {type(msg).__name__} on the bootstrap endpoint")
 
-    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None) -> Rejected:
+    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None, *, kind: str = "registration"
+                ) -> Rejected:
         self.stats.rejected += 1
+        self.stats.count(kind)
         self.stats.last_reason = reason
         self.stats.last_rejection = [m.to_json() for m in mismatches or []]
         # No `prefill=` registration in a rejection: a stranger must not learn what to claim.
@@ -355,16 +392,25 @@ class BootstrapServer:
     def _register(self, msg: Register) -> wire.Message:
         expiry = self._nonces.pop(msg.nonce, None)  # one-time: a replayed Register finds no nonce
         if expiry is None or expiry < time.monotonic():
-            return self._reject("unknown or expired handshake nonce (retry the handshake)")
+            return self._reject("unknown or expired handshake nonce (retry the handshake)", kind="nonce")
         if self._key is not None and not hmac.compare_digest(msg.proof, _proof(self._key, msg.nonce, msg.info)):
-            return self._reject("authentication failed: decode could not prove the shared secret")
+            return self._reject("authentication failed: decode could not prove the shared secret", kind="auth")
         try:
             info = _info_decoder.decode(msg.info)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return self._reject(f"malformed registration info: {exc}")
+            return self._reject(f"malformed registration info: {exc}", kind="malformed")
         mismatches = compare(self.local, info)
         if mismatches:
-            return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", mismatches)
+            # Only a peer that proved the shared secret learns prefill's values; any other learns the fields.
+            shown = mismatches if self._key is not None else withheld(mismatches)
+            return self._reject(f"{len(mismatches)} field(s) differ between prefill and decode", shown)
+        self._expire()
+        with self._cond:
+            full = len(self._peers) >= self.max_sessions
+        if full:
+            return self._reject(f"prefill already serves {self.max_sessions} sessions, the most it holds; sessions "
+                                "of decodes that stopped pinging expire within peer_ttl_s (retry then)",
+                                kind="sessions")
         with self._cond:
             self._generation += 1
             peer = Peer(info=info, session_id=uuid.uuid4().hex, generation=self._generation, paired_at=time.time(),
@@ -395,6 +441,11 @@ class Pairing:
     server_epoch: str
     latency_s: float
     key: bytes | None = None  # the session's message key (shared secret only)
+    # The session's sealed channels as decode sees them (counter + MAC; pass-through without a key).
+    control: wire.Seal = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "control", control_seal(self.key, "decode"))
 
 
 def register(
@@ -465,7 +516,9 @@ def _ping(pairing: Pairing) -> Ping:
     if pairing.key is None:
         return Ping(session_id=pairing.session_id)
     nonce = os.urandom(16)
-    return Ping(session_id=pairing.session_id, nonce=nonce, proof=_ping_proof(pairing.key, pairing.session_id, nonce))
+    counter = pairing.control.next_counter()
+    return Ping(session_id=pairing.session_id, nonce=nonce, counter=counter,
+                proof=_ping_proof(pairing.key, pairing.session_id, nonce, counter))
 
 
 def ping(pairing: Pairing, *, timeout_s: float = 2.0, retries: int = 1, ctx: zmq.Context[Any] | None = None) -> bool:

@@ -375,6 +375,17 @@ def compare(prefill: RegistrationInfo, decode: RegistrationInfo) -> list[Mismatc
     return out
 
 
+WITHHELD_FIX = ("make this field equal on both roles (prefill's value is withheld from a peer that proved no shared "
+                "secret: read it from prefill's deployment, or set transfer.secret_env on both roles)")
+
+
+def withheld(mismatches: list[Mismatch]) -> list[Mismatch]:
+    """The mismatches as a peer that proved no shared secret may see them: the differing fields and the peer's
+    own values, never prefill's (they would tell a stranger what to claim)."""
+    return [Mismatch(field=m.field, prefill_value=None, decode_value=m.decode_value, fix=WITHHELD_FIX)
+            for m in mismatches]
+
+
 def _short(v: Any, width: int = 28) -> str:
     s = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
     return s if len(s) <= width else s[: width - 1] + "…"

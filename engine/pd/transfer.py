@@ -68,6 +68,9 @@ from specctl.engine.pd.wire import TensorMeta
 from specctl.errors import RuntimeFailure
 
 BACKENDS = ("zmq", "shm")
+UNBOUNDED_FRAME_BYTES = 1 << 31  # a receiver without a spec: the most one frame may carry
+MAX_SESSION_SEALS = 256  # sessions whose transfer counters a receiver remembers
+MAX_MAPPED_SEGMENTS = 16  # shm segments a receiver keeps mapped (each holds a descriptor while mapped)
 _ALIGN = 64
 _SEGMENT_RE = re.compile(r"^specctl-shm-[0-9]+-[0-9a-f]+-[0-9]+$")
 
@@ -86,6 +89,13 @@ class TransferTimeout(TransferError):
 
 
 # --------------------------------------------------------------------------------------------- messages
+
+
+def transfer_seal(key: bytes | None, side: str) -> wire.Seal:
+    """The transfer channel's seal of a session as `side` ("prefill" sends payloads, "decode" acks) sees it."""
+    other = "decode" if side == "prefill" else "prefill"
+    return wire.Seal(key, send=f"{side}/transfer", recv=f"{other}/transfer")
+
 
 
 class TransferHeader(wire.Message, tag="transfer.payload", frozen=True):
@@ -211,6 +221,19 @@ class PayloadSpec:
             comps += _paged_kv("draft.kv", dm.dtype, d.page_size, d.kv_item_lens, dm.shapes, True)
             comps += _states("draft.", dm.dtype, d.state_types, d.state_item_lens, d.state_dims, True)
         return cls(tuple(comps))
+
+    def max_frame_bytes(self, max_length: int) -> int:
+        """The largest tensor frame a payload of at most `max_length` cached tokens can carry (the receiver's
+        ZMQ_MAXMSGSIZE); components of unknown size leave it at `UNBOUNDED_FRAME_BYTES`."""
+        biggest = wire.MAX_CONTROL_BYTES
+        for c in self.components:
+            if c.page_bytes is not None and c.page_size:
+                biggest = max(biggest, -(-max(0, max_length) // c.page_size) * c.page_bytes)
+            elif c.nbytes is not None:
+                biggest = max(biggest, c.nbytes)
+            else:
+                return UNBOUNDED_FRAME_BYTES
+        return biggest
 
     def problems(
         self, length: int, metas: Sequence[TensorMeta], *, draft_length: int | None = None
@@ -374,14 +397,18 @@ class TransferSender:
         ctx: zmq.Context[Any] | None = None,
         shm_directory: str | None = None,
         max_shm_bytes: int = 2 << 30,
-        key: bytes | None = None,
+        key: bytes | wire.Seal | None = None,
     ) -> None:
+        """`key`: the session's key, or its sender-side `transfer_seal` (shared by every sender of the session, so
+        the counters the receiver checks never restart)."""
         if backend not in BACKENDS:
             raise RuntimeFailure(f"unknown transfer backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
         self.endpoint = endpoint
         self.backend = backend
         self.timeout_s = timeout_s
-        self.key = key
+        self.seal: wire.Seal | None = key if isinstance(key, wire.Seal) else (
+            transfer_seal(key, "prefill") if key is not None else None)
+        self.key = self.seal.key if self.seal is not None else None
         self.auth_failures = 0
         self._ctx = ctx or zmq.Context.instance()
         self._dir = shm_directory or shm_dir()
@@ -504,10 +531,10 @@ class TransferSender:
         if self._sock in events:
             while wire.readable(self._sock):
                 frames = self._sock.recv_multipart(copy=False)
-                if self.key is not None:
-                    body = wire.strip_mac(self.key, frames)
+                if self.seal is not None:
+                    body = self.seal.open(frames)
                     if body is None:
-                        self.auth_failures += 1  # a forged ack or release is never acted on
+                        self.auth_failures += 1  # a forged or replayed ack or release is never acted on
                         continue
                     frames = body
                 try:
@@ -625,14 +652,14 @@ class TransferSender:
             if self.backend == "shm":
                 msg, seg = self._stage_shm(request_id, length, tensors, extra, deadline)
                 nbytes = sum(m.nbytes for m in msg.metas)
-                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), mac_key=self.key)
+                wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), seal=self.seal)
             else:
                 header = TransferHeader(
                     request_id=request_id, length=length, components=list(tensors), extra=dict(extra or {})
                 )
                 nbytes = sum(wire.tensor_nbytes(t) for t in tensors.values())
                 wire.send(self._sock, header, tensors, timeout_s=max(0.0, deadline - time.monotonic()),
-                          mac_key=self.key)
+                          seal=self.seal)
         except wire.WireError as exc:
             if seg is not None:
                 seg.busy = False
@@ -718,19 +745,28 @@ class TransferReceiver:
         as_torch: bool = True,
         shm_directory: str | None = None,
         auth: Callable[[str], bytes | None] | None = None,
+        backend: str = "zmq",
+        max_message_bytes: int = UNBOUNDED_FRAME_BYTES,
     ) -> None:
+        """`max_message_bytes` bounds one frame (ZMQ_MAXMSGSIZE, fixed at bind): a peer sending more is
+        disconnected before the frame is buffered; `spec.max_frame_bytes(max tokens)` is the right bound."""
+        if backend not in BACKENDS:
+            raise RuntimeFailure(f"unknown transfer backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
         self.spec = spec
         self.auth = auth
+        self.backend = backend
         self.auth_failures = 0
+        self.rejections: collections.Counter[str] = collections.Counter()  # refused messages, by reason
         self.timeout_s = timeout_s
         self.as_torch = as_torch
         self._dir = shm_directory or shm_dir()
         self._ctx = ctx or zmq.Context.instance()
-        self._sock = wire.make_socket(self._ctx, zmq.ROUTER)
+        self._sock = wire.make_socket(self._ctx, zmq.ROUTER, max_message_bytes=max_message_bytes)
         self.endpoint = wire.bind(self._sock, bind)
         self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
         self._releases: collections.deque[tuple[bytes, str, bytes | None]] = collections.deque()
         self._lock = threading.Lock()
+        self._seals: collections.OrderedDict[bytes, wire.Seal] = collections.OrderedDict()  # per session key
 
     def set_spec(self, spec: PayloadSpec | None) -> None:
         self.spec = spec
@@ -750,6 +786,19 @@ class TransferReceiver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _seal(self, key: bytes | None) -> wire.Seal | None:
+        """The receiver-side seal of the session whose key is `key` (its counters live as long as the session)."""
+        if key is None:
+            return None
+        with self._lock:
+            seal = self._seals.get(key)
+            if seal is None:
+                seal = self._seals[key] = transfer_seal(key, "decode")
+                while len(self._seals) > MAX_SESSION_SEALS:
+                    self._seals.popitem(last=False)
+            self._seals.move_to_end(key)
+            return seal
+
     def flush(self) -> None:
         """Send pending shm releases (recv() does this too)."""
         while True:
@@ -758,7 +807,8 @@ class TransferReceiver:
                     return
                 identity, segment, key = self._releases.popleft()
             try:
-                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity, mac_key=key)
+                wire.send(self._sock, ShmRelease(segment=segment), timeout_s=0.5, identity=identity,
+                          seal=self._seal(key))
             except wire.WireError:
                 pass  # the sender is gone; nothing to give back
 
@@ -776,18 +826,20 @@ class TransferReceiver:
                 TransferAck(request_id=request_id, ok=ok, error=error, field=field, released=released),
                 timeout_s=0.5,
                 identity=identity,
-                mac_key=self.auth(request_id) if self.auth is not None else None,
+                seal=self._seal(self.auth(request_id)) if self.auth is not None else None,
             )
         except wire.WireError:
             pass  # the sender vanished; it gets its own error
 
     def _fail(self, identity: bytes | None, request_id: str, field: str, message: str) -> TransferError:
+        self.rejections[field.split(".")[-1]] += 1
         self._ack(identity, request_id, False, message, field)
         return TransferError(f"request {request_id}: transfer rejected: {message}", request_id=request_id, field=field)
 
     def _attach(self, name: str) -> mmap.mmap:
         mm = self._maps.get(name)
         if mm is not None:
+            self._maps.move_to_end(name)
             return mm
         if not _SEGMENT_RE.match(name):  # never open an arbitrary path named by a peer
             raise ValueError(f"invalid segment name {name!r}")
@@ -797,14 +849,20 @@ class TransferReceiver:
         finally:
             os.close(fd)
         # Unmap segments the sender has unlinked (it failed over or shrank its pool): their memory
-        # is only returned once nobody maps them. One still viewed by a live payload stays.
-        for old_name in [n for n in self._maps if not os.path.exists(os.path.join(self._dir, n))]:
-            try:
-                self._maps[old_name].close()
-                del self._maps[old_name]
-            except BufferError:
-                pass
+        # is only returned once nobody maps them. Beyond MAX_MAPPED_SEGMENTS the least recently used go too
+        # (each mapping holds a descriptor). One still viewed by a live payload stays.
         self._maps[name] = mm
+        over = len(self._maps) - MAX_MAPPED_SEGMENTS
+        for old_name in list(self._maps):
+            if old_name == name:
+                continue
+            if over > 0 or not os.path.exists(os.path.join(self._dir, old_name)):
+                try:
+                    self._maps[old_name].close()
+                    del self._maps[old_name]
+                    over -= 1
+                except BufferError:
+                    pass
         return mm
 
     def _release_fn(self, identity: bytes, segment: str, key: bytes | None) -> Callable[[], None]:
@@ -832,11 +890,12 @@ class TransferReceiver:
             identity, frames = frames[0].bytes, frames[1:]
             if self.auth is not None:
                 # Only a room some session claimed has a key; only that session's MAC opens it.
-                key = self.auth(_peek_request_id(frames[0].bytes if frames else b""))
-                body = wire.strip_mac(key, frames) if key is not None else None
+                seal = self._seal(self.auth(_peek_request_id(frames[0].bytes if frames else b"")))
+                body = seal.open(frames) if seal is not None else None
                 if body is None:
                     self.auth_failures += 1
-                    continue  # dropped unanswered: an unauthenticated payload is never acted on
+                    self.rejections[seal.last_refusal if seal is not None else "auth"] += 1
+                    continue  # dropped unanswered: an unauthenticated or replayed payload is never acted on
                 frames = body
             try:
                 env = wire.decode(frames, as_torch=self.as_torch)
@@ -873,13 +932,25 @@ class TransferReceiver:
 
     def _accept_shm(self, identity: bytes, msg: ShmPayload) -> Payload:
         rid = msg.request_id
+        if self.backend != "shm":  # never map a segment a peer names on a deployment that does not use shm
+            raise self._fail(identity, rid, "backend", "a shared-memory payload on a zmq-backend deployment")
+        for meta in msg.metas:
+            try:
+                wire.check_meta(meta, "transfer.shm")
+            except wire.WireError as exc:
+                raise self._fail(identity, rid, "metas", str(exc)) from None
+        # The header checks out before anything is mapped: spec, offsets, the segment's name and size.
+        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
+        if len(msg.offsets) != len(msg.metas):
+            raise self._fail(identity, rid, "offsets", f"{len(msg.offsets)} offsets for {len(msg.metas)} tensors")
+        end = max((o + m.nbytes for o, m in zip(msg.offsets, msg.metas, strict=True)), default=0)
+        if any(o < 0 for o in msg.offsets) or not _SEGMENT_RE.match(msg.segment) or \
+                end > int(msg.segment.rsplit("-", 1)[-1]):
+            raise self._fail(identity, rid, "segment", f"segment {msg.segment!r} cannot hold the payload it names")
         try:
             mm = self._attach(msg.segment)
         except (OSError, ValueError) as exc:
             raise self._fail(identity, rid, "segment", f"cannot map shared memory {msg.segment!r}: {exc}") from None
-        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
-        if len(msg.offsets) != len(msg.metas):
-            raise self._fail(identity, rid, "offsets", f"{len(msg.offsets)} offsets for {len(msg.metas)} tensors")
         tensors: dict[str, Any] = {}
         for meta, off in zip(msg.metas, msg.offsets, strict=True):
             if off < 0 or off + meta.nbytes > len(mm):

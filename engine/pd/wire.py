@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import hmac
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ PROTOCOL_VERSION = 1
 # Plain ints: enum arithmetic on every send is measurable on the hot path.
 _NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 _COPY_BELOW = 65536
+MAX_TENSOR_DIMS = 8
+# The largest frame a control socket accepts (ZMQ_MAXMSGSIZE: a peer sending more is disconnected before
+# the frame is buffered). Transfer receivers set their own bound from the registration.
+MAX_CONTROL_BYTES = 1 << 20
 
 # dtype name -> (numpy dtype used to view the bytes, item size). bfloat16 has no numpy dtype: its
 # bytes travel as uint16 and are reinterpreted by torch on the receiving side.
@@ -95,6 +100,15 @@ class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * dtype_itemsize(self.dtype)
+
+
+def check_meta(meta: TensorMeta, what: str = "message") -> None:
+    """WireError unless `meta` is a tensor this side can build: a known dtype, at most MAX_TENSOR_DIMS
+    dimensions, none negative (a peer's shape is never trusted)."""
+    if len(meta.shape) > MAX_TENSOR_DIMS or any(d < 0 for d in meta.shape):
+        raise WireError(f"{what!r} tensor {meta.name!r}: invalid shape {list(meta.shape)} (at most "
+                        f"{MAX_TENSOR_DIMS} dimensions, none negative)")
+    dtype_itemsize(meta.dtype)
 
 
 def dtype_itemsize(name: str) -> int:
@@ -199,8 +213,8 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
     head = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
     try:
         magic, version, tag, body, metas_raw = _outer.decode(head)
-    except msgspec.DecodeError as exc:
-        raise WireError(f"not a specctl message header ({exc})") from None
+    except (msgspec.DecodeError, RecursionError, ValueError, TypeError) as exc:
+        raise WireError(f"not a specctl message header ({type(exc).__name__}: {exc})") from None
     if magic != MAGIC:
         raise WireError(f"not a specctl message (magic {magic!r})")
     if version != PROTOCOL_VERSION:
@@ -222,6 +236,10 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
         metas = _metas.decode(metas_raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(f"malformed {tag!r} message: {exc}") from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:  # e.g. msgpack nested past the stack
+        raise WireError(f"malformed {tag!r} message ({type(exc).__name__}: {exc})") from None
+    for meta in metas:
+        check_meta(meta, tag)
     raws = frames[1:]
     if len(raws) != len(metas):
         raise WireError(f"{tag!r} message declares {len(metas)} tensors but carries {len(raws)} frames")
@@ -234,23 +252,34 @@ def decode(frames: Sequence[Any], *, as_torch: bool = True, expect: tuple[type[M
                 f"{tag!r} tensor {meta.name!r}: frame has {size} bytes but dtype {meta.dtype} shape "
                 f"{list(meta.shape)} needs {meta.nbytes}"
             )
-        tensors[meta.name] = buffer_tensor(buf, meta, as_torch=as_torch)
+        try:
+            tensors[meta.name] = buffer_tensor(buf, meta, as_torch=as_torch)
+        except (ValueError, TypeError) as exc:
+            raise WireError(f"{tag!r} tensor {meta.name!r}: {exc}") from None
     return Envelope(msg=msg, tensors=tensors, frames=tuple(frames), metas=tuple(metas))
 
 
 # --------------------------------------------------------------------------------------------- sockets
 
 
-def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = 1000) -> zmq.Socket[Any]:
-    """A socket that never lingers on close and never blocks forever on a full queue."""
+def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = 1000,
+                max_message_bytes: int = MAX_CONTROL_BYTES) -> zmq.Socket[Any]:
+    """A socket that never lingers on close, never blocks forever on a full queue, and disconnects a peer that
+    sends a frame over `max_message_bytes` (ZMQ_MAXMSGSIZE) instead of buffering it."""
     sock: zmq.Socket[Any] = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
+    bound_socket(sock, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     if kind == zmq.ROUTER:
         # A reply to a vanished peer is an error, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock
+
+
+def bound_socket(sock: Any, max_message_bytes: int = MAX_CONTROL_BYTES) -> None:
+    """LINGER 0 and ZMQ_MAXMSGSIZE on any socket (zmq or zmq.asyncio) this process makes."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
 
 
 def close_socket(sock: zmq.Socket[Any] | None) -> None:
@@ -287,6 +316,76 @@ def strip_mac(key: bytes, frames: Sequence[Any]) -> list[Any] | None:
     return body if hmac.compare_digest(mac_of(key, body), mac) else None
 
 
+class Seal:
+    """One direction pair of a session's authenticated channel: `seal()` appends a counter frame and a MAC frame,
+    `open()` checks both. The MAC (HMAC-SHA256 under the session key) covers the sender's direction label, every
+    frame and the counter, so a message cannot be reflected back to its sender, altered, or replayed: each side
+    numbers what it sends 1, 2, 3 ... and the receiver accepts a counter once, within a window of `WINDOW` below the
+    highest it has seen (messages of one session may cross on several sockets). A stale counter is dropped and
+    counted in `stale`, a bad MAC in `forged`. Without a key nothing is added or checked (an unauthenticated
+    deployment). Thread-safe."""
+
+    WINDOW = 4096
+
+    def __init__(self, key: bytes | None, *, send: str, recv: str) -> None:
+        self.key = key
+        self._send_label = send.encode()
+        self._recv_label = recv.encode()
+        self._lock = threading.Lock()
+        self._next = 0
+        self._high = 0
+        self._seen: set[int] = set()
+        self.stale = 0
+        self.forged = 0
+        self.last_refusal = ""  # "stale" or "auth": why the latest open() returned None
+
+    def next_counter(self) -> int:
+        with self._lock:
+            self._next += 1
+            return self._next
+
+    def seal(self, frames: Sequence[Any]) -> list[Any]:
+        if self.key is None:
+            return list(frames)
+        counter = self.next_counter().to_bytes(8, "little")
+        return [*frames, counter, mac_of(self.key, [self._send_label, *frames, counter])]
+
+    def fresh(self, counter: int) -> bool:
+        """Accept `counter` once (see the class docstring); False for a replayed or too old one."""
+        with self._lock:
+            if counter > self._high:
+                self._seen.add(counter)
+                self._high = counter
+                if len(self._seen) > 2 * self.WINDOW:
+                    self._seen = {c for c in self._seen if c > self._high - self.WINDOW}
+                return True
+            if counter <= self._high - self.WINDOW or counter in self._seen:
+                return False
+            self._seen.add(counter)
+            return True
+
+    def open(self, frames: Sequence[Any]) -> list[Any] | None:
+        """The frames without counter and MAC, or None (forged or stale; `last_refusal` says which)."""
+        if self.key is None:
+            return list(frames)
+        if len(frames) < 3:
+            self.forged += 1
+            self.last_refusal = "auth"
+            return None
+        body, counter, last = list(frames[:-2]), frames[-2], frames[-1]
+        mac = last.bytes if isinstance(last, zmq.Frame) else bytes(last)
+        raw = counter.bytes if isinstance(counter, zmq.Frame) else bytes(counter)
+        if len(raw) != 8 or not hmac.compare_digest(mac_of(self.key, [self._recv_label, *body, raw]), mac):
+            self.forged += 1
+            self.last_refusal = "auth"
+            return None
+        if not self.fresh(int.from_bytes(raw, "little")):
+            self.stale += 1
+            self.last_refusal = "stale"
+            return None
+        return body
+
+
 def send(
     sock: zmq.Socket[Any],
     msg: Message,
@@ -295,12 +394,16 @@ def send(
     timeout_s: float,
     identity: bytes | None = None,
     mac_key: bytes | None = None,
+    seal: Seal | None = None,
 ) -> None:
     """Send one message, waiting at most `timeout_s` for the socket to accept it. Tensor frames go
     zero-copy: their memory must not change until the peer acknowledges (callers wait for an ack).
-    With `mac_key` a last frame carries the message's HMAC (`mac_of`; the receiver checks it)."""
+    With `seal` the message is sealed (counter + MAC, `Seal.open` checks it); with `mac_key` a last frame
+    carries the message's HMAC only (`mac_of`; one-off messages without a session)."""
     frames = encode(msg, tensors)
-    if mac_key is not None:
+    if seal is not None:
+        frames = seal.seal(frames)
+    elif mac_key is not None:
         frames.append(mac_of(mac_key, frames))
     if identity is not None:
         frames.insert(0, identity)

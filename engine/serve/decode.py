@@ -27,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -41,7 +42,6 @@ import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
-from specctl.engine.pd.bootstrap import open_sealed, seal
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
 from specctl.engine.serve.backend import (
     BOTH_HALVES,
@@ -53,6 +53,7 @@ from specctl.engine.serve.backend import (
     secret_of,
     warn_unauthenticated,
 )
+from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.serve.router import connect_host, role_instances
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
@@ -154,7 +155,7 @@ class PrefillLink:
                                  hint="run prefill and decode from the same specctl version")
         if old is None or old.prefill.endpoints.get("control") != control or self.sock is None:
             sock = b.zctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
+            wire.bound_socket(sock)  # progress and failures only: small
             sock.connect(control)
             self.sock = sock  # the previous socket's receive loop closes it once it sees it was replaced
             b.spawn(self.receive(sock), f"the receive loop for prefill {self.endpoint}")
@@ -166,7 +167,9 @@ class PrefillLink:
     async def send(self, msg: PdClaim | PdAbort) -> None:
         if self.sock is None:
             raise RoomFailure(f"decode is not paired with prefill {self.endpoint}")
-        frames = seal(self.key, [bytes(f) for f in wire.encode(msg)])
+        pairing = self.pairing
+        assert pairing is not None  # the socket exists only once paired
+        frames = pairing.control.seal([bytes(f) for f in wire.encode(msg)])
         await asyncio.wait_for(self.sock.send_multipart(frames), 5.0)
 
     async def receive(self, sock: zmq.asyncio.Socket) -> None:
@@ -179,15 +182,20 @@ class PrefillLink:
                     frames = [f.bytes for f in await sock.recv_multipart(copy=False)]
                 except zmq.ZMQError:
                     return
-                body = open_sealed(self.key, frames)
+                pairing = self.pairing
+                body = pairing.control.open(frames) if pairing is not None else None
                 if body is None:
-                    log.warning("refused a message from prefill %s that failed authentication", self.endpoint)
+                    refusal = pairing.control.last_refusal if pairing is not None else "auth"
+                    b.rejections[refusal or "auth"] += 1
+                    log.warning("refused a message from prefill %s that failed authentication or was replayed (%s)",
+                                self.endpoint, refusal)
                     continue
                 try:
                     msg = wire.decode(body, as_torch=False, expect=(PdProgress, PdDone)).msg
                     if not isinstance(msg, (PdProgress, PdDone)):
                         raise wire.WireError(f"unexpected {type(msg).__name__}")
                 except wire.WireError as exc:
+                    b.rejections["malformed"] += 1
                     log.warning("bad message from prefill %s: %s", self.endpoint, exc)
                     continue
                 now = b.loop.time()
@@ -227,6 +235,7 @@ class DecodeBackend(EngineBackend):
         self.handshake_latency_s: float | None = None
         self.imported = 0
         self.failed = 0
+        self.rejections: collections.Counter[str] = collections.Counter()  # refused control messages, by reason
 
     # lifecycle ------------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -247,18 +256,26 @@ class DecodeBackend(EngineBackend):
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
-        self.receiver = TransferReceiver(None, bind=bind, timeout_s=self.ctx.timeout_s, auth=auth)
+        backend = str(transfer.get("backend", "zmq"))
         runner = self.engine.runner
         draft = draft_runner_of(self.engine)
-        self.info = build_registration(
-            "decode", runner.layout(), speculative=self.engine.config.speculative,
-            draft_layout=draft.layout() if draft is not None else None,
-            transfer_backend=str(transfer.get("backend", "zmq")), endpoints={"transfer": self.receiver.endpoint},
-            facts=runner.facts, draft_facts=draft.facts if draft is not None else None,
-        )  # fmt: skip
+        speculative = self.engine.config.speculative
+
+        def registration(endpoint: str) -> RegistrationInfo:
+            return build_registration(
+                "decode", runner.layout(), speculative=speculative,
+                draft_layout=draft.layout() if draft is not None else None, transfer_backend=backend,
+                endpoints={"transfer": endpoint}, facts=runner.facts,
+                draft_facts=draft.facts if draft is not None else None,
+            )  # fmt: skip
+
         # Every payload is checked against the registration (component names, order, dtypes, item sizes
-        # and counts) before it is acknowledged; a mismatch fails that request naming the field.
-        self.receiver.set_spec(PayloadSpec.from_registration(self.info))
+        # and counts) before it is acknowledged; a mismatch fails that request naming the field. A frame larger
+        # than a payload of max_context tokens needs disconnects its peer before it is buffered.
+        spec = PayloadSpec.from_registration(registration(""))
+        self.receiver = TransferReceiver(spec, bind=bind, timeout_s=self.ctx.timeout_s, auth=auth, backend=backend,
+                                         max_message_bytes=spec.max_frame_bytes(self.max_context))
+        self.info = registration(self.receiver.endpoint)
         self.ctx.state.extra.update({"fingerprint": self.info.fingerprint()})
         self._recv_thread = threading.Thread(target=self._receive_loop, name="specctl-transfer-recv", daemon=True)
         self._recv_thread.start()
@@ -505,6 +522,20 @@ class DecodeBackend(EngineBackend):
                 fut.set_exception(RoomFailure(f"{req_id}: {reason}"))
 
     # info -----------------------------------------------------------------------------------------
+    def pd_rejections(self) -> dict[str, int]:
+        """Every PD-plane refusal of this decode by reason (payloads, control messages from prefill)."""
+        out = dict(self.rejections)
+        if self.receiver is not None:
+            for reason, n in self.receiver.rejections.items():
+                out[f"transfer_{reason}"] = n
+        return out
+
+    async def refresh_metrics(self, metrics: ServingMetrics) -> None:
+        await super().refresh_metrics(metrics)
+        metrics.pd_transfers_in_flight.set(len(self.waiting))
+        for reason, n in self.pd_rejections().items():
+            metrics.pd_rejected.mirror(n, reason=reason)
+
     async def server_info(self) -> dict[str, Any]:
         info = await super().server_info()
         # The fingerprint only: the registration itself is what a stranger would need to claim to be a peer.
@@ -512,6 +543,7 @@ class DecodeBackend(EngineBackend):
         info["pairing"] = [{"endpoint": link.endpoint, "ready": link.ready,
                             "prefill_fingerprint": link.pairing.prefill.fingerprint() if link.pairing else None}
                            for link in self.links.values()]
+        info["rejected_by_reason"] = self.pd_rejections()
         info["timing"].update({"handshakes": self.handshakes, "handshake_latency_s": self.handshake_latency_s,
                                "imported": self.imported, "failed": self.failed})
         return info

@@ -19,8 +19,12 @@ Contract (routes):
   "code"}}` (`code` a string, `param` the field) and the server keeps serving; engine-side failures are
   5xx JSON errors (or an SSE `error` event then `[DONE]` once streaming has begun).
 - Connections: request headers must arrive (and an idle keep-alive connection is closed) within
-  `HEADER_TIMEOUT_S`, a body within `BODY_TIMEOUT_S` (408), and one client address holds at most
-  `MAX_CONNECTIONS_PER_CLIENT` connections (429 for the next).
+  `HEADER_TIMEOUT_S`, a body within `BODY_TIMEOUT_S` (408). Admission sheds instead of failing (docs/http.md):
+  connections are accounted one by one, not per client address (a router and every local client share
+  127.0.0.1); at `max_connections` open ones a new connection closes the one idle longest (a connection with no
+  request in progress: a stranger's idle or half-sent sockets go first, never a request being served), and only
+  when every connection is busy is the new one answered 503 with `Retry-After`. Generation requests queue in
+  the engine; beyond `MAX_QUEUED_REQUESTS` in flight the next is a 503 with `Retry-After`.
 
 Chat template (byte-level builtin models have no template of their own): each message becomes
 `<|ROLE|>\\nCONTENT\\n` in order, followed by `<|assistant|>\\n`; the assistant's reply is the completion.
@@ -41,6 +45,7 @@ disaggregated pair behind sglang-router) and streams text through the one detoke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -82,7 +87,10 @@ MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the bu
 # send on a connection the server is closing.
 HEADER_TIMEOUT_S = 30.0
 BODY_TIMEOUT_S = 30.0  # from the end of the headers to the last byte of the body
-MAX_CONNECTIONS_PER_CLIENT = 1024  # per peer address; a router or a benchmark client funnels all its traffic
+MAX_CONNECTIONS = 8192  # open connections in all (bounded further by the process's descriptor limit)
+FD_RESERVE = 512  # descriptors kept for everything but HTTP connections (models, sockets of the PD plane, logs)
+MAX_QUEUED_REQUESTS = 4096  # generation requests in flight (running or queued in the engine) before a 503
+RETRY_AFTER_S = 1
 
 
 class Backend(Protocol):
@@ -190,8 +198,11 @@ class OpenAIServer:
     """Routes + request lifecycle; one per process. `app` is the aiohttp Application."""
 
     def __init__(self, backend: Backend, *, metrics: ServingMetrics | None = None,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 max_request_bytes: int = MAX_REQUEST_BYTES, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_queued_requests: int = MAX_QUEUED_REQUESTS) -> None:
         self.backend = backend
+        self.max_queued_requests = max_queued_requests
+        self.shed = 0  # generation requests answered 503 because the queue was full
         self.metrics = metrics or ServingMetrics()
         self.body_timeout_s = body_timeout_s
         self.metrics.set_model_name(backend.model_name)
@@ -212,6 +223,9 @@ class OpenAIServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        connections = request.app.get(CONNECTIONS)
+        if connections is not None:
+            connections.busy(request.protocol, +1)  # a connection serving a request is never evicted
         try:
             resp: web.StreamResponse = await handler(request)
             return resp
@@ -229,6 +243,9 @@ class OpenAIServer:
             log.exception("request %s %s failed", request.method, request.path)
             self.metrics.http_errors.inc(code="500")
             return json_error(f"internal error: {type(exc).__name__}: {exc}", status=500)
+        finally:
+            if connections is not None:
+                connections.busy(request.protocol, -1)
 
     # simple endpoints -------------------------------------------------------------------------------
     def _model_card(self) -> dict[str, Any]:
@@ -253,6 +270,12 @@ class OpenAIServer:
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         self.metrics.running.set(self.in_flight)  # an engine-backed role overrides it with its running batch
+        connections = request.app.get(CONNECTIONS)
+        if connections is not None:
+            self.metrics.http_connections.set(len(connections.open))
+            self.metrics.http_shed.mirror(connections.evicted, reason="idle_connection_evicted")
+            self.metrics.http_shed.mirror(connections.refused, reason="connection_refused")
+        self.metrics.http_shed.mirror(self.shed, reason="queue_full")
         try:
             await self.backend.refresh_metrics(self.metrics)
         except Exception:  # metrics must keep answering even when the engine is busy or down
@@ -322,6 +345,14 @@ class OpenAIServer:
         check = getattr(self.backend, "check_params", None)
         if check is not None:
             check(req.params)  # a role that cannot serve these params says why (4xx) before any stream starts
+        if self.in_flight >= self.max_queued_requests:  # the queue is full: shed, and say when to come back
+            self.shed += 1
+            self.metrics.http_errors.inc(code="503")
+            self.metrics.requests.inc(status="shed")
+            resp = json_error(f"{self.in_flight} requests are queued, the most this server holds; retry in "
+                              f"{RETRY_AFTER_S}s", status=503, code="overloaded")
+            resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return resp
         rid = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         self.in_flight += 1
@@ -460,6 +491,13 @@ class OpenAIServer:
         except (ConnectionResetError, asyncio.CancelledError):
             status = "disconnected"  # the backend generator's finally aborted the request
             raise
+        except Exception as exc:  # a failure once the stream began: it still ends with an error event
+            log.warning("stream %s failed: %s: %s", rid, type(exc).__name__, exc)
+            self.metrics.http_errors.inc(code="500")
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await send(error_body(f"internal error: {type(exc).__name__}: {exc}", status=500))
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
         finally:
             recorded = final if status not in {"error", "disconnected"} else None
             self._record(t0=t0, first=clock.first, ids=ids, final=recorded, status=status)
@@ -468,10 +506,17 @@ class OpenAIServer:
 
 class _MalformedHttp(logging.Filter):
     """aiohttp logs a client's malformed HTTP (bad request line, oversized header, broken chunking) as
-    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here."""
+    an ERROR with a traceback, then answers 400 itself: a client fault is one line of INFO here, and a client
+    that disconnects mid-request one line of DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ConnectionError):  # the client went away mid-request: nothing to fix here
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.msg, record.args = "client %s disconnected: %s", (*args[:1], exc)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return _protocol_log.isEnabledFor(logging.DEBUG)
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
             args = record.args if isinstance(record.args, tuple) else (record.args,)
             record.msg, record.args = "malformed HTTP request from %s: %s", (*args[:1], exc)
@@ -484,63 +529,101 @@ _protocol_log = logging.getLogger("specctl.http.protocol")
 _protocol_log.addFilter(_MalformedHttp())
 
 
-class _PeerLimit:
-    """Caps concurrent connections per client address: the one over the cap gets a 429 and is closed
-    before aiohttp reads anything from it. Installed on aiohttp's `Server` (the protocol factory's
-    manager), whose `connection_made` / `connection_lost` see every connection."""
+@dataclasses.dataclass
+class _Conn:
+    transport: asyncio.BaseTransport
+    last_active: float
+    busy: int = 0
 
-    def __init__(self, server: web.Server, limit: int) -> None:
-        self.limit = limit
-        self.counts: dict[str, int] = {}
-        self.peers: dict[web.RequestHandler, str] = {}  # handler -> its client address (handlers have __slots__)
+
+class Connections:
+    """Per-connection accounting on aiohttp's `Server` (whose `connection_made` / `connection_lost` see every
+    connection): at `limit` open connections a new one evicts the connection idle longest (no request in
+    progress), and only when all are busy is it answered 503 with `Retry-After` and closed before aiohttp reads
+    anything from it. A router and a stranger on the same address are told apart by what their connections do,
+    not by where they come from."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, int(limit))
+        self.open: dict[web.RequestHandler, _Conn] = {}  # handlers have __slots__: the state lives here
+        self.evicted = 0
+        self.refused = 0
+
+    def install(self, server: web.Server) -> None:
         self._made = server.connection_made
         self._lost = server.connection_lost
         server.connection_made = self.connection_made  # type: ignore[method-assign]
         server.connection_lost = self.connection_lost  # type: ignore[method-assign]
 
-    @staticmethod
-    def _peer(transport: asyncio.BaseTransport) -> str:
-        peer = transport.get_extra_info("peername")
-        return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+    def busy(self, handler: Any, delta: int) -> None:
+        conn = self.open.get(handler)
+        if conn is not None:
+            conn.busy = max(0, conn.busy + delta)
+            conn.last_active = time.monotonic()
+
+    def _idlest(self) -> web.RequestHandler | None:
+        idle = [(c.last_active, i, h) for i, (h, c) in enumerate(self.open.items()) if not c.busy]
+        return min(idle)[2] if idle else None
 
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
-        peer = self._peer(transport)
-        self.peers[handler] = peer
-        self.counts[peer] = self.counts.get(peer, 0) + 1
         self._made(handler, transport)
-        if self.counts[peer] > self.limit:
-            body = json.dumps(error_body(f"more than {self.limit} concurrent connections from {peer}; reuse "
-                                         "connections or lower the client's concurrency", status=429)).encode()
-            transport.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            handler.force_close()
-            transport.close()
+        if len(self.open) >= self.limit:
+            victim = self._idlest()
+            if victim is None:
+                self.refused += 1
+                body = json.dumps(error_body(f"all {self.limit} connections of this server are serving requests; "
+                                             f"retry in {RETRY_AFTER_S}s", status=503, code="overloaded")).encode()
+                transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Retry-After: " + str(RETRY_AFTER_S).encode() + b"\r\nConnection: close\r\n"
+                                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                handler.force_close()
+                transport.close()
+                return
+            self.evicted += 1
+            conn = self.open.pop(victim)
+            victim.force_close()
+            conn.transport.close()
+        self.open[handler] = _Conn(transport, time.monotonic())
 
     def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
-        peer = self.peers.pop(handler, None)
-        if peer is not None:
-            left = self.counts.get(peer, 1) - 1
-            if left > 0:
-                self.counts[peer] = left
-            else:
-                self.counts.pop(peer, None)
+        self.open.pop(handler, None)
         self._lost(handler, exc)
 
 
+CONNECTIONS = web.AppKey("connections", Connections)
+
+
+def connection_budget(limit: int = MAX_CONNECTIONS) -> int:
+    """`limit`, bounded by this process's descriptor limit (raised to its hard limit first) less FD_RESERVE."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(64, min(limit, int(soft) - FD_RESERVE))
+
+
 async def start_http(app: web.Application, host: str, port: int, *, header_timeout_s: float = HEADER_TIMEOUT_S,
-                     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT) -> tuple[web.AppRunner, int]:
+                     max_connections: int | None = None) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (port 0 picks a free one); returns the runner and the bound port.
 
     aiohttp's keep-alive timer starts when a connection opens, so `header_timeout_s` closes both a
     connection that never completes its request headers and one idle between requests. The body
-    timeout is the server's (`OpenAIServer(body_timeout_s=...)`)."""
+    timeout is the server's (`OpenAIServer(body_timeout_s=...)`). `max_connections` (default: MAX_CONNECTIONS
+    within the descriptor limit, `connection_budget`) bounds the open connections (`Connections`)."""
+    connections = Connections(connection_budget() if max_connections is None else max_connections)
+    app[CONNECTIONS] = connections
     # lingering_time: after an early answer (413, 408) aiohttp drains the unread body this long before
     # closing, so the client can read the answer; bounded by the same timeout.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=header_timeout_s,
                            lingering_time=min(2.0, header_timeout_s), logger=_protocol_log)
     await runner.setup()
     assert runner.server is not None
-    _PeerLimit(runner.server, max_connections_per_client)
+    connections.install(runner.server)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port

@@ -74,6 +74,12 @@ class Counter(_Metric):
         with self._lock:
             return self._values.get(self._key(labels), 0.0)
 
+    def mirror(self, total: float, **labels: str) -> None:
+        """Follow a monotone count kept elsewhere (raised to `total`, never lowered)."""
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = max(self._values.get(key, 0.0), float(total))
+
     def render(self, const: Sequence[tuple[str, str]] = ()) -> list[str]:
         with self._lock:
             items = sorted(self._values.items())
@@ -216,6 +222,17 @@ class ServingMetrics:
         self.pages_total = r.gauge("specctl_kv_pages_capacity", "KV pages in the pool.")
         self.kv_usage = r.gauge("specctl_kv_cache_usage_ratio", "Fraction of the KV pool in use (0-1).")
         self.http_errors = r.counter("specctl_http_errors_total", "HTTP error responses by status.", ["code"])
+        self.http_connections = r.gauge("specctl_http_connections", "Open HTTP connections.")
+        self.http_shed = r.counter("specctl_http_shed_total", "Connections and requests shed by admission (idle "
+                                   "connections evicted, connections or requests answered 503).", ["reason"])
+        self.pd_sessions = r.gauge("specctl_pd_sessions", "Live PD sessions (paired decodes) of this prefill.")
+        self.pd_claims_waiting = r.gauge("specctl_pd_claims_waiting",
+                                         "Claims holding a room whose HTTP half has not reached prefill.")
+        self.pd_transfers_in_flight = r.gauge("specctl_pd_transfers_in_flight",
+                                              "Transfers queued or awaiting decode's acknowledgement.")
+        self.pd_rejected = r.counter("specctl_pd_rejected_total",
+                                     "PD-plane messages refused (malformed, unauthenticated, stale, over a bound).",
+                                     ["reason"])
 
     def set_model_name(self, name: str) -> None:
         self.registry.const_labels = (("model_name", str(name)),)

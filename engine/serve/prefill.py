@@ -29,22 +29,24 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
-from specctl.engine.pd.bootstrap import Peer, open_sealed, seal
+from specctl.engine.pd.bootstrap import Peer
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.pd.outbox import TransferOutbox
 from specctl.engine.serve.backend import (
     BOTH_HALVES,
     EngineBackend,
@@ -63,12 +65,25 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
     from specctl.engine.pd.bootstrap import BootstrapServer
     from specctl.engine.pd.registration import RegistrationInfo
-    from specctl.engine.pd.transfer import TransferResult, TransferSender
+    from specctl.engine.pd.transfer import TransferResult
     from specctl.engine.sequence import Sequence
 
 log = logging.getLogger("specctl.prefill")
 
+# A session not heard from this long (decode pings every second) fails the rooms it holds at once.
+STALE_SESSION_S = 5.0
 MAX_UNMATCHED_CLAIMS = 256  # per session: claims waiting for an HTTP half (each expires in transfer.timeout_s)
+MAX_WAITING_CLAIMS = 1024  # all sessions together
+
+
+def _sent(fut: asyncio.Future[Any], req_id: str) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("could not answer decode for %s: %s", req_id, fut.exception())  # decode is gone
+
+
+def claim_bytes_bound(max_context: int) -> int:
+    """The largest control message prefill accepts: a claim of `max_context` prompt ids plus its parameters."""
+    return 9 * int(max_context) + wire.MAX_CONTROL_BYTES
 
 
 @dataclasses.dataclass(eq=False)
@@ -96,8 +111,7 @@ class PrefillBackend(EngineBackend):
         self.bootstrap: BootstrapServer | None = None
         self.info: RegistrationInfo | None = None
         self.faults = ctx.faults
-        self._send_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specctl-send")
-        self._senders: dict[tuple[str, bytes | None], TransferSender] = {}
+        self._outbox: TransferOutbox | None = None  # per-session concurrent transfers (load() builds it)
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._rooms: dict[str, _Room] = {}
@@ -109,6 +123,7 @@ class PrefillBackend(EngineBackend):
         self.completed = 0
         self.failed = 0
         self.auth_failures = 0
+        self.rejections: collections.Counter[str] = collections.Counter()  # refused control messages, by reason
         self.transfer_s = 0.0
         self.compute_s = 0.0
 
@@ -125,7 +140,8 @@ class PrefillBackend(EngineBackend):
         host = str(self.ctx.role.get("host") or "127.0.0.1")
         warn_unauthenticated(self.ctx, host)
         self._sock = self._zctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        # A claim carries a prompt of at most max_context ids (msgpack: <= 9 bytes each) and its parameters.
+        wire.bound_socket(self._sock, claim_bytes_bound(self.max_context))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(f"tcp://{host}:0")
         control = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -145,6 +161,9 @@ class PrefillBackend(EngineBackend):
             raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
         self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
                                          on_pair=self._on_pair, on_unpair=self._on_unpair).start()
+        self._outbox = TransferOutbox(backend=str(self.ctx.transfer.get("backend", "zmq")),
+                                      timeout_s=self.ctx.timeout_s, liveness=self._session_age,
+                                      stale_after_s=min(STALE_SESSION_S, self.bootstrap.peer_ttl_s))
         self._bg.append(asyncio.create_task(self._control_loop()))
         self.ctx.state.extra.update({"fingerprint": self.info.fingerprint(), "paired": 0})
         self.ctx.state.set("ready", ready=True)
@@ -158,6 +177,13 @@ class PrefillBackend(EngineBackend):
 
     def _on_unpair(self, peer: Peer) -> None:
         log.info("session %d expired (its decode stopped pinging)", peer.generation)
+        if self._outbox is not None:  # its rooms fail now, not one transfer timeout each
+            self._outbox.fail_session(peer.session_id, "decode's session expired (its decode stopped pinging)")
+
+    def _session_age(self, session_id: str) -> float | None:
+        """Seconds since `session_id`'s decode was last heard from; None once the session is gone."""
+        peer = self.bootstrap.peer_for(session_id) if self.bootstrap is not None else None
+        return None if peer is None else time.monotonic() - peer.last_seen
 
     async def close(self) -> None:
         for t in self._bg:
@@ -167,8 +193,8 @@ class PrefillBackend(EngineBackend):
                 await t
         if self.bootstrap is not None:
             await asyncio.to_thread(self.bootstrap.stop)
-        await asyncio.get_running_loop().run_in_executor(self._send_pool, self._close_senders)
-        self._send_pool.shutdown(wait=False)
+        if self._outbox is not None:
+            await asyncio.to_thread(self._outbox.close)
         if self._sock is not None:
             self._sock.close(linger=0)
         self._zctx.destroy(linger=0)
@@ -230,9 +256,10 @@ class PrefillBackend(EngineBackend):
                 raise RoomFailure(f"{key}: decode aborted it ({room.aborted})")
             claim = room.claim
             assert claim is not None and room.peer is not None
-            if list(claim.prompt_ids) != list(prompt_ids):
+            if list(claim.prompt_ids) != list(prompt_ids):  # the sender's fault: a 4xx on both halves
                 raise RoomFailure(f"{key}: decode and prefill received different prompts ({len(claim.prompt_ids)} vs "
-                                  f"{len(prompt_ids)} tokens); the router must send the same request to both")
+                                  f"{len(prompt_ids)} tokens); the router must send the same request to both",
+                                  status=400)
             first = int(seq.output_ids[0])
             sent = await self._send(room, seq, first, out, self._empty_draft())
             self.completed += 1
@@ -255,8 +282,8 @@ class PrefillBackend(EngineBackend):
             if error is not None:
                 self.failed += 1
                 log.warning("%s failed on prefill: %s", key, error)
-                if room.claim is not None and not room.aborted:
-                    await self._reply(room, PdDone(req_id=key, error=error))
+                if room.claim is not None and not room.aborted:  # decode answers with the same status
+                    await self._reply(room, PdDone(req_id=key, error=error, status=error_status or 0))
         if error is not None and error != "aborted":
             yield RequestOutput([], True, "error", error, error_status=error_status)
 
@@ -342,9 +369,11 @@ class PrefillBackend(EngineBackend):
         assert room.peer is not None
         endpoint = str(room.peer.info.endpoints["transfer"])
         extra["sent_at"] = time.time()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._send_pool, self._send_sync, endpoint, room.peer.key, room.key,
-                                          tensors, len(seq.prompt_ids), extra)
+        assert self._outbox is not None  # load() built it
+        # The room's own lane: a slow or stopped decode holds up only its own session's rooms.
+        fut = self._outbox.submit(room.peer.session_id, endpoint, room.peer.transfer, room.key, tensors,
+                                  length=len(seq.prompt_ids), extra=extra)
+        return await asyncio.wrap_future(fut)
 
     # control socket -------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -368,6 +397,7 @@ class PrefillBackend(EngineBackend):
                 raise wire.WireError(f"unexpected {type(msg).__name__}")
         except wire.WireError as exc:
             self.auth_failures += 1
+            self.rejections["malformed"] += 1
             log.warning("refused a malformed control message: %s", exc)
             return
         peer = self.bootstrap.peer_for(msg.pairing_id) if self.bootstrap is not None else None
@@ -377,11 +407,14 @@ class PrefillBackend(EngineBackend):
                     "prefill is not paired with this decode (it restarted, or the session expired); re-register")))
             else:
                 self.auth_failures += 1
+                self.rejections["session"] += 1
                 log.warning("refused a control message for an unknown session")
             return
-        if open_sealed(peer.key, frames) is None:
+        if peer.control.open(frames) is None:  # forged, or a replay of a message already seen
             self.auth_failures += 1
-            log.warning("refused a control message that failed authentication (session %d)", peer.generation)
+            self.rejections[peer.control.last_refusal or "auth"] += 1
+            log.warning("refused a control message that failed authentication or was replayed (%s, session %d)",
+                        peer.control.last_refusal, peer.generation)
             return
         peer.last_seen = time.monotonic()
         room = self._rooms.get(msg.req_id)
@@ -394,13 +427,20 @@ class PrefillBackend(EngineBackend):
             self._reply_to(identity, peer, PdDone(req_id=msg.req_id,
                                                   error=f"{msg.req_id} is already claimed"))
             return
+        if len(msg.prompt_ids) > self.max_context:
+            self.rejections["prompt_size"] += 1
+            self._reply_to(identity, peer, PdDone(req_id=msg.req_id, status=413, error=(
+                f"the claim's prompt has {len(msg.prompt_ids)} tokens, over this prefill's {self.max_context}")))
+            return
         if room is None:
-            # Claims whose HTTP half has not come are bounded per session: a peer cannot pile them up.
-            waiting = sum(1 for r in self._rooms.values()
-                          if r.peer is not None and r.peer.session_id == peer.session_id and not r.http.is_set())
-            if waiting >= MAX_UNMATCHED_CLAIMS:
+            # Claims whose HTTP half has not come are bounded per session and in all: a peer cannot pile them up.
+            unmatched = [r for r in self._rooms.values() if r.peer is not None and not r.http.is_set()]
+            waiting = sum(1 for r in unmatched if r.peer is not None and r.peer.session_id == peer.session_id)
+            if waiting >= MAX_UNMATCHED_CLAIMS or len(unmatched) >= MAX_WAITING_CLAIMS:
+                self.rejections["claims"] += 1
                 self._reply_to(identity, peer, PdDone(req_id=msg.req_id, error=(
-                    f"{waiting} claims of this session wait for rooms prefill never received; refused")))
+                    f"{waiting} claims of this session ({len(unmatched)} in all) wait for rooms prefill never "
+                    "received; refused")))
                 return
             room = self._rooms[msg.req_id] = _Room(msg.req_id)
             self._bg.append(asyncio.create_task(self._expire_unsent(room)))
@@ -430,34 +470,21 @@ class PrefillBackend(EngineBackend):
     def _reply_to(self, identity: bytes, peer: Peer | None, msg: PdProgress | PdDone) -> None:
         if self._sock is None:
             return
-        frames = seal(peer.key if peer is not None else None, [bytes(f) for f in wire.encode(msg)])
+        frames = [bytes(f) for f in wire.encode(msg)]
+        if peer is not None:
+            frames = peer.control.seal(frames)
         try:
-            self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+            sent = self._sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            log.info("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
+            log.debug("could not answer decode for %s: %s", msg.req_id, exc)  # decode is gone
+            return
+        # zmq.asyncio reports a failed non-blocking send (EHOSTUNREACH: decode is gone) on the returned future;
+        # retrieve it here, or every reply to a vanished peer logs "Future exception was never retrieved".
+        cast("asyncio.Future[Any]", sent).add_done_callback(functools.partial(_sent, req_id=msg.req_id))
 
     async def _reply(self, room: _Room, msg: PdProgress | PdDone) -> None:
         if room.claim is not None:
             self._reply_to(room.identity, room.peer, msg)
-
-    # sender thread --------------------------------------------------------------------------------
-    def _send_sync(self, endpoint: str, key: bytes | None, req_id: str, tensors: dict[str, Any], length: int,
-                   extra: dict[str, Any]) -> TransferResult:
-        from specctl.engine.pd.transfer import TransferSender
-
-        # One sender per decode session: with a secret every payload carries that session's MAC.
-        sender = self._senders.get((endpoint, key))
-        if sender is None:
-            sender = self._senders[(endpoint, key)] = TransferSender(
-                endpoint, backend=str(self.ctx.transfer.get("backend", "zmq")), timeout_s=self.ctx.timeout_s,
-                key=key)
-        return sender.send(req_id, tensors, length=length, extra=extra)
-
-    def _close_senders(self) -> None:
-        for sender in self._senders.values():
-            with contextlib.suppress(Exception):
-                sender.close()
-        self._senders.clear()
 
     # info -----------------------------------------------------------------------------------------
     async def server_info(self) -> dict[str, Any]:
@@ -470,6 +497,7 @@ class PrefillBackend(EngineBackend):
         # Endpoints are no secret: claiming a room needs a session (ids never leave the handshake) and, with a
         # shared secret, that session's key.
         info["bootstrap"] = {**stats, "sessions": len(self.bootstrap.peers) if self.bootstrap else 0,
+                             "rejected_by_reason": self.pd_rejections(),
                              "auth_failures": self.auth_failures, "authenticated": bool(secret_of(self.ctx)),
                              "endpoint": self.bootstrap.endpoint if self.bootstrap else None,
                              "control": self.info.endpoints.get("control") if self.info else None}
@@ -486,5 +514,19 @@ class PrefillBackend(EngineBackend):
 
     async def refresh_metrics(self, metrics: ServingMetrics) -> None:
         await super().refresh_metrics(metrics)
+        metrics.pd_sessions.set(len(self.bootstrap.peers) if self.bootstrap is not None else 0)
+        metrics.pd_claims_waiting.set(sum(1 for r in self._rooms.values() if r.claim is not None
+                                          and not r.http.is_set()))
+        metrics.pd_transfers_in_flight.set(sum(self._outbox.in_flight().values()) if self._outbox else 0)
+        for reason, n in self.pd_rejections().items():
+            metrics.pd_rejected.mirror(n, reason=reason)
+
+    def pd_rejections(self) -> dict[str, int]:
+        """Every PD-plane refusal of this prefill by reason: control messages and the bootstrap's refusals."""
+        out = dict(self.rejections)
+        if self.bootstrap is not None:
+            for kind, n in self.bootstrap.stats.rejected_by.items():
+                out[f"bootstrap_{kind}"] = n
+        return out
 
 

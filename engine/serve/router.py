@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from specctl.engine.serve.budget import request_budget_s
 from specctl.engine.serve.openai_request import DEFAULT_MODEL_NAME
 from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure, UsageError
@@ -141,8 +142,6 @@ def served_model(deployment: Deployment) -> str:
 def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: str | None = None) -> list[str]:
     """The deployment's router as `up` and `serve --role router` run it (`kind` overrides the file's)."""
     router = deployment.role("router")
-    decode = deployment.role("decode")
-    timeout_s = float((decode.get("transfer") or {}).get("timeout_s", 30))
     host = str(router.get("host") or "127.0.0.1")
     prefills = [(http_url(pre), pre.get("bootstrap_port")) for pre in role_instances(deployment, "prefill")]
     decodes = [http_url(dec) for dec in role_instances(deployment, "decode")]
@@ -157,11 +156,10 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         "--prometheus-host", host,
         "--prometheus-port", str(router.get("metrics_port") or free_port(host)),
     ]
-    # A request may wait for its KV up to the transfer timeout, then decode for minutes on a CPU; the engines
-    # fail a stuck request themselves (transfer.timeout_s), this only bounds a hung worker.
+    # The request's end-to-end budget (serve/budget.py): a stopped worker fails its requests within it.
     return router_command(prefills, decodes, kind=kind or router_kind(deployment), host=host,
                           port=int(router["port"]), python=python,
-                          request_timeout_s=int(max(600.0, timeout_s * 4)), served_model=served_model(deployment),
+                          request_timeout_s=request_budget_s(deployment), served_model=served_model(deployment),
                           extra=extra)
 
 

@@ -135,6 +135,7 @@ def export_router(deployment: Deployment, *, kind: str | None = None) -> list[st
     """The router's command in front of every prefill and decode instance (engine/serve/router.py builds it:
     the same command line `specctl up` runs, without its local-only settings). `kind`: smg or sglang-router,
     the deployment's `roles.router.kind` when None."""
+    from specctl.engine.serve.budget import request_budget_s
     from specctl.engine.serve.router import router_command
     from specctl.engine.serve.router import router_kind as deployment_router_kind
 
@@ -145,7 +146,7 @@ def export_router(deployment: Deployment, *, kind: str | None = None) -> list[st
     target = str(deployment.role("decode")["model"]["target"])
     return router_command(prefills, decodes, kind=kind or deployment_router_kind(deployment),
                           host=str(r.get("host") or "127.0.0.1"), port=int(r.get("port") or 30000),
-                          served_model=model_path(target))
+                          request_timeout_s=request_budget_s(deployment), served_model=model_path(target))
 
 
 def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.json",
