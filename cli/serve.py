@@ -213,7 +213,7 @@ def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: flo
         else:
             typer.echo(f"ready: {launcher.url}  (OpenAI API: {launcher.url}/v1; {ready['ready_after_s']}s)")
             typer.echo(f'try: curl -N {launcher.url}/v1/completions -H "Content-Type: application/json" '
-                       """-d '{"prompt": "def fib(n):", "max_tokens": 64, "stream": true}'""")
+                       """-d '{"model": "default", "prompt": "def fib(n):", "max_tokens": 64, "stream": true}'""")
         sys.stdout.flush()
         while True:  # supervise
             launcher.check()

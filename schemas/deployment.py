@@ -167,7 +167,8 @@ def _merge_role(data: dict[str, Any], role: str, shared: dict[str, dict[str, Any
     out["port"] = role_cfg.get("port", DEFAULT_COLOCATED_PORT if role == "colocated" else None)
     out["bootstrap_port"] = role_cfg.get("bootstrap_port")
     if role == "router":
-        out["metrics_port"] = role_cfg.get("metrics_port")  # sglang-router's Prometheus port (None: a free one)
+        out["metrics_port"] = role_cfg.get("metrics_port")  # the router's Prometheus port (None: a free one)
+        out["kind"] = role_cfg.get("kind") or "smg"
     return out
 
 

@@ -1,7 +1,7 @@
 """`Launcher` supervision with small real child processes standing in for `specctl serve`.
 
-The launcher runs `[python, -m, specctl.cli, serve, --role R, -c FILE]` per engine and `[python, -m,
-sglang_router.launch_router, --pd-disaggregation, ...]` for the router; here `python` is a tiny script that
+The launcher runs `[python, -m, specctl.cli, serve, --role R, -c FILE]` per engine and `[python, -m, smg,
+launch, --pd-disaggregation, ...]` for the router; here `python` is a tiny script that
 serves /health (engines) or /readiness (router) on the role's port (503 until "ready", then 200) and behaves
 as the test asks through FAKE_<ROLE> (ok | die | hang | stubborn | impostor), so waiting, failure reporting
 and shutdown are exercised with real processes, real signals and real HTTP, without loading a model. The
@@ -36,7 +36,7 @@ FAKE = textwrap.dedent(
     import http.server, json, os, signal, sys, threading, time
     import yaml
     args = sys.argv[1:]
-    if "sglang_router.launch_router" in args:
+    if "--pd-disaggregation" in args:
         role, port = "router", int(args[args.index("--port") + 1])
         with open(os.path.join(os.environ["FAKE_MARKS"], "router.argv"), "w") as f:
             json.dump({{"argv": args, "offline": os.environ.get("HF_HUB_OFFLINE")}}, f)
@@ -117,14 +117,14 @@ def setup(tmp_path: Path, monkeypatch):
     return make, marks, r
 
 
-def test_the_router_is_sglang_router_over_every_instance(setup) -> None:
+def test_the_router_is_smg_over_every_instance(setup) -> None:
     make, marks, router_port = setup
     launcher = make()
     with launcher:
         launcher.wait_ready(60, poll_s=0.05)
         started = json.loads((marks / "router.argv").read_text())
     argv, p = started["argv"], make.ports
-    assert argv[:3] == ["-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    assert argv[:4] == ["-m", "smg", "launch", "--pd-disaggregation"]
     i = argv.index("--prefill")
     assert argv[i + 1:i + 3] == [f"http://127.0.0.1:{p['prefill']}", str(p["bootstrap"])]
     assert argv[argv.index("--decode") + 1] == f"http://127.0.0.1:{p['decode']}"

@@ -64,7 +64,7 @@ def test_export_json_shape() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert set(doc) == {"prefill", "decode", "router", "files"}
-    assert doc["router"][:3] == ["python", "-m", "sglang_router.launch_router"]
+    assert doc["router"][:3] == ["smg", "launch", "--pd-disaggregation"]  # the default router
     assert "--pd-disaggregation" in doc["router"]
     assert doc["prefill"][doc["prefill"].index("--disaggregation-mode") + 1] == "prefill"
     assert set(doc["files"]) == {"adaptive.json"}

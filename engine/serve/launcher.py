@@ -2,9 +2,9 @@
 
 Contract (mini-sglang style: the launcher blocks on every worker's readiness before reporting ready):
 - `Launcher(deployment, overrides=...)` plans one `specctl serve --role R --instance I` subprocess per
-  engine instance (every prefill, every decode; or colocated) and, for a disaggregated deployment, SGLang's
-  sglang-router in front of them (engine/serve/router.py: `python -m sglang_router.launch_router
-  --pd-disaggregation ...`), each logging to `<log_dir>/<name>.log` (names: `prefill`, `prefill.1`, ...).
+  engine instance (every prefill, every decode; or colocated) and, for a disaggregated deployment, the router
+  in front of them (engine/serve/router.py: `python -m smg launch --pd-disaggregation ...`, or sglang-router
+  with `roles.router.kind`), each logging to `<log_dir>/<name>.log` (names: `prefill`, `prefill.1`, ...).
   Every child's environment has HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1.
 - `start()` first checks that every port the topology binds (each role's HTTP port, prefill's bootstrap
   port) is free, and raises `RuntimeFailure` (exit 3) naming the port, the role and the
@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv
+from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv, router_kind
 from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class Launcher:
         if "router" in self.roles:
             from specctl.engine.serve.router import check_installed
 
-            check_installed(self.python)
+            check_installed(self.python, router_kind(self.deployment))
         if self.engine == "sglang" and not self._custom_planner:
             from specctl.engine.serve import sglang_process as sp
 
@@ -395,7 +395,7 @@ class Launcher:
         return pairs
 
     def _poll_router(self, st: ProcessStatus, proc: subprocess.Popen[bytes] | None) -> None:
-        # sglang-router names no pid; the port was checked free before anything started, so the answer on it
+        # A router names no pid; the port was checked free before anything started, so the answer on it
         # is the started router's. /readiness is 200 once it holds a healthy prefill and decode.
         if proc is None:
             st.state, st.ready = "waiting", False
@@ -423,7 +423,7 @@ class Launcher:
         return None
 
     def exit_meaning(self, name: str, code: int) -> str:
-        """specctl's exit codes mean something only for `specctl serve`; SGLang and sglang-router have their own."""
+        """specctl's exit codes mean something only for `specctl serve`; SGLang and the router have their own."""
         if code < 0:
             return EXIT_MEANINGS.get(code, f"killed by signal {-code}")
         ours = self.engine == "builtin" and not self._custom_planner and split_name(name)[0] != "router"

@@ -10,7 +10,8 @@ Contract:
   chat content parts of type `text` only, and the context length. A field the engine cannot honour
   (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
   logprobs / penalties / logit_bias on a role that cannot apply them) is refused with a
-  400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`. Fields this
+  400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`; SGLang's default
+  name `"default"` (what SGLang's own clients send) is the served model, as SGLang's servers treat it. Fields this
   front does not know (vendor extensions such as the router's `bootstrap_*`) are left alone.
 - Every error is `RequestError(message, param=..., status=..., code=...)` with `code` a string, which
   the HTTP layer turns into OpenAI's `{"error": {"message", "type", "param", "code"}}`.
@@ -25,6 +26,9 @@ import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# The model name SGLang's clients send when they name none in particular (SGLang's servers accept it).
+DEFAULT_MODEL_NAME = "default"
 
 MAX_JSON_DEPTH = 32  # OpenAI bodies nest 4-5 levels (messages -> parts -> fields); 32 leaves room for extras
 MIN_INT, MAX_INT = -(1 << 63), (1 << 64) - 1  # what torch seeds and any C integer can hold
@@ -193,6 +197,8 @@ def _model(body: dict[str, Any], info: ModelInfo) -> str:
         return info.model_name
     if not isinstance(model, str):
         raise RequestError("model must be a string", param="model", code="invalid_type")
+    if model == DEFAULT_MODEL_NAME:  # SGLang's clients name no model in particular; SGLang serves them
+        return info.model_name
     if model != info.model_name:
         raise RequestError(f"the model {model!r} does not exist; this server serves {info.model_name!r} "
                            "(see GET /v1/models)", param="model", status=404, code="model_not_found")

@@ -1,10 +1,10 @@
 """A specctl deployment as SGLang launch commands: prefill, decode (or one colocated server) and the
-sglang-router in front, plus the adaptive JSON file they reference.
+router in front (smg by default, or sglang-router), plus the adaptive JSON file they reference.
 
 Contract: `export_commands(deployment, *, adaptive_file="adaptive.json") -> SGLangCommands` (a
 `schemas.deployment.Deployment`, already validated). Every argv uses full flag names only (no
 abbreviations; SGLang's parser with `allow_abbrev=False` accepts each), starts with `python -m
-sglang.launch_server` (router: `python -m sglang_router.launch_router`), and an adaptive role always
+sglang.launch_server` (router: `smg launch` or `python -m sglang_router.launch_router`), and an adaptive role always
 carries `--speculative-adaptive` next to `--speculative-adaptive-config FILE` (SGLang ignores the file
 otherwise). `files` maps file names (relative to where the commands run) to their text. Builtin models
 are exported as their local directories, never as a name SGLang could look up on a hub.
@@ -30,7 +30,6 @@ from specctl.schemas.deployment import Deployment
 from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
-ROUTER = ["python", "-m", "sglang_router.launch_router"]
 KNOBS = ("strategy", "ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
          "ceiling_coeff")
 
@@ -132,8 +131,27 @@ def role_argv(cfg: dict[str, Any], role: str, *, adaptive_file: str) -> tuple[li
     return argv, files
 
 
-def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.json") -> SGLangCommands:
-    """The deployment's SGLang launch commands (see the module contract)."""
+def export_router(deployment: Deployment, *, kind: str | None = None) -> list[str]:
+    """The router's command in front of every prefill and decode instance (engine/serve/router.py builds it:
+    the same command line `specctl up` runs, without its local-only settings). `kind`: smg or sglang-router,
+    the deployment's `roles.router.kind` when None."""
+    from specctl.engine.serve.router import router_command
+    from specctl.engine.serve.router import router_kind as deployment_router_kind
+
+    r: dict[str, Any] = dict(deployment.role("router")) if "router" in deployment.roles else {}
+    prefills = [(f"http://{p['host']}:{p['port']}", p.get("bootstrap_port") or 8998)
+                for p in deployment.instances("prefill")]
+    decodes = [f"http://{d['host']}:{d['port']}" for d in deployment.instances("decode")]
+    target = str(deployment.role("decode")["model"]["target"])
+    return router_command(prefills, decodes, kind=kind or deployment_router_kind(deployment),
+                          host=str(r.get("host") or "127.0.0.1"), port=int(r.get("port") or 30000),
+                          served_model=model_path(target))
+
+
+def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.json",
+                    router_kind: str | None = None) -> SGLangCommands:
+    """The deployment's SGLang launch commands (see the module contract); `router_kind` picks the router
+    (smg or sglang-router; the deployment's `roles.router.kind` when None)."""
     argvs: dict[str, list[str]] = {}
     files: dict[str, str] = {}
     for role in deployment.engine_roles:
@@ -149,12 +167,7 @@ def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.js
         argvs[role] = argv
     router: list[str] | None = None
     if "prefill" in argvs and "decode" in argvs:
-        p, d = deployment.role("prefill"), deployment.role("decode")
-        r = deployment.role("router") if "router" in deployment.roles else {"host": "127.0.0.1", "port": 30000}
-        router = [*ROUTER, "--pd-disaggregation",
-                  "--prefill", f"http://{p['host']}:{p['port']}", str(p.get("bootstrap_port") or 8998),
-                  "--decode", f"http://{d['host']}:{d['port']}",
-                  "--host", str(r.get("host") or "127.0.0.1"), "--port", str(r.get("port") or 30000)]
+        router = export_router(deployment, kind=router_kind)
     return SGLangCommands(prefill=argvs.get("prefill"), decode=argvs.get("decode"),
                           colocated=argvs.get("colocated"), router=router, files=files)
 
