@@ -55,6 +55,69 @@ def import_sglang(
             sys.stdout.write(text)
 
 
+_MANIFEST_KINDS = {"rbg": "RoleBasedGroup", "lws": "LeaderWorkerSet", "dynamo": "DynamoGraphDeployment"}
+
+
+def _import_manifest(kind: str, path: str, out: str | None, name: str | None) -> None:
+    with handle_errors():
+        from pathlib import Path
+
+        from specctl.errors import UsageError
+        from specctl.schemas.loader import read_text
+        from specctl.schemas.platforms.manifest import read_manifest
+        from specctl.schemas.sglang.command import parse_command_text
+        from specctl.schemas.sglang.importer import import_parsed, to_yaml
+
+        want = _MANIFEST_KINDS[kind]
+        with read_manifest(read_text(path), name=path) as manifest:
+            if want not in manifest.kinds:
+                found = [k for k, v in _MANIFEST_KINDS.items() if v in manifest.kinds]
+                raise UsageError(f"{path} holds no {want} (kinds: {', '.join(manifest.kinds) or 'none'})",
+                                 hint=f"specctl import {found[0]} {path}" if found else
+                                 "give a manifest exported by specctl export rbg|lws|dynamo")
+            cmds = [parse_command_text(c.text, name=path, base_dir=manifest.files_dir or Path(path).parent)
+                    for c in manifest.commands]
+            engines = [c for c in cmds if c.role in ("prefill", "decode")] or cmds[:1]
+            if not engines:
+                raise UsageError(f"{path}: no container runs SGLang", hint="specctl validate it for details")
+            imported = import_parsed(sorted(engines, key=lambda c: c.role != "prefill"),
+                                     name=name or Path(path).stem)
+        for file, f in imported.findings:
+            where = f"{file}:{f.line}" if f.line else file
+            sys.stderr.write(f"{where}: {f.code} {f.path}: {f.severity}: {f.message}\n    fix: {f.fix}\n")
+        if not imported.ok or not imported.data:
+            raise typer.Exit(1)
+        text = to_yaml(imported.data, imported.unmapped).replace("by `specctl import sglang`",
+                                                                f"by `specctl import {kind}` from {path}")
+        if out:
+            Path(out).write_text(text, encoding="utf-8")
+            sys.stderr.write(f"wrote {out}; check it with: specctl validate {out}\n")
+        else:
+            sys.stdout.write(text)
+
+
+def _register_import(kind: str, what: str) -> None:
+    def command(
+        path: Annotated[str, typer.Argument(help="The manifest (YAML).", metavar="MANIFEST.yaml",
+                                            show_default=False)],
+        out: Annotated[Optional[str], typer.Option(  # noqa: UP045
+            "-o", "--output", metavar="DEPLOY.yaml", help="Write the deployment here (default: stdout).",
+            show_default=False)] = None,
+        name: Annotated[Optional[str], typer.Option("--name", help="The deployment's name.",  # noqa: UP045
+                                                    show_default=False)] = None,
+    ) -> None:
+        _import_manifest(kind, path, out, name)
+
+    command.__doc__ = (f"Turn a {what}'s SGLang containers (prefill and decode) into a deployment file "
+                       "(their ConfigMap's adaptive config inlined).")
+    import_app.command(kind)(command)
+
+
+_register_import("rbg", "RoleBasedGroup")
+_register_import("lws", "LeaderWorkerSet")
+_register_import("dynamo", "DynamoGraphDeployment")
+
+
 @export_app.command("sglang")
 def export_sglang(
     config: ConfigOption,

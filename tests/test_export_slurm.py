@@ -25,8 +25,6 @@ from slurm_cluster import Cluster, ClusterUnavailable, slurm_cluster
 
 from specctl.engine.serve.ports import free_ports
 
-pytestmark = pytest.mark.slow
-
 BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 300.0
 
@@ -93,6 +91,7 @@ def http(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(resp.read(1 << 20))
 
 
+@pytest.mark.slow
 def test_exported_job_serves_through_the_router_after_preflight(cluster: Cluster, tmp_path: Path) -> None:
     script, ports = export(tmp_path)
     job = submit(cluster, script)
@@ -111,6 +110,7 @@ def test_exported_job_serves_through_the_router_after_preflight(cluster: Cluster
     assert cluster.job_state(job) in ("CANCELLED", "COMPLETED", "FAILED")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("edit", "row"), [
     # the builtin decode's own handshake refuses it at start-up: the job stops on the dead step
     ("cache.page_size=32", "page_size"),
@@ -130,3 +130,24 @@ def test_mismatched_decode_stops_the_job_before_the_router(cluster: Cluster, tmp
     assert "starting the router" not in out
     show = cluster.run("scontrol", "show", "job", job).stdout
     assert "ExitCode=3:0" in show, show
+
+
+@pytest.mark.parametrize("extra", [[], ["--spread"], ["--gpus", "8", "--nodes", "2"], ["--router", "sglang-router"]])
+def test_scripts_of_sglang_deployments_are_valid_bash(tmp_path: Path, extra: list[str]) -> None:
+    argv = [str(BIN / "specctl"), "export", "slurm", "-c", "llama-3.1-8b-pd", "--set", "engine=sglang"]
+    res = subprocess.run([*argv, "--out", str(tmp_path), *extra], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    script = tmp_path / "llama-3-1-8b-pd.sbatch"
+    text = script.read_text()
+    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30, check=False)
+    assert check.returncode == 0, check.stderr
+    assert "python -m sglang.launch_server" in text and "cat > adaptive.json" in text
+    assert text.index("specctl preflight") < text.index("starting the router")
+    if "--nodes" in extra:
+        assert "#SBATCH --nodes=4" in text and "--node-rank \"$SLURM_PROCID\"" in text and "--tp-size 16" in text
+    elif "--spread" in extra:
+        assert "#SBATCH --nodes=2" in text and "--host 0.0.0.0" in text and "${NODES[1]}" in text
+        assert "--base-gpu-id" not in text
+    else:
+        assert "#SBATCH --nodes=1" in text and "--base-gpu-id 1" in text

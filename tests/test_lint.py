@@ -27,6 +27,7 @@ STRICT = (
     "schemas/platforms/lws.py",
     "schemas/platforms/dynamo.py",
     "schemas/platforms/slurm.py",
+    "schemas/platforms/manifest.py",
     "errors.py",
     "schemas/__init__.py",
     "schemas/catalog.py",

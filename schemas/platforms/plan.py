@@ -118,7 +118,7 @@ def dns_name(text: str) -> str:
     return out
 
 
-def _drop_flag(argv: list[str], flag: str) -> list[str]:
+def drop_flag(argv: list[str], flag: str) -> list[str]:
     if flag not in argv:
         return argv
     i = argv.index(flag)
@@ -134,7 +134,7 @@ def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 def _shared_part(argv: list[str]) -> list[str]:
     for flag in _ADDRESS_FLAGS:
-        argv = _drop_flag(argv, flag)
+        argv = drop_flag(argv, flag)
     return argv
 
 
@@ -164,7 +164,7 @@ def build_plan(deployment: Deployment, options: PlatformOptions, *, cluster: boo
         argv = list(base)
         if cluster:
             argv = set_flag(argv, "--host", "0.0.0.0")
-            argv = _drop_flag(argv, "--base-gpu-id")
+            argv = drop_flag(argv, "--base-gpu-id")
             for flag in ("--speculative-adaptive-config",):
                 if flag in argv:
                     i = argv.index(flag) + 1
@@ -195,35 +195,15 @@ def _model_dirs(roles: dict[str, RolePlan], options: PlatformOptions) -> tuple[s
 
 
 def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str], *, host: str) -> list[str]:
-    """The router in front of the given prefill (URL, bootstrap port) and decode URLs, listening on
-    host:router_port. Built by `schemas.sglang.export` (the router's one builder), then pointed at the
-    platform's addresses."""
-    from specctl.schemas.sglang.export import export_commands
+    """The router (`--router`: smg or sglang-router) in front of the given prefill (URL, bootstrap port) and
+    decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
+    addresses."""
+    from specctl.engine.serve.router import router_command
+    from specctl.schemas.sglang.export import model_path
 
-    base = export_commands(plan.deployment).router or []
-    return retarget(base, prefills, decodes, host=host, port=plan.router_port)
-
-
-def retarget(argv: list[str], prefills: list[tuple[str, int]], decodes: list[str], *, host: str,
-             port: int) -> list[str]:
-    """A router argv with its workers, host and port replaced (the other flags kept)."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--prefill":
-            i += 3 if i + 2 < len(argv) and argv[i + 2].isdigit() else 2
-            continue
-        if a in ("--decode", "--host", "--port"):
-            i += 2
-            continue
-        out.append(a)
-        i += 1
-    for url, boot in prefills:
-        out += ["--prefill", url, str(boot)]
-    for url in decodes:
-        out += ["--decode", url]
-    return [*out, "--host", host, "--port", str(port)]
+    target = str(plan.deployment.role("decode")["model"]["target"])
+    return router_command(prefills, decodes, kind=plan.options.router, host=host, port=plan.router_port,
+                          served_model=model_path(target))
 
 
 def gate_pairs(prefills: list[tuple[str, int]], decodes: list[str]) -> list[tuple[str, int, str]]:

@@ -22,7 +22,7 @@ import re
 import shlex
 from typing import Any
 
-from specctl.schemas.platforms.plan import Plan, gate_pairs, router_argv, set_flag
+from specctl.schemas.platforms.plan import Plan, drop_flag, gate_pairs, router_argv, set_flag
 
 _SAFE = re.compile(r"^[A-Za-z0-9_./:=@%+,-]+$")
 
@@ -119,8 +119,8 @@ def slurm_script(plan: Plan, *, partition: str | None = None, time: str | None =
             k = place[(role, i)]
             host = "127.0.0.1" if local else f"${{NODES[{k}]}}"
             argv = _engine_argv(plan, role, i, builtin=builtin, local=local)
-            if not local:
-                argv = set_flag(argv, "--host", "0.0.0.0")
+            if not local and not builtin:  # an instance has its node(s) to itself: all their GPUs
+                argv = drop_flag(set_flag(argv, "--host", "0.0.0.0"), "--base-gpu-id")
             inst = plan.deployment.instances(role)[i]
             url = f"http://{_connectable(str(inst.get('host') or '127.0.0.1')) if local else host}:{inst['port']}"
             urls.append(url)
