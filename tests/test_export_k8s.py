@@ -298,3 +298,27 @@ def test_sglangs_parser_accepts_every_engine_container(tmp_path: Path) -> None:
     finally:
         for m in manifests:
             m.close()
+
+
+def test_exports_and_manifest_validation_import_no_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from specctl.cli.main import app\n"
+        "r = CliRunner()\n"
+        "for kind in ('rbg', 'lws', 'dynamo', 'slurm'):\n"
+        "    res = r.invoke(app, ['export', kind, '-c', 'llama-3.1-8b-pd', '--format', 'json'])\n"
+        "    assert res.exit_code == 0, res.output\n"
+        f"    open({str(tmp_path)!r} + '/' + kind + '.json', 'w').write(res.stdout)\n"
+        f"res = r.invoke(app, ['export', 'rbg', '-c', 'llama-3.1-8b-pd', '--out', {str(tmp_path)!r}])\n"
+        f"res = r.invoke(app, ['validate', {str(tmp_path / 'llama-3-1-8b-pd-rbg.yaml')!r}])\n"
+        "assert res.exit_code == 0, res.output\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang'))\n"
+        "assert not bad, bad[:5]\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    docs = json.loads((tmp_path / "rbg.json").read_text())
+    assert [d["kind"] for d in docs] == ["RoleBasedGroup", "ConfigMap"]
+    assert json.loads((tmp_path / "slurm.json").read_text())["script"].startswith("#!/bin/bash")

@@ -92,6 +92,7 @@ def http(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test also starts the cluster (and installs slurm-wlm where it is missing)
 def test_exported_job_serves_through_the_router_after_preflight(cluster: Cluster, tmp_path: Path) -> None:
     script, ports = export(tmp_path)
     job = submit(cluster, script)
@@ -111,6 +112,7 @@ def test_exported_job_serves_through_the_router_after_preflight(cluster: Cluster
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("edit", "row"), [
     # the builtin decode's own handshake refuses it at start-up: the job stops on the dead step
     ("cache.page_size=32", "page_size"),
