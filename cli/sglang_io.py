@@ -187,7 +187,9 @@ ClaimOpt = Annotated[str, typer.Option("--model-claim", help="PersistentVolumeCl
 ModelDirOpt = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--model-dir", help="Where the claim is mounted (default: the directory holding the deployment's models).",
     show_default=False)]
-RouterOpt = Annotated[str, typer.Option("--router", metavar="smg|sglang-router", help="The router in front.")]
+RouterOpt = Annotated[Optional[str], typer.Option(  # noqa: UP045
+    "--router", metavar="smg|sglang-router", help="The router in front (default: the deployment's roles.router.kind, "
+    "smg when unset).", show_default=False)]
 OutOpt = Annotated[Optional[str], typer.Option(  # noqa: UP045
     "--out", metavar="DIR", help="Write the file here (default: stdout).", show_default=False)]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text (YAML / the script) or json (the same "
@@ -259,7 +261,7 @@ def _register_k8s(kind: str, title: str) -> None:
         node_selector: SelectorOpt = None,
         model_claim: ClaimOpt = "models",
         model_dir: ModelDirOpt = None,
-        router: RouterOpt = "smg",
+        router: RouterOpt = None,
         output: FormatOpt = OutputFormat.text,
     ) -> None:
         _k8s_export(kind, config, set_values, out, output, name=name, namespace=namespace, image=image,
@@ -268,7 +270,8 @@ def _register_k8s(kind: str, title: str) -> None:
                     model_claim=model_claim, model_dir=model_dir, router=router)
 
     command.__doc__ = title
-    export_app.command(kind, epilog=_PLATFORM_EPILOG.format(router="--router, smg by default"))(command)
+    router = "--router; the deployment's roles.router.kind, smg when unset"
+    export_app.command(kind, epilog=_PLATFORM_EPILOG.format(router=router))(command)
 
 
 _register_k8s("rbg", "Print a RoleBasedGroup (workloads.x-k8s.io/v1alpha2): router, prefill and decode roles.")
@@ -288,7 +291,7 @@ def export_slurm(
     name: NameOpt = None,
     gpus: GpusOpt = None,
     nodes: NodesOpt = 1,
-    router: RouterOpt = "smg",
+    router: RouterOpt = None,
     partition: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--partition", help="Slurm partition (default: the cluster's).", show_default=False)] = None,
     time: Annotated[Optional[str], typer.Option(  # noqa: UP045

@@ -130,7 +130,7 @@ def gate_container(plan: Plan, prefills: list[tuple[str, int]], decodes: list[st
 def router_container(plan: Plan, argv: list[str]) -> dict[str, Any]:
     image = plan.options.router_image or plan.options.image
     return {"name": "router",
-            "image": Note(image, f"an image with the {plan.options.router} router (--router-image)"),
+            "image": Note(image, f"an image with the {plan.router_kind} router (--router-image)"),
             "command": argv, "env": offline_env(),
             "ports": [{"name": "http", "containerPort": plan.router_port}],
             "readinessProbe": health_probe("http")}

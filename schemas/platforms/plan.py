@@ -49,11 +49,11 @@ class PlatformOptions:
     node_selector: tuple[tuple[str, str], ...] = ()
     model_claim: str = "models"
     model_dir: str | None = None
-    router: str = "smg"
+    router: str | None = None  # smg or sglang-router; None: the deployment's roles.router.kind (smg when unset)
     dist_port: int = 5000
 
     def __post_init__(self) -> None:
-        if self.router not in ROUTERS:
+        if self.router is not None and self.router not in ROUTERS:
             raise UsageError(f"unknown router {self.router!r}", hint=f"one of: {', '.join(ROUTERS)}")
         if (self.gpus is not None and self.gpus < 0) or self.nodes < 1:
             raise UsageError("--gpus must be >= 0 and --nodes >= 1", hint="e.g. --gpus 8 --nodes 2 (TP 16)")
@@ -100,6 +100,13 @@ class Plan:
     @property
     def name(self) -> str:
         return dns_name(self.options.name or self.deployment.name)
+
+    @property
+    def router_kind(self) -> str:
+        """`--router`, else the deployment's `roles.router.kind` (smg when unset)."""
+        from specctl.engine.serve.router import router_kind
+
+        return self.options.router or router_kind(self.deployment)
 
     @property
     def pd(self) -> bool:
@@ -202,7 +209,7 @@ def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str],
     from specctl.schemas.sglang.export import model_path
 
     target = str(plan.deployment.role("decode")["model"]["target"])
-    return router_command(prefills, decodes, kind=plan.options.router, host=host, port=plan.router_port,
+    return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,
                           served_model=model_path(target))
 
 
