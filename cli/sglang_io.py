@@ -55,7 +55,8 @@ def import_sglang(
             sys.stdout.write(text)
 
 
-_MANIFEST_KINDS = {"rbg": "RoleBasedGroup", "lws": "LeaderWorkerSet", "dynamo": "DynamoGraphDeployment"}
+_MANIFEST_KINDS = {"rbg": "RoleBasedGroup", "lws": "LeaderWorkerSet", "dynamo": "DynamoGraphDeployment",
+                   "llm-d": "llm-d values"}
 
 
 def _import_manifest(kind: str, path: str, out: str | None, name: str | None) -> None:
@@ -74,7 +75,7 @@ def _import_manifest(kind: str, path: str, out: str | None, name: str | None) ->
                 found = [k for k, v in _MANIFEST_KINDS.items() if v in manifest.kinds]
                 raise UsageError(f"{path} holds no {want} (kinds: {', '.join(manifest.kinds) or 'none'})",
                                  hint=f"specctl import {found[0]} {path}" if found else
-                                 "give a manifest exported by specctl export rbg|lws|dynamo")
+                                 "give a manifest exported by specctl export rbg|lws|dynamo, or llm-d values")
             cmds = [parse_command_text(c.text, name=path, base_dir=manifest.files_dir or Path(path).parent)
                     for c in manifest.commands]
             engines = [c for c in cmds if c.role in ("prefill", "decode")] or cmds[:1]
@@ -116,6 +117,7 @@ def _register_import(kind: str, what: str) -> None:
 _register_import("rbg", "RoleBasedGroup")
 _register_import("lws", "LeaderWorkerSet")
 _register_import("dynamo", "DynamoGraphDeployment")
+_register_import("llm-d", "llm-d modelservice values file")
 
 
 @export_app.command("sglang")

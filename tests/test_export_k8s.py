@@ -322,3 +322,49 @@ def test_exports_and_manifest_validation_import_no_torch(tmp_path: Path) -> None
     docs = json.loads((tmp_path / "rbg.json").read_text())
     assert [d["kind"] for d in docs] == ["RoleBasedGroup", "ConfigMap"]
     assert json.loads((tmp_path / "slurm.json").read_text())["script"].startswith("#!/bin/bash")
+
+
+LLMD_VALUES = """modelArtifacts:
+  uri: pvc://models/Meta-Llama-3.1-8B-Instruct
+decode:
+  replicas: 2
+  containers:
+    - name: sglang
+      image: lmsysorg/sglang:v0.5.23
+      modelCommand: custom
+      command: [python3, -m, sglang.launch_server]
+      args: [--model-path, /models/Meta-Llama-3.1-8B-Instruct, --disaggregation-mode, decode, --port, "8200",
+             --page-size, "PAGE"]
+prefill:
+  replicas: 1
+  containers:
+    - name: sglang
+      image: lmsysorg/sglang:v0.5.23
+      modelCommand: custom
+      command: [python3, -m, sglang.launch_server]
+      args: [--model-path, /models/Meta-Llama-3.1-8B-Instruct, --disaggregation-mode, prefill, --port, "8000",
+             --page-size, "16"]
+"""
+
+
+@pytest.mark.parametrize(("page", "errors"), [("16", 0), ("32", 1)])
+def test_an_llm_d_values_file_is_read_as_its_containers_commands(tmp_path: Path, page: str, errors: int) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text(LLMD_VALUES.replace("PAGE", page))
+    result = Validator().validate_paths([str(f)]).files[0]
+    assert {x.path.split(": ")[0] for x in result.findings} == {"prefill", "decode"}
+    found = [x for x in result.findings if x.severity == "error"]
+    assert len(found) == errors
+    if errors:  # on the line of decode's args, which holds --page-size
+        assert found[0].path == "decode: --page-size" and found[0].line == 11
+
+
+def test_import_reads_an_llm_d_values_file(tmp_path: Path) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text(LLMD_VALUES.replace("PAGE", "16"))
+    out = tmp_path / "d.yaml"
+    res = runner.invoke(app, ["import", "llm-d", str(f), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = yaml.safe_load(out.read_text())
+    assert data["cache"]["page_size"] == 16
+    assert {r: data["roles"][r]["port"] for r in ("prefill", "decode")} == {"prefill": 8000, "decode": 8200}

@@ -1,18 +1,20 @@
 """Kubernetes manifests read back as SGLang commands (what `validate` and `import` do with them).
 
 Contract: `looks_like_manifest(text)` tells a RoleBasedGroup / LeaderWorkerSet / DynamoGraphDeployment file
-(or a multi-document file holding one) from other YAML, by its `kind:` lines only. `read_manifest(text, name=)`
+(or a multi-document file holding one), or an llm-d modelservice values file (top-level `modelArtifacts` and
+`prefill`/`decode`, whose containers give `command`/`args` with `modelCommand: custom`), from other YAML, by
+its top-level lines only. `read_manifest(text, name=)`
 returns a `Manifest`: one `ContainerCommand` per container that runs SGLang (`python[3] -m
 sglang.launch_server`, `sglang serve`, `python3 -m dynamo.sglang` - Dynamo's worker takes SGLang's flags - given
 as command + args, or inside `sh -c SCRIPT`), labelled by where it sits (RBG role name, LWS/Deployment name,
 DGD service name), as shell text in which every word stays on its manifest line, so findings point at the
-manifest's lines. Kubernetes `$(VAR)` references are expanded from the container's literal `env` values and
-the platform's group variables (worker index 0, group size = the pattern's size, leader address `leader`),
-as the pod would see them. Files the commands read from a ConfigMap of the same manifest (a
-`--speculative-adaptive-config` under a mounted ConfigMap) are written into `Manifest.files_dir` (a temporary
-directory, removed by `Manifest.close()` / the context manager) and the word points there. One command per
-label: a multi-node role's leader, which serves HTTP, is the one read. Raises `UsageError` (exit 2) for text
-that is not YAML.
+manifest's lines (an llm-d values file's containers: prefill / decode). Kubernetes `$(VAR)` references are
+expanded from the container's literal `env` values and the platform's group variables (worker index 0, group
+size = the pattern's size, leader address `leader`), as the pod would see them. Files the commands read from a
+ConfigMap of the same manifest (a `--speculative-adaptive-config` under a mounted ConfigMap) are written into
+`Manifest.files_dir` (a temporary directory, removed by `Manifest.close()` / the context manager) and the word
+points there. One command per label: a multi-node role's leader, which serves HTTP, is the one read. Raises
+`UsageError` (exit 2) for text that is not YAML.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ _LEADER_KEYS = ("leaderTemplate", "leaderTemplatePatch")
 _SIZE_KEYS = ("leaderWorkerPattern", "leaderWorkerTemplate")
 
 
+# llm-d's modelservice Helm values: top-level modelArtifacts plus prefill/decode sections of containers
+LLMD_VALUES = "llm-d values"
+_LLMD = re.compile(r"^modelArtifacts:", re.MULTILINE)
+_LLMD_ROLE = re.compile(r"^(?:prefill|decode):", re.MULTILINE)
+
+
 def looks_like_manifest(text: str) -> bool:
-    return bool(_KIND_LINE.search(text))
+    return bool(_KIND_LINE.search(text) or (_LLMD.search(text) and _LLMD_ROLE.search(text)))
 
 
 @dataclass
@@ -184,6 +192,8 @@ def _label(kind: str, doc: Any, path: tuple[str, ...]) -> str:
         return str(_plain(_get(role, "name")) or path[2])
     if kind == "DynamoGraphDeployment" and path[:2] == ("spec", "services") and len(path) > 2:
         return path[2]
+    if kind == LLMD_VALUES and path:
+        return path[0]
     return str(plain_name)
 
 
@@ -239,7 +249,7 @@ def read_manifest(text: str, *, name: str) -> Manifest:
     manifest = Manifest(name=name)
     chosen: dict[str, ContainerCommand] = {}
     for doc in docs:
-        kind = str(_plain(_get(doc, "kind")) or "")
+        kind = str(_plain(_get(doc, "kind")) or (LLMD_VALUES if _get(doc, "modelArtifacts") is not None else ""))
         manifest.kinds.append(kind)
         if kind == "ConfigMap":
             continue
