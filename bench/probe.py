@@ -4,8 +4,9 @@ All best-effort with a short timeout: a server without an endpoint (404), with a
 or slow to answer yields None and the report says "n/a". `/server_info` falls back to SGLang's
 `/get_server_info`.
 
-Behind sglang-router (a launched PD deployment) the URL under load is the router's, which has no
-engine `/server_info` or engine `/metrics`: `DeploymentProbe` snapshots the launched roles themselves
+Behind a PD router (smg or sglang-router) the URL under load is the router's, which has no engine
+`/server_info` or engine `/metrics` (smg forwards `/get_server_info` to a prefill, which runs no
+speculation): `DeploymentProbe` snapshots the launched roles themselves, or the workers smg lists
 (every prefill and decode instance, plus the front URL's own `/metrics` if it has one) and merges
 them into one `ServerSnapshot` the record's readers take as is (`merge_server_info`,
 `merge_metrics`). The load still goes through the router; only the probes go around it.
@@ -75,6 +76,21 @@ class ServerProbe:
     async def snapshot(self) -> ServerSnapshot:
         info, metrics = await asyncio.gather(self.server_info(), self.get_text("/metrics"))
         return ServerSnapshot(time.time(), info, metrics)
+
+    async def router_workers(self) -> tuple[tuple[str, str], ...]:
+        """The prefill and decode workers a PD router lists (smg's `GET /workers`: `worker_type` and `url`
+        per worker), named as the launcher names instances (`prefill`, `prefill.1`, `decode`, ...); empty
+        when the URL is no such router (an engine, sglang-router, a router with regular workers)."""
+        data = await self.get_json("/workers")
+        workers = data.get("workers") if isinstance(data, dict) else None
+        seen: dict[str, int] = {}
+        out: list[tuple[str, str]] = []
+        for w in workers if isinstance(workers, list) else []:
+            kind, url = (w.get("worker_type"), w.get("url")) if isinstance(w, dict) else (None, None)
+            if kind in ("prefill", "decode") and isinstance(url, str) and url.startswith(("http://", "https://")):
+                index = seen[kind] = seen.get(kind, -1) + 1
+                out.append((kind if index == 0 else f"{kind}.{index}", url))
+        return tuple(out) if any(name.startswith("decode") for name, _ in out) else ()
 
 
 class DeploymentProbe:

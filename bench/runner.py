@@ -76,8 +76,9 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
     async with aiohttp.ClientSession(connector=connector, read_bufsize=2**20) as session:
         probe = ServerProbe(session, config.url)
         model = config.model or await probe.first_model() or "default"
+        roles = provenance.roles or await probe.router_workers()  # bench --url of a router: its workers
         snapshots: ServerProbe | DeploymentProbe = (
-            DeploymentProbe(session, config.url, provenance.roles) if provenance.roles else probe)
+            DeploymentProbe(session, config.url, roles) if roles else probe)
         sender = RequestSender(session, config, model)
         bodies = [sender.body(p) for p in prompts]
         await _warmup(sender, prompts[0], config.warmup_requests)

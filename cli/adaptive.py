@@ -365,6 +365,9 @@ def profile_command(
     the JSON goes to --output or stdout.
     """
     with handle_errors():
+        from specctl.engine.install import require_engine
+
+        require_engine("specctl adaptive profile")
         if clock not in ("wall", "cpu"):
             raise UsageError(f"--clock {clock!r}: expected wall or cpu", hint="pass --clock wall or --clock cpu")
         sizes = parse_int_list(batch_sizes, option="--batch-sizes")

@@ -67,6 +67,13 @@ def handle_errors() -> Iterator[None]:
         yield
     except SpecctlError as exc:
         raise fail(exc) from None
+    except ModuleNotFoundError as exc:  # the tool install reached the builtin engine: name the extra
+        from specctl.engine.install import engine_error
+
+        err = engine_error(exc)
+        if err is None:
+            raise
+        raise fail(err) from None
     except KeyboardInterrupt:
         stderr_console().print("interrupted")
         raise typer.Exit(130) from None

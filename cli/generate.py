@@ -43,6 +43,9 @@ def generate(
 ) -> None:
     """Generate a continuation of --prompt with the deployment's engine (offline, no server)."""
     with handle_errors():
+        from specctl.engine.install import require_engine
+
+        require_engine("specctl generate")
         result = run_generate(
             config,
             overrides=tuple(set_ or ()),

@@ -79,7 +79,7 @@ def serve(
 ) -> None:
     """Run one process of a deployment until Ctrl-C / SIGTERM: a prefill or decode engine (decode pairs with
     every prefill through the verifying handshake before it is healthy), a colocated engine, or the router
-    (SGLang's sglang-router in PD mode, in front of every prefill and decode instance)."""
+    (smg, or sglang-router with roles.router.kind, in PD mode in front of every prefill and decode instance)."""
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
         deployment = _load(config, tuple(set_ or ()))
@@ -92,6 +92,10 @@ def serve(
         from specctl.engine.serve.faults import FaultPlan
         from specctl.engine.serve.roles import serve_role
 
+        if role is not Role.router:
+            from specctl.engine.install import require_engine
+
+            require_engine(f"specctl serve --role {role.value}")
         faults = FaultPlan.from_file(fault_plan) if fault_plan is not None else None
         try:
             code = serve_role(deployment, role.value, instance, faults=faults)
@@ -146,7 +150,8 @@ _UP_EPILOG = (
     "exported SGLang servers, with sglang.python or this interpreter), with a live status per process on "
     "stderr (state, elapsed time, last log line). Once all answer /health, the live preflight (the same as "
     "`specctl preflight`) checks every (prefill, decode) pair and each server against the deployment: any "
-    "difference prints its rows, stops everything and exits 3 before sglang-router starts. --format json "
+    "difference prints its rows, stops everything and exits 3 before the router (smg; "
+    "roles.router.kind: sglang-router for SGLang's previous one) starts. --format json "
     "reports each pair's preflight."
 )
 
@@ -192,6 +197,12 @@ def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: flo
     display = _StatusDisplay(err)
     try:
         err.print(f"starting {', '.join(launcher.roles)} of {deployment.name!r} (logs: {launcher.log_dir})")
+        if "router" in launcher.roles:
+            from specctl.engine.serve.router import router_kind, slow_client_warning
+
+            warning = slow_client_warning(router_kind(deployment))
+            if warning:
+                err.print(f"[yellow]warning:[/yellow] {warning}")
         launcher.start()
         t0 = time.monotonic()
         try:

@@ -1,8 +1,8 @@
-"""`specctl bench -c` behind sglang-router reads the launched roles themselves.
+"""`specctl bench -c` behind the router (smg) reads the launched roles themselves; `bench --url` of smg its workers.
 
 The router has no engine `/server_info` or `/metrics`: the bench's snapshots go to every prefill and
 decode instance (bench/probe.py `DeploymentProbe`) while the load goes through the router. End to end
-here: the real CLI launches tiny-pd (real prefill, decode and sglang-router processes on free loopback
+here: the real CLI launches tiny-pd (real prefill, decode and smg processes on free loopback
 ports) and the record must carry the decode's fingerprint, the adaptive block and per-instance
 /metrics deltas that agree with what the client itself counted. The merge rules for several
 instances are checked against hand-computed values.
@@ -103,3 +103,41 @@ def test_bench_of_tiny_pd_reads_the_roles_behind_the_router(tmp_path: Path) -> N
     adaptive = rec["adaptive"]
     assert adaptive is not None and isinstance(adaptive["switches"], list)
     assert sum(adaptive["batches_per_steps"].values()) > 0 and adaptive["state"]["mode"] is not None
+
+
+def test_bench_of_a_router_url_reads_the_workers_smg_lists(tmp_path: Path) -> None:
+    """`bench --url ROUTER` (no deployment): smg lists its prefill and decode workers (`GET /workers`), and
+    the snapshots read the decode's own /server_info through that list while the load goes to smg."""
+    import signal
+    import time
+
+    router, prefill, boot, decode = free_ports(4)
+    sets = [f"roles.router.port={router}", f"roles.prefill.port={prefill}", f"roles.prefill.bootstrap_port={boot}",
+            f"roles.decode.port={decode}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen([sys.executable, "-m", "specctl.cli", "up", "-c", "tiny-pd", "--log-dir", str(tmp_path),
+                           *(a for s in sets for a in ("--set", s))], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while b"ready: http" not in (tmp_path / "up.log").read_bytes():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            time.sleep(0.5)
+        n = 4
+        res = subprocess.run([sys.executable, "-m", "specctl.cli", "bench", "--url", f"http://127.0.0.1:{router}",
+                              "--dataset-name", "code", "--num-prompts", str(n), "--random-output-len", "16",
+                              "--format", "json", "--no-progress"],
+                             capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+        log.close()
+    assert res.returncode == 0, res.stderr[-3000:]
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert rec["completed"] == n and rec["url"] == f"http://127.0.0.1:{router}"
+    fp = rec["fingerprint"]
+    assert isinstance(fp, str) and len(fp) == 16, fp  # the decode's registration fingerprint, not the prefill's
+    adaptive = rec["adaptive"]
+    assert adaptive is not None and sum(adaptive["batches_per_steps"].values()) > 0  # only decode counts these
+    counters = rec["server_metrics"]["counters"]
+    assert any('instance="decode"' in k for k in counters), counters

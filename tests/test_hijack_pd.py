@@ -1,5 +1,5 @@
 """Pairing nobody can hijack: a stranger that registers with prefill's bootstrap while a pair serves through
-the real sglang-router gets nothing and costs no client request; with a shared secret it cannot pair at all,
+the real router (smg) gets nothing and costs no client request; with a shared secret it cannot pair at all,
 and control messages without the session's MAC are refused, never acted on.
 
 The attacker is what the issue measured: a local process that builds a registration matching the deployment

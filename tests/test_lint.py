@@ -99,6 +99,7 @@ STRICT = (
     "engine/spec/profile.py",
     "engine/serve/sglang_http.py",
     "engine/serve/router.py",
+    "engine/install.py",
     "engine/serve/ports.py",
     "engine/pd/messages.py",
     "engine/pd/bootstrap.py",

@@ -3,7 +3,7 @@ with draft speculation, router; loopback HTTP and ZMQ), parsed with Prometheus' 
 
 Oracles: each role counts what it did (prefill: prompts, prefill time, bytes and time sent; decode:
 generated tokens, ITL, speculative verify steps, bytes and time received, and, as the front that answers
-the client behind sglang-router, requests and TTFT; sglang-router's own exporter is not read); the counts
+the client behind the router (smg), requests and TTFT; the router's own exporter is not read); the counts
 match the traffic sent; every series carries `model_name`; no gauge is named like a counter.
 """
 
@@ -34,7 +34,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def post(url: str, body: dict[str, Any]) -> str:
-    if "model" not in body:  # sglang-router requires it (422 without); servers 404 an unknown name
+    if "model" not in body:  # the router requires it (422 without); servers 404 an unknown name
         with urllib.request.urlopen(url.rsplit("/v1/", 1)[0] + "/v1/models", timeout=30) as r:
             body = {**body, "model": json.loads(r.read())["data"][0]["id"]}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -110,7 +110,7 @@ def test_every_role_counts_what_it_did(topology: dict[str, Any]) -> None:
     n = len(PROMPTS)
     pre, pre_types, pre_models = scrape(f"http://127.0.0.1:{ports['prefill']}")
     dec, dec_types, dec_models = scrape(f"http://127.0.0.1:{ports['decode']}")
-    # The router is sglang-router: its Prometheus exporter is its own (a port of its own, SGLang's names);
+    # The router is smg: its Prometheus exporter is its own (a port of its own, SGLang's names);
     # decode's HTTP front answers the client, so the client-facing counts are decode's.
 
     # prefill: the prompts it computed, their prefill time, the transfers it sent
@@ -176,6 +176,6 @@ def test_logit_bias_and_penalties_through_the_router(topology: dict[str, Any]) -
         raise AssertionError("logprobs through the router should be refused")
     except urllib.error.HTTPError as exc:
         err = json.loads(exc.read())["error"]
-        # sglang-router re-wraps a worker's 4xx as {type, code: "decode_bad_request", message}: the param's
+        # the router re-wraps a worker's 4xx as {type, code: "decode_bad_request", message}: the param's
         # name survives in the message only.
         assert exc.code == 400 and "logprobs" in err["message"] and "not supported" in err["message"], err

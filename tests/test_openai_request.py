@@ -108,6 +108,13 @@ def test_unknown_model_is_named_before_anything_else() -> None:
     assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
 
 
+def test_sglangs_default_model_name_is_the_served_model() -> None:
+    """SGLang's clients send model "default"; SGLang's completions and chat endpoints serve it."""
+    assert parse_completion({"model": "default", "prompt": "x"}, Info(), vocab_size=VOCAB).model == "m"
+    chat = {"model": "default", "messages": [{"role": "user", "content": "x"}]}
+    assert parse_chat(chat, Info(), vocab_size=VOCAB).model == "m"
+
+
 def test_vendor_extensions_pass_through_untouched() -> None:
     req = parse_completion({"prompt": "x", "bootstrap_host": "h", "bootstrap_room": 7}, Info(), vocab_size=VOCAB)
     assert req.extra == {"bootstrap_host": "h", "bootstrap_room": 7}

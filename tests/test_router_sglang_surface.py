@@ -1,10 +1,11 @@
 """SGLang's HTTP surface on a specctl server, and the builtin models' byte-level tokenizer as the SGLang
-ecosystem loads it: the real sglang-router (its Rust tokenizers crate), transformers' AutoTokenizer (what
-bench_serving uses), each offline from the local directories `/model_info` reports.
+ecosystem loads it: the real routers, smg and sglang-router (their Rust tokenizers crate), transformers'
+AutoTokenizer (what bench_serving uses), each offline from the local directories `/model_info` reports.
 
 Oracles: the tokenizer files give exactly specctl's byte ids (UTF-8 bytes, then the specials); native
-`/generate` equals `/v1/completions` token for token, streamed or not; sglang-router in front of the
-server returns what the server returns directly, and loads the tokenizer without any hub.
+`/generate` equals `/v1/completions` token for token, streamed or not; a router in front of the server
+returns what the server returns directly, and loads the tokenizer without any hub (smg's `/v1/tokenize`
+gives the byte ids).
 """
 
 from __future__ import annotations
@@ -158,25 +159,34 @@ def test_native_errors_name_the_field_as_the_request_spelled_it(server: Server, 
     assert code == 400 and err["error"]["param"] == param, err
 
 
-def test_sglang_router_fronts_the_server_and_loads_its_tokenizer_offline(server: Server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", [["smg", "launch"], ["sglang_router.launch_router"]], ids=["smg", "sglang-router"])
+def test_the_router_fronts_the_server_and_loads_its_tokenizer_offline(server: Server, tmp_path: Path,
+                                                                      launch: list[str]) -> None:
     port = free_port()
     log = tmp_path / "router.log"
+    # smg loads a tokenizer only when given one (it routes HTTP workers without): the directory the server
+    # reports in /model_info, as a user of smg's tokenizer-aware policies would pass it.
+    tokenizer_dir = json.loads(get(server.url + "/model_info")[1])["tokenizer_path"]
+    tokenizer = ["--model-path", tokenizer_dir] if launch[0] == "smg" else []
     with open(log, "wb") as out:
         router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", server.url, "--host", "127.0.0.1",
+            [sys.executable, "-m", *launch, "--worker-urls", server.url, "--host", "127.0.0.1",
              "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-             "--shutdown-grace-period-secs", "1", "--log-level", "info"],
+             "--shutdown-grace-period-secs", "1", "--log-level", "info", *tokenizer],
             stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_for(lambda: router_ready(url), 60, "sglang-router ready")
+            wait_for(lambda: router_ready(url), 60, "the router ready")
             body = {"prompt": "class A:\n", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
             code, direct = post(server.url + "/v1/completions", body)
             code2, routed = post(url + "/v1/completions", {"model": "builtin:tiny-hybrid", **body})
             assert code == code2 == 200, routed
             assert routed["choices"][0]["text"] == direct["choices"][0]["text"]
             wait_for(lambda: "Loading tokenizer" in log.read_text(errors="replace"), 30, "the router's tokenizer")
+            if launch[0] == "smg":  # its tokenizer gives specctl's byte ids
+                code, tok = post(url + "/v1/tokenize", {"model": tokenizer_dir, "prompt": TEXT})
+                assert code == 200 and tok["tokens"] == list(TEXT.encode()), tok
         finally:
             router.terminate()
             router.wait(30)

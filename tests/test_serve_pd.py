@@ -1,7 +1,8 @@
-"""Disaggregated serving end to end through the real sglang-router: real `specctl serve` / `specctl up`
-processes on loopback, SGLang's disaggregation protocol over HTTP, real ZMQ and the router binary.
+"""Disaggregated serving end to end through the real router (smg, the default; sglang-router in one test):
+real `specctl serve` / `specctl up` processes on loopback, SGLang's disaggregation protocol over HTTP, real
+ZMQ and the router binary.
 
-Oracles: greedy output through sglang-router -> (prefill AND decode, one bootstrap room) equals the offline
+Oracles: greedy output through the router -> (prefill AND decode, one bootstrap room) equals the offline
 Engine's output token for token (the colocated server equals the offline Engine, tests/test_serve_http.py),
 with and without adaptive draft speculation on decode, for concurrent requests over 2 prefill + 2 decode
 instances of a hybrid model (mamba + swa state cross the wire); a mismatched decode is refused with the
@@ -331,7 +332,7 @@ def plain(models: dict[str, Path]) -> Iterator[dict[str, Any]]:
         wait_for(lambda: healthy(t["url"]["prefill"]) and healthy(t["url"]["decode"]), START_TIMEOUT,
                  "plain prefill and decode ready", show=(t["prefill"], t["decode"]))
         t["router"] = Proc("router", cfg, logs / "router.log")
-        wait_for(lambda: router_ready(t["url"]["router"]), START_TIMEOUT, "sglang-router ready")
+        wait_for(lambda: router_ready(t["url"]["router"]), START_TIMEOUT, "smg ready")
         yield t
     finally:
         for role in ("router", "decode", "prefill"):
@@ -349,6 +350,31 @@ def test_disaggregated_plain_decode_matches_colocated(plain: dict[str, Any], off
         assert code == 200, body
         assert body["choices"][0]["token_ids"] == offline[prompt], prompt
         assert body["usage"]["spec_verify_steps"] == 0
+
+
+def test_sglangs_default_model_name_is_served_through_the_router(plain: dict[str, Any],
+                                                                 offline: dict[str, list[int]]) -> None:
+    code, body = complete(plain["url"]["router"], PROMPTS[0], model="default")  # what SGLang's clients send
+    assert code == 200, body
+    assert body["choices"][0]["token_ids"] == offline[PROMPTS[0]]
+
+
+def test_sglang_router_stays_selectable_and_serves_the_same_tokens(plain: dict[str, Any],
+                                                                   offline: dict[str, list[int]]) -> None:
+    port, metrics = free_ports(2)
+    sets = ("roles.router.kind=sglang-router", f"roles.router.port={port}", f"roles.router.metrics_port={metrics}")
+    router = Proc("router", plain["cfg"], plain["logs"] / "sglang-router.log", sets=sets)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: router_ready(url), START_TIMEOUT, "sglang-router ready", show=(router,))
+        for model in (served_model(plain["url"]["decode"]), "default"):
+            code, body = complete(url, PROMPTS[1], model=model)
+            assert code == 200, (model, body)
+            assert body["choices"][0]["token_ids"] == offline[PROMPTS[1]]
+    finally:
+        router.stop()
+    assert "sglang_router" in router.text() or "sglang-router" in router.text()
+    assert "no client timeouts" in router.text()  # serve --role router says what this router leaves open
 
 
 def test_direct_requests_to_prefill_or_decode_are_refused_with_a_reason(plain: dict[str, Any]) -> None:
@@ -500,12 +526,12 @@ def test_kill_prefill_fails_in_flight_requests_and_decode_repairs(
     assert code == 200 and body["choices"][0]["token_ids"] == offline[PROMPTS[2]]
 
 
-def test_the_router_role_stops_cleanly_with_its_sglang_router(plain: dict[str, Any]) -> None:
+def test_the_router_role_stops_cleanly_with_its_router(plain: dict[str, Any]) -> None:
     router = plain["router"]
     t0 = time.monotonic()
     router.p.terminate()
     assert router.p.wait(20) == 0, router.text()[-2000:]
-    assert time.monotonic() - t0 < 10  # a short shutdown grace, not sglang-router's default 180 s
+    assert time.monotonic() - t0 < 10  # a short shutdown grace, not the router's default 180 s
     assert http("GET", plain["url"]["router"] + "/readiness", timeout=2)[0] is None  # its child is gone too
 
 

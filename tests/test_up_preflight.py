@@ -3,7 +3,7 @@
 No SGLang server can run here (no GPU), so the SGLang launch path is exercised by the SAME `Launcher` code
 with one seam swapped: the planner that turns (role, instance) into argv yields `specctl serve ... --set
 engine=builtin` for a deployment that says `engine: sglang`. Start-up status, /health waiting, the preflight,
-sglang-router (the real binary) and shutdown all run for real. A decode whose planner adds `--set
+the router, smg (the real binary), and shutdown all run for real. A decode whose planner adds `--set
 serve.max_batch_size=2` resolves differently from the deployment (something the builtin handshake does not
 compare: it is not exchanged between prefill and decode, like SGLang's own resolved `max_running_requests`)
 and must be refused before the router starts.

@@ -320,6 +320,10 @@ class Launcher:
             from specctl.engine.serve import sglang_process as sp
 
             sp.check_sglang(sp.sglang_python(self.deployment))
+        elif not self._custom_planner and self.python == sys.executable:
+            from specctl.engine.install import require_engine
+
+            require_engine("engine: builtin")
         for name in self.names:
             if name != "router":
                 self._spawn(name)

@@ -1,5 +1,5 @@
 """One serving process per role: colocated, prefill or decode behind the same HTTP front; the router is
-SGLang's own sglang-router (engine/serve/router.py).
+smg, or SGLang's sglang-router (engine/serve/router.py).
 
 Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
 (exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
@@ -13,9 +13,9 @@ serve/backend.py (colocated: `EngineBackend`), serve/prefill.py and serve/decode
   the KV + state sent to the decode that claimed the room.
 - decode (serve/decode.py): pairs with every prefill instance through the verifying handshake before it
   is ready; claims each room's KV, imports it and continues generation (speculative, adaptive).
-- router: `python -m sglang_router.launch_router --pd-disaggregation ...` in the foreground.
+- router: `python -m smg launch --pd-disaggregation ...` (or sglang-router) in the foreground.
 
-Request path, by module: sglang-router -> serve/http + serve/sglang_http (HTTP, bootstrap fields) ->
+Request path, by module: the router -> serve/http + serve/sglang_http (HTTP, bootstrap fields) ->
 serve/decode `DecodeBackend.generate` -> pd/messages `PdClaim` -> serve/prefill `PrefillBackend` (Engine
 prefill, pd/transfer sender) -> pd/transfer receiver -> `Engine.add_imported` -> AsyncEngine stream -> SSE.
 See docs/architecture.md.

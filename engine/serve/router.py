@@ -17,6 +17,8 @@ Contract:
   port on the router's host) and `router_env()` its environment: `HF_HUB_OFFLINE=1` /
   `TRANSFORMERS_OFFLINE=1` always (a router loads its tokenizer from the `model_path` a worker reports in
   `/model_info`, a local directory, and would otherwise try a hub).
+- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cannot
+  close slow clients (sglang-router), None for smg.
 - `run_router(deployment)` runs it in the foreground until SIGINT/SIGTERM (`specctl serve --role router`)
   and returns its exit code; the launcher starts the same command beside the engines. Readiness is the
   router's `GET /readiness` (200 once it has a healthy prefill and decode); engines report healthy only when
@@ -42,8 +44,9 @@ if TYPE_CHECKING:
 
 ROUTER_KINDS = ("smg", "sglang-router")
 DEFAULT_ROUTER_KIND = "smg"
-# What each kind is on the package registry, and the module that must import for it to run.
-ROUTER_PACKAGES = {"smg": "smg==1.13.0", "sglang-router": "sglang-router==0.3.2"}
+# How to install each kind, and the module that must import for it to run.
+ROUTER_PACKAGES = {"smg": "smg==1.13.0 (a dependency of specctl)",
+                   "sglang-router": '"specctl[sglang-router]" (sglang-router==0.3.2)'}
 ROUTER_MODULES = {"smg": "smg", "sglang-router": "sglang_router"}
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -162,6 +165,15 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
                           extra=extra)
 
 
+def slow_client_warning(kind: str) -> str | None:
+    """What a router of this kind leaves open to slow clients (None: it closes them within the bound)."""
+    if kind == "smg":
+        return None
+    return (f"{kind} has no client timeouts: idle, partial-header and partial-body connections stay open "
+            f"until the client closes them; smg (roles.router.kind: smg, the default) closes them within "
+            f"{SLOW_CLIENT_BOUND_S} s. Do not expose this router to untrusted clients without a proxy that does.")
+
+
 def router_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if base is None else base), **OFFLINE_ENV}
 
@@ -173,8 +185,8 @@ def check_installed(python: str = sys.executable, kind: str = DEFAULT_ROUTER_KIN
 
         if importlib.util.find_spec(ROUTER_MODULES[kind]) is None:
             raise RuntimeFailure(f"the router {kind} is not installed in this environment",
-                                 hint=f"pip install {ROUTER_PACKAGES[kind]} (a dependency of specctl; "
-                                      "scripts/setup.sh installs it)")
+                                 hint=f"pip install {ROUTER_PACKAGES[kind]}; scripts/setup.sh installs both "
+                                      "routers")
 
 
 def run_router(deployment: Deployment, *, kind: str | None = None) -> int:
@@ -182,6 +194,9 @@ def run_router(deployment: Deployment, *, kind: str | None = None) -> int:
     kind = kind or router_kind(deployment)
     argv = router_argv(deployment, kind=kind)
     check_installed(kind=kind)
+    warning = slow_client_warning(kind)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(argv, env=router_env(), stdin=subprocess.DEVNULL)
 
     def forward(signum: int, frame: FrameType | None) -> None:

@@ -53,7 +53,7 @@ def role_command(deployment: Deployment, role: str, index: int = 0, *, python: s
 
     if role not in ENGINE_ROLES:
         raise RuntimeFailure(f"engine: sglang has no {role!r} server",
-                             hint="the router is sglang-router whatever the engine: specctl serve --role router")
+                             hint="the router is smg (or sglang-router) for any engine: specctl serve --role router")
     instances = role_instances(deployment, role)
     if not 0 <= index < len(instances):
         raise RuntimeFailure(f"roles.{role} has {len(instances)} instance(s); there is no instance {index}",
