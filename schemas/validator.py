@@ -53,6 +53,16 @@ if TYPE_CHECKING:
 KINDS = ("auto", "deployment", "sglang", "sglang-command")
 
 register(RuleDoc(
+    "MAN001", "manifest without an SGLang container", "error",
+    "A RoleBasedGroup, LeaderWorkerSet or DynamoGraphDeployment file is read as the SGLang commands of its "
+    "containers (command + args, or sh -c SCRIPT); this one has none, so nothing in it could be checked.",
+    "Nothing is checked; the servers it starts may still disagree.",
+    "Run the engines as `python3 -m sglang.launch_server ...` (or `python3 -m dynamo.sglang ...`) in the "
+    "container's command/args.",
+    "command: [/entrypoint.sh]", "command: [python3, -m, sglang.launch_server, --model-path, /models/m]",
+))
+
+register(RuleDoc(
     "SCH000", "file cannot be read", "error",
     "The file could not be read or parsed as one YAML/JSON mapping: missing, a directory, not UTF-8, a syntax "
     "error, empty, too large (1 MiB), nested too deep, an alias bomb, integers beyond 64 bits, NaN/inf, a "
@@ -248,6 +258,11 @@ class Validator:
         path = _resolve(path)
         try:
             text = read_text(path)
+            if self.kind == "auto":
+                from specctl.schemas.platforms.manifest import looks_like_manifest
+
+                if looks_like_manifest(text):
+                    return self._manifest(path, text)
             if self.kind in ("auto", "sglang-command"):
                 from specctl.schemas.sglang.sniff import looks_like_command
 
@@ -271,7 +286,27 @@ class Validator:
             return _State(doc=Document(name=str(path), data={}), findings=[f], kind="unreadable", load_error=exc)
         return self._validate_doc(doc)
 
-    def _sglang_command(self, path: str | Path, text: str) -> _State:
+    def _manifest(self, path: str | Path, text: str) -> _State:
+        """A Kubernetes manifest (RBG, LWS, DGD): each SGLang container's command validated like a command file
+        (its findings on the manifest's lines, their path prefixed by the container's label), prefill and
+        decode paired; a manifest with no SGLang container is an MAN001 error."""
+        from specctl.schemas.platforms.manifest import read_manifest
+
+        with read_manifest(text, name=str(path)) as manifest:
+            labelled = [(c.label, self._sglang_command(path, c.text, base_dir=manifest.files_dir))
+                        for c in manifest.commands]
+            states = [s for _, s in labelled]
+            self._pair(states)
+            findings = [replace(f, path=f"{label}: {f.path}") for label, s in labelled
+                        for f in self._finish(s).findings]
+        if not labelled:
+            kinds = ", ".join(k for k in manifest.kinds if k) or "none"
+            findings.append(Finding("MAN001", "error", "$", f"no container runs SGLang in this manifest (kinds: "
+                                    f"{kinds})", "give the engine containers `python3 -m sglang.launch_server ...` "
+                                    "(or python3 -m dynamo.sglang) as command/args", 1, None))
+        return _State(doc=Document(name=str(path), data={}), findings=findings, kind="manifest")
+
+    def _sglang_command(self, path: str | Path, text: str, *, base_dir: Path | None = None) -> _State:
         """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
         from specctl.schemas.model_facts import ModelFacts
         from specctl.schemas.sglang.command import installed_version_note, parse_command_text
@@ -281,7 +316,7 @@ class Validator:
         from specctl.schemas.sglang.rules import check_command
         from specctl.schemas.sglang.startup import predict_startup
 
-        cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent)
+        cmd = parse_command_text(text, name=str(path), base_dir=base_dir or Path(path).parent)
         installed_version_note(cmd)
         if not cmd.recognised or "model_path" not in cmd.options:
             doc = Document(name=str(path), data={}, positions={"$": (cmd.first_line, 1)})

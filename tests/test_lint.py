@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Files (relative to the root) checked with `mypy --strict`.
 STRICT = (
+    "schemas/platforms/__init__.py",
+    "schemas/platforms/yamltext.py",
+    "schemas/platforms/plan.py",
+    "schemas/platforms/kubernetes.py",
+    "schemas/platforms/rbg.py",
+    "schemas/platforms/lws.py",
+    "schemas/platforms/dynamo.py",
+    "schemas/platforms/slurm.py",
+    "schemas/platforms/manifest.py",
     "errors.py",
     "schemas/__init__.py",
     "schemas/catalog.py",

@@ -1,6 +1,7 @@
 """SGLang launch commands (prefill + decode, or one server) as one specctl deployment document.
 
-Contract: `import_commands(paths) -> Imported(data, findings)`. Each file is read as `validate` reads
+Contract: `import_commands(paths) -> Imported(data, findings)`; `import_parsed(commands)` does the same for
+commands already read (a Kubernetes manifest's containers). Each file is read as `validate` reads
 it (`command.parse_command_text`, `mapping.to_deployment`); the sections both sides agree on become
 the top-level sections and what differs becomes a per-role override, so `specctl validate` of the
 result reports the same disagreements as `specctl validate prefill.sh decode.sh`. The adaptive
@@ -57,7 +58,11 @@ def import_commands(paths: list[str], *, name: str | None = None) -> Imported:
     if not 1 <= len(paths) <= 2:
         raise UsageError(f"give one or two SGLang command files, got {len(paths)}",
                          hint="specctl import sglang prefill.sh decode.sh -o deploy.yaml")
-    cmds = [_read(p) for p in paths]
+    return import_parsed([_read(p) for p in paths], name=name)
+
+
+def import_parsed(cmds: list[SGLangCommand], *, name: str | None = None) -> Imported:
+    """`import_commands` on commands already read (e.g. a manifest's containers)."""
     findings = [(c.name, f) for c in cmds for f in c.findings if f.code.startswith("SGL0")]
     roles = [c.role for c in cmds]
     if len(cmds) == 2 and sorted(roles) != ["decode", "prefill"]:
