@@ -60,6 +60,8 @@ UNO = ["--speculative-algorithm", "UNO", "--uno-lora-path", M + "llama-draft"]
 PD_D = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
 PD_P = ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake"]
 NGRAM = ["--speculative-algorithm", "NGRAM"]
+MM3 = M + "minimax-m3-nvfp4"
+M3ENV = {"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK": "16384"}
 
 
 def case(cid: str, argv: list[str], *, model: str = LLAMA, env: dict[str, str] | None = None, gpu: str = "H100",
@@ -361,6 +363,28 @@ def hand_cases() -> list[dict[str, Any]]:
           env={"SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION": "1", "SGLANG_RAGGED_VERIFY_MODE": "compact"}),
         c("fault/attn-dp-and-dp", ["--tp-size", "4", "--dp-size", "2", "--attn-dp-size", "2"]),
         c("fault/gpt-oss-xpu-fp16", ["--device", "xpu", "--dtype", "float16"], model=M + "gpt-oss"),
+        # --- MiniMax-M3.1 NVFP4 (a config-only fixture with its quantization_config) ---
+        c("ok/minimax-m3-nvfp4-b200", [], model=MM3, env=M3ENV, gpu="B200"),
+        c("ok/minimax-m3-nvfp4-h100", [], model=MM3, env=M3ENV),
+        c("fault/minimax-m3-eagle", EAGLE + STEPS, model=MM3, env=M3ENV, gpu="B200"),
+        c("fault/minimax-m3-dspark-h100", DSPARK + ["--speculative-dspark-block-size", "4"], model=MM3, env=M3ENV),
+        c("fault/minimax-m3-dspark-ragged", DSPARK + ["--speculative-dspark-block-size", "4"], model=MM3,
+          env={**M3ENV, "SGLANG_RAGGED_VERIFY_MODE": "compact"}, gpu="B200"),
+        c("fault/minimax-m3-dspark-pp", DSPARK + ["--speculative-dspark-block-size", "4", "--pp-size", "2"], model=MM3,
+          env={**M3ENV, "SGLANG_RAGGED_VERIFY_MODE": "static"}, gpu="B200"),
+        c("fault/minimax-m3-dflash-pd", DFLASH + PD_D, model=MM3, env={**M3ENV, "SGLANG_RAGGED_VERIFY_MODE": "static"},
+          gpu="B200"),
+        c("fault/minimax-m3-page-size", ["--page-size", "64"], model=MM3, env=M3ENV, gpu="B200"),
+        c("fault/minimax-m3-trtllm-routed-a2a", ["--moe-runner-backend", "flashinfer_trtllm_routed",
+                                                 "--moe-a2a-backend", "deepep"], model=MM3, env=M3ENV, gpu="B200"),
+        c("fault/minimax-m3-a2a", ["--moe-a2a-backend", "deepep"], model=MM3, env=M3ENV, gpu="B200"),
+        c("fault/minimax-m3-kv-dtype", ["--kv-cache-dtype", "bf16"], model=MM3, env=M3ENV, gpu="B200"),
+        c("ok/qwen4-exp", [], model=M + "qwen4-exp-startup"),
+        c("ok/qwen4-exp-b200", [], model=M + "qwen4-exp-startup", gpu="B200"),
+        c("fault/qwen4-exp-fp8-indexer", ["--qsa-indexer-dtype", "fp8_e4m3"], model=M + "qwen4-exp-startup"),
+        c("fault/qwen4-exp-unified-memory", ["--enable-unified-memory"], model=M + "qwen4-exp-startup"),
+        c("fault/qwen4-exp-mori-pp", ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mori",
+                                      "--pp-size", "2"], model=M + "qwen4-exp-startup"),
         c("fault/usage-unknown-flag", ["--no-such-flag"]),
         c("fault/usage-bad-choice", ["--speculative-algorithm", "MEDUSA"]),
     ]

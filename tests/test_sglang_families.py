@@ -128,7 +128,7 @@ def test_minimax_value_sparse_layers_have_no_pd() -> None:
 
 # Fixtures of the start-up corpus kept minimal on purpose (SGLang's own config class fills the sizes they omit):
 # they exercise SGLang's argument checks, not the family tables.
-STARTUP_ONLY = frozenset({"iquest-q1"})
+STARTUP_ONLY = frozenset({"iquest-q1", "minimax-m3-nvfp4", "qwen4-exp-startup"})
 
 
 @pytest.fixture(scope="module")

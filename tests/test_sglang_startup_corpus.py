@@ -75,7 +75,8 @@ def test_the_corpus_covers_accepting_and_refusing_commands_on_every_gpu():
 
 
 @needs_sglang
-@pytest.mark.timeout(600)
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sglang_still_answers_every_case_as_recorded():
     if _installed_release() != CORPUS["sglang"]:
         pytest.skip(f"the corpus is SGLang {CORPUS['sglang']}'s; {_installed_release()} is installed")
