@@ -91,6 +91,10 @@ def main() -> None:
     ap.add_argument("--trace-steps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2))
     ap.add_argument("--port-base", type=int, default=24100)
+    ap.add_argument("--histogram", action="store_true",
+                    help="also tune on the trace's histogram form (`adaptive trace --from-trace`: what SGLang reports "
+                         "per request), both --decode-only (a histogram has no verify timings), compare the two "
+                         "predictions, and confirm the histogram-tuned config with --ab")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="the profile's clock (cpu: robust on a shared machine; equals wall on an idle one)")
     args = ap.parse_args()
@@ -120,7 +124,9 @@ def main() -> None:
             r = rows[-1]
             print(f"repeat {rep + 1}/{args.repeats} {kind:8s} predicted {r['predicted_vs_none']:.2f}x none, measured "
                   f"{r['measured_vs_none']:.2f}x [{r['measured_ci95'][0]}, {r['measured_ci95'][1]}]  "
-                  f"pred/meas {r['predicted_over_measured']:.2f}", file=sys.stderr)
+                  f"pred/meas {r['predicted_over_measured']:.2f}"
+                  + (f"  histogram/exact {r['histogram_over_exact']:.3f}" if "histogram_over_exact" in r else ""),
+                  file=sys.stderr)
     summary = [summarise(kind, [r for r in rows if r["workload"] == kind]) for kind in args.workloads.split(",")]
     print(f"{'workload':8s} {'predicted':>9s} {'measured':>9s} {'pred/meas':>9s} {'range':>13s}  (medians of "
           f"{args.repeats} repeats)")
@@ -140,6 +146,21 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
         "--trace-out", str(trace), "--trace-steps", str(args.trace_steps), "--seed", "11", env=env)
     tuned = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(trace), "--cost", str(cost),
                            "--format", "json", env=env).stdout)
+    versus: dict[str, Any] = {}
+    if args.histogram:
+        # the same run as SGLang would report it: one histogram line per request; both sides decode-only
+        hist = stem.with_suffix(".hist.jsonl")
+        cli("adaptive", "trace", "--from-trace", str(trace), "-o", str(hist), env=env)
+        exact = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(trace), "--cost", str(cost),
+                               "--decode-only", "--format", "json", env=env).stdout)
+        tuned = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(hist), "--cost", str(cost),
+                               "--decode-only", "--format", "json", env=env).stdout)
+        versus = {"exact_vs_none": round(exact["speedup"]["vs_none"], 4),
+                  "histogram_vs_none": round(tuned["speedup"]["vs_none"], 4),
+                  "histogram_over_exact": round(tuned["speedup"]["vs_none"] / exact["speedup"]["vs_none"], 4),
+                  "exact_recommended": exact["recommended"].get("deployment_adaptive"),
+                  "exact_best_fixed": exact["best_fixed"]["steps"],
+                  "histogram_best_fixed": tuned["best_fixed"]["steps"]}
     copy = deployment_with(args.deploy, tuned["recommended"], stem.with_suffix(".deploy.yaml"), env)
     lines = cli("bench", "-c", str(copy), *ports, "--dataset-name", kind, *load, "--num-prompts",
                 str(args.num_prompts * args.rounds), "--ab", "speculative.algorithm=none", "--ab-rounds",
@@ -169,7 +190,7 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
             or tuned["recommended"]["sglang_adaptive_config"],
             "initial_steps": tuned["recommended"]["initial_steps"],
             "predicted_vs_best_fixed": round(tuned["speedup"]["vs_best_fixed"], 3),
-            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3), **rates}
+            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3), **rates, **versus}
 
 
 def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

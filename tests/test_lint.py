@@ -83,6 +83,8 @@ STRICT = (
     "bench/request.py",
     "bench/metrics.py",
     "engine/spec/trace.py",
+    "bench/spec_trace.py",
+    "engine/serve/spec_stats.py",
     "engine/spec/tune.py",
     "engine/spec/drafter.py",
     "engine/cache.py",

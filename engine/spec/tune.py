@@ -667,7 +667,10 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
             # a drafter that proposed fewer than it was asked for (an n-gram miss) would at k propose min(k, d):
             # the verify spans the longest proposal, not k
             priced = max(min(k, lim) if lim is not None else k for lim in limits)
-        acc.verify(rec.batch_size, k, sum(got) + n, cost.price(rec.batch_size, priced, rec.sampled or 0, False))
+        price = cost.price(rec.batch_size, priced, rec.sampled or 0, False)
+        if rec.from_requests:  # a lockstep batch of request lines may hold fewer than batch_size: its share
+            price *= n / rec.batch_size
+        acc.verify(rec.batch_size, k, sum(got) + n, price)
         policy.on_verify_complete(got, rec.batch_size)
 
 
@@ -862,6 +865,24 @@ def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool
     return out
 
 
+def trace_notes(records: Sequence[TraceRecord], depth: int, cost: CostModel) -> tuple[str, ...]:
+    """What `tune` says about its trace: the depth that bounds the recommendation, and for verifies built
+    from per-request histograms, which predictions are exact and what the adaptive replay assumes."""
+    above = [k for k in cost.steps if k > depth]
+    notes = [f"the trace was recorded at steps {depth}: a verify that drafted {depth} says nothing of a longer "
+             f"draft, so nothing above {depth} is recommended"
+             + (f" (the cost model's steps {', '.join(map(str, above))} were left out; record at a larger "
+                "launch-time steps to search them)" if above else "")]
+    hist = sum(1 for r in records if r.from_requests)
+    if hist:
+        notes.append(
+            f"{hist} of the trace's {len(records)} verify batches come from per-request histograms "
+            "(SGLang's spec_correct_drafts_histogram): fixed-step predictions are exact from them (min(a, k) in "
+            "any order); the adaptive policy's replay assumes an order: each request's verifies spread evenly "
+            "over its life, the requests of one observed concurrency verifying in lockstep")
+    return tuple(notes)
+
+
 def fixed_config(steps: int) -> AdaptiveConfig:
     """One bucket with one candidate: the policy never moves (fixed steps, or 0 = no speculation)."""
     return AdaptiveConfig((Bucket(1, (steps,), Knobs()),))
@@ -986,6 +1007,7 @@ class TuneResult:
     overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
     runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
     intervals: dict[str, tuple[float, float]] | None = None  # `speedup_intervals` (None: no positional facts)
+    notes: tuple[str, ...] = ()  # what bounds the search and which replay the trace allowed (`trace_notes`)
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -1037,6 +1059,7 @@ class TuneResult:
             "serving_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
             "runs": [r.to_json() for r in self.runs],
+            "notes": list(self.notes),
         }
 
 
@@ -1382,7 +1405,8 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     intervals = speedup_intervals(rec_cfg, best_init, best_k, whole, cost, graphs, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals,
+                      trace_notes(records, depth, cost))
 
 
 def validate_recommendation(

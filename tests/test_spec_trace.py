@@ -1,0 +1,161 @@
+"""Request-histogram traces: SGLang's per-request acceptance in every spelling, and tune on it.
+
+The fixtures in tests/data/sglang_spec are one request as each SGLang 0.5.23 surface writes it (their
+README names the source of each spelling): every one must read as the same request line. The property
+test holds the issue's claim: at fixed steps, replaying a trace's histogram form predicts exactly what
+replaying its verifies does (min(a, k) summed over a request's verifies is order-free).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specctl.bench.spec_trace import concurrency, from_meta_info, from_sglext, read_sglang_output
+from specctl.engine.spec.trace import (
+    RequestRecord,
+    TraceRecord,
+    assumed_order,
+    expand_requests,
+    histogram_of,
+    parse_request,
+    read_trace,
+    request_form,
+)
+from specctl.engine.spec.tune import CostModel, TuneSetup, fixed_config, replay, tune
+from specctl.errors import UsageError
+from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs
+
+DATA = Path(__file__).parent / "data" / "sglang_spec"
+SURFACES = ("generate.json", "completion.json", "completion_stream.txt", "metrics.log", "log_requests_json.log",
+            "log_requests_text.log")
+ACCEPTED = (3, 3, 0, 3, 3, 3, 1)  # the fixtures' request, verify by verify
+
+
+def cost_model(top: int = 7) -> CostModel:
+    return CostModel({b: {k: 0.001 * b ** 0.5 * (1 + 0.15 * k) for k in range(top + 1)} for b in (1, 2, 4, 8)})
+
+
+@pytest.mark.parametrize("name", SURFACES)
+def test_every_sglang_surface_reads_as_the_same_request_line(name: str) -> None:
+    reqs, verifies, _ = read_sglang_output(DATA / name)
+    assert verifies == []
+    [line] = reqs
+    assert (line.request, line.steps, line.verify_ct, line.histogram) == ("4f0c2a", 3, 7, histogram_of(ACCEPTED))
+
+
+def test_a_dspark_dump_reads_as_the_verifies_themselves() -> None:
+    reqs, verifies, _ = read_sglang_output(DATA / "dspark_server_info.json")
+    assert reqs == []
+    assert [r.accepted for r in verifies] == [(a,) for a in ACCEPTED]
+    assert all(r.drafted == (3,) for r in verifies)  # verify_len counts the bonus position
+    # and in the form SGLang's other surfaces give: the same request line
+    [line] = request_form(verifies)
+    assert (line.steps, line.verify_ct, line.histogram) == (3, 7, histogram_of(ACCEPTED))
+
+
+def test_launch_steps_come_from_sglangs_proposed_drafts() -> None:
+    meta = json.loads((DATA / "generate.json").read_text())["meta_info"]
+    assert from_meta_info(meta).launch_steps == 3  # type: ignore[union-attr]
+    # without spec_num_proposed_drafts only the largest accepted count bounds it, unless --steps says
+    del meta["spec_num_proposed_drafts"]
+    meta["spec_correct_drafts_histogram"] = [1, 1]
+    meta["spec_verify_ct"] = 2
+    assert from_meta_info(meta).launch_steps is None  # type: ignore[union-attr]
+
+
+def test_n_choices_each_give_a_request() -> None:
+    body = json.loads((DATA / "completion.json").read_text())
+    one = body["sglext"]["spec_tokens_details"]
+    body["sglext"]["spec_tokens_details"] = [one, {**one, "spec_correct_drafts_histogram": [2], "spec_verify_ct": 2}]
+    assert [s.histogram for s in from_sglext(body)] == [histogram_of(ACCEPTED), (2,)]
+
+
+def test_concurrency_is_the_mean_overlap_of_decode_spans() -> None:
+    # two requests side by side, then one alone for as long
+    assert concurrency([(0.0, 1.0), (0.0, 2.0), None]) == [2, 2, None]
+    assert concurrency([(0.0, 1.0), (5.0, 6.0)]) == [1, 1]
+
+
+@pytest.mark.parametrize(("obj", "field"), [
+    ({"request": "a", "steps": 3, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [1, 1]}, "spec_verify_ct"),
+    ({"request": "a", "steps": 1, "spec_verify_ct": 1, "spec_correct_drafts_histogram": [0, 0, 1]}, "more than steps"),
+    ({"request": "a", "spec_verify_ct": 1, "spec_correct_drafts_histogram": [1]}, "steps"),
+    ({"request": "a", "steps": 3, "spec_verify_ct": 1, "spec_correct_drafts_histogram": [-1]}, "histogram"),
+    ({"request": "a", "steps": 3, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [1, 1], "accepted": [1, 1]},
+     "accepted"),
+    ({"request": "a", "steps": 3, "spec_verify_ct": 1, "spec_correct_drafts_histogram": [1], "batch_size": 0},
+     "batch_size"),
+])
+def test_a_bad_request_line_names_its_field(obj: dict, field: str) -> None:
+    with pytest.raises(UsageError, match=field):
+        parse_request(obj, "t.jsonl", 4)
+
+
+def test_a_file_without_statistics_says_where_they_come_from(tmp_path: Path) -> None:
+    f = tmp_path / "server.log"
+    f.write_text("[2026-12-08] INFO: nothing here\n")
+    with pytest.raises(UsageError, match="no request with speculative statistics") as err:
+        read_sglang_output(f)
+    assert "--export-metrics-to-file" in (err.value.hint or "")
+
+
+def test_assumed_order_spreads_each_count_over_the_request() -> None:
+    order = assumed_order((2, 0, 0, 6))
+    assert sorted(order) == [0, 0, 3, 3, 3, 3, 3, 3]
+    assert order.index(0) > 0 and order[-1] == 3 and order.count(0) == 2 and order[0] == 3
+
+
+# ---- fixed steps: the histogram form predicts exactly what the verifies do ----------------------------------
+
+@st.composite
+def grouped_traces(draw: st.DrawFn) -> tuple[list[TraceRecord], list[RequestRecord], int]:
+    """Verify records of requests that each decode at one batch size (as a lockstep group), and the same run's
+    request lines."""
+    depth = draw(st.integers(1, 5))
+    verifies: list[TraceRecord] = []
+    requests: list[RequestRecord] = []
+    for g in range(draw(st.integers(1, 3))):
+        width = draw(st.sampled_from((1, 2, 4)))
+        n = draw(st.integers(1, 12))
+        rows = [tuple(draw(st.integers(0, depth)) for _ in range(width)) for _ in range(n)]
+        verifies += [TraceRecord(line=0, batch_size=width, accepted=row, steps=depth, trace_steps=depth, run="r")
+                     for row in rows]
+        for j in range(width):
+            col = [row[j] for row in rows]
+            requests.append(RequestRecord(0, f"{g}/{j}", depth, n, histogram_of(col), width, None, "r"))
+    return verifies, requests, depth
+
+
+@given(grouped_traces())
+def test_histogram_replay_equals_per_verify_replay_at_fixed_steps(
+        case: tuple[list[TraceRecord], list[RequestRecord], int]) -> None:
+    verifies, requests, depth = case
+    expanded = expand_requests(requests)
+    cost = cost_model()
+    for k in range(depth + 1):
+        a = replay(fixed_config(k), verifies, cost, initial_steps=k)
+        b = replay(fixed_config(k), expanded, cost, initial_steps=k)
+        assert math.isclose(a.tokens_per_s, b.tokens_per_s, rel_tol=1e-9)
+        assert a.by_batch.keys() == b.by_batch.keys()
+        for size, (tok, sec, w) in a.by_batch.items():
+            t2, s2, w2 = b.by_batch[size]
+            assert (tok, w) == (t2, w2) and math.isclose(sec, s2, rel_tol=1e-9)
+
+
+def test_tune_reads_request_lines_bounded_by_their_launch_steps(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    lines = [RequestRecord(0, f"r{i}", 3, 24, (2, 2, 4, 16), 2, None, "run").to_json() for i in range(8)]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    records = read_trace(trace)
+    assert records and all(r.from_requests and r.trace_steps == 3 for r in records)
+    cfg = AdaptiveConfig((Bucket(1, (1, 3), Knobs()),))
+    result = tune(TuneSetup(cfg, 1), records, cost_model(7))
+    assert max(result.allowed_steps) == 3 and max(result.recommended.union_steps) <= 3
+    assert any("recorded at steps 3" in n and "5, 6, 7" in n for n in result.notes)
+    assert any("histograms" in n and "assumes an order" in n for n in result.notes)
