@@ -85,6 +85,8 @@ STRICT = (
     "engine/spec/trace.py",
     "bench/spec_trace.py",
     "engine/serve/spec_stats.py",
+    "preflight/watch.py",
+    "cli/watch.py",
     "engine/spec/tune.py",
     "engine/spec/drafter.py",
     "engine/cache.py",

@@ -302,26 +302,36 @@ def expand_requests(requests: Sequence[RequestRecord]) -> list[TraceRecord]:
     """Request lines -> verify records, under the order assumption: within one run, the requests of one
     observed concurrency B decode B at a time in lockstep (first-seen order, the next joining as one
     finishes), each advancing one verify per batch through its `accepted` order, or `assumed_order` of its
-    histogram. A fixed-step replay needs none of this (min(a, k) summed over a request's verifies is the
-    same in any order and any batch): only the adaptive policy, which decides on the order it sees, does."""
-    groups: dict[tuple[str | None, int], list[RequestRecord]] = {}
-    for r in requests:
+    histogram, every verify drafting the request's `steps`. Each request gets a rid of its own (numbered in
+    file order), so `adaptive tune` replays them position by position as it does an engine trace.
+
+    What the order changes: nothing in a verify-for-verify replay at fixed steps (min(a, k) summed over a
+    request's verifies is order-free, so `tune` on a trace without rids predicts fixed steps exactly). The
+    positional replay `tune` runs on rids walks the same traced verifies at fixed steps, but a verify that
+    accepted all K bounds what follows it only from below (`tune._censored` estimates the rest from what
+    follows), and a request's last verifies draft only what max_tokens leaves: both depend on the order,
+    as does the adaptive policy, which decides on the order it sees.
+    """
+    groups: dict[tuple[str | None, int], list[tuple[int, RequestRecord]]] = {}
+    for rid, r in enumerate(requests):
         if r.verify_ct:
-            groups.setdefault((r.run, r.batch_size), []).append(r)
+            groups.setdefault((r.run, r.batch_size), []).append((rid, r))
     out: list[TraceRecord] = []
     for (run, width), reqs in groups.items():
         pending = deque(reqs)
-        active: list[tuple[RequestRecord, deque[int]]] = []
+        active: list[tuple[int, RequestRecord, deque[int]]] = []
         while pending or active:
             while pending and len(active) < width:
-                r = pending.popleft()
-                active.append((r, deque(r.accepted if r.accepted is not None else assumed_order(r.histogram))))
-            acc = tuple(seq.popleft() for _, seq in active)
-            depth = min(r.steps for r, _ in active)
-            out.append(TraceRecord(line=active[0][0].line, batch_size=width, accepted=acc,
-                                   steps=max(r.steps for r, _ in active), trace_steps=depth, run=run,
-                                   from_requests=True))
-            active = [(r, seq) for r, seq in active if seq]
+                rid, r = pending.popleft()
+                order = r.accepted if r.accepted is not None else assumed_order(r.histogram)
+                active.append((rid, r, deque(order)))
+            acc = tuple(seq.popleft() for _, _, seq in active)
+            out.append(TraceRecord(line=active[0][1].line, batch_size=width, accepted=acc,
+                                   steps=max(r.steps for _, r, _ in active),
+                                   drafted=tuple(r.steps for _, r, _ in active),
+                                   trace_steps=min(r.steps for _, r, _ in active),
+                                   rids=tuple(rid for rid, _, _ in active), run=run, from_requests=True))
+            active = [(rid, r, seq) for rid, r, seq in active if seq]
     return out
 
 

@@ -877,9 +877,10 @@ def trace_notes(records: Sequence[TraceRecord], depth: int, cost: CostModel) -> 
     if hist:
         notes.append(
             f"{hist} of the trace's {len(records)} verify batches come from per-request histograms "
-            "(SGLang's spec_correct_drafts_histogram): fixed-step predictions are exact from them (min(a, k) in "
-            "any order); the adaptive policy's replay assumes an order: each request's verifies spread evenly "
-            "over its life, the requests of one observed concurrency verifying in lockstep")
+            "(SGLang's spec_correct_drafts_histogram): a fixed step's tokens per traced verify are exact from "
+            "them (min(a, k) in any order); the replay position by position and the adaptive policy assume an "
+            "order: each request's verifies spread evenly over its life, the requests of one observed "
+            "concurrency verifying in lockstep (docs/adaptive.md measures what that costs)")
     return tuple(notes)
 
 
