@@ -99,7 +99,8 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
             after = await snapshots.snapshot()
             record = build_record(config, model, load, before, after, provenance)
             if config.spec_trace_out:
-                lines = bench_request_lines(load.results, _launch_info(after), uuid.uuid4().hex[:12])
+                lines = bench_request_lines(load.results, _launch_info(after), uuid.uuid4().hex[:12],
+                                            steps=config.spec_trace_steps)
                 append_lines(config.spec_trace_out, lines)
                 record["spec_trace"] = {"path": config.spec_trace_out, "requests": len(lines)}
             runs.append(PointRun(load, before, after, record))

@@ -108,12 +108,15 @@ def concurrency(spans: Sequence[tuple[float, float] | None]) -> list[int | None]
 
 
 def request_line(request: str, stats: SpecStats, *, steps: int | None, batch_size: int | None, run: str | None,
-                 source: str, adaptive: bool | None = None, line: int = 0) -> RequestRecord:
+                 source: str, adaptive: bool | None = None, line: int = 0,
+                 span: tuple[float, float] | None = None, ttft_s: float | None = None) -> RequestRecord:
     """A trace request line; `steps` (the launch-time draft length) defaults to what the stats give, else to
     the largest accepted count (a lower bound: the trace then bounds tune below the real launch steps)."""
     k = steps or stats.launch_steps or max(1, len(stats.histogram) - 1)
+    decode_s = round(span[1] - span[0], 6) if span is not None and span[1] >= span[0] else None
     return RequestRecord(line, request, max(k, len(stats.histogram) - 1), stats.verify_ct, stats.histogram,
-                         batch_size or 1, stats.accepted, run, adaptive, source)
+                         batch_size or 1, stats.accepted, run, adaptive, source, decode_s,
+                         round(ttft_s, 6) if ttft_s is not None and ttft_s >= 0 else None)
 
 
 # ---- files -----------------------------------------------------------------------------------------------
@@ -164,6 +167,11 @@ def _span(meta: dict[str, Any]) -> tuple[float, float] | None:
         return None
     assert isinstance(t0, (int, float)) and isinstance(ftl, (int, float)) and isinstance(t1, (int, float))
     return (float(t0) + float(ftl), float(t1))
+
+
+def _ttft(meta: dict[str, Any]) -> float | None:
+    v = meta.get("first_token_latency")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def dspark_records(dump: object, *, run: str = "dspark") -> list[TraceRecord] | None:
@@ -227,7 +235,7 @@ def read_sglang_output(path: str | Path, *, steps: int | None = None, batch_size
                 raise UsageError(f"{name}: the DSPARK dump holds no per-request records",
                                  hint="enable them with SGLANG_DSPARK_DEBUG_DUMP=reqs")
             return [], verifies, 0
-    rows: list[tuple[int, str, SpecStats, tuple[float, float] | None, str]] = []
+    rows: list[tuple[int, str, SpecStats, tuple[float, float] | None, str, dict[str, Any]]] = []
     skipped = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
@@ -250,7 +258,8 @@ def read_sglang_output(path: str | Path, *, steps: int | None = None, batch_size
             if kind == "sglext":
                 found = from_sglext(obj)
                 for j, st in enumerate(found):
-                    rows.append((lineno, str(rid or lineno) + (f"/{j}" if len(found) > 1 else ""), st, None, "sglext"))
+                    rows.append((lineno, str(rid or lineno) + (f"/{j}" if len(found) > 1 else ""), st, None, "sglext",
+                                 {}))
                 continue
         else:
             out = _text_finish(line)
@@ -261,28 +270,31 @@ def read_sglang_output(path: str | Path, *, steps: int | None = None, batch_size
         if stats is None or meta is None:
             skipped += 1
             continue
-        rows.append((lineno, rid or str(lineno), stats, _span(meta), kind))
+        rows.append((lineno, rid or str(lineno), stats, _span(meta), kind, meta))
     if not rows:
         raise UsageError(f"{name}: no request with speculative statistics ({HISTOGRAM_KEY}) found",
                          hint="point it at SGLang's --export-metrics-to-file file (in --export-metrics-to-file-dir), "
                               "--log-requests output, or a DSPARK dump; the server must run speculative decoding")
     widths = concurrency([r[3] for r in rows])
-    reqs = [request_line(rid, st, steps=steps, batch_size=batch_size or w, run=run, source=kind, line=lineno)
-            for (lineno, rid, st, _, kind), w in zip(rows, widths, strict=True)]
+    reqs = [request_line(rid, st, steps=steps, batch_size=batch_size or w, run=run, source=kind, line=lineno,
+                         span=span, ttft_s=_ttft(meta))
+            for (lineno, rid, st, span, kind, meta), w in zip(rows, widths, strict=True)]
     return reqs, [], skipped
 
 
 # ---- bench ------------------------------------------------------------------------------------------------
 
 
-def bench_request_lines(results: Sequence[Any], server_info: object, run: str) -> list[RequestRecord]:
+def bench_request_lines(results: Sequence[Any], server_info: object, run: str, *, steps: int | None = None
+                        ) -> list[RequestRecord]:
     """Request lines of one bench sweep point's finished requests (`RequestResult`s): the statistics from
     `sglext.spec_tokens_details`, the order from specctl's `usage.accept_lengths` where it agrees with them,
-    the launch steps from `/server_info`'s `speculative_num_steps` (else the statistics), the batch from the
-    requests' overlap as the client saw it."""
+    the launch steps from `steps` (a launched engine's --trace-steps), else `/server_info`'s
+    `speculative_num_steps`, else the statistics; the batch from the requests' overlap as the client saw it,
+    their decode time (first token to last) and time to first token as the client measured them."""
     from specctl.bench.server_info import find_key
 
-    launch = find_key(server_info, ("speculative_num_steps",))
+    launch = steps or find_key(server_info, ("speculative_num_steps",))
     launch = launch if isinstance(launch, int) and not isinstance(launch, bool) and launch > 0 else None
     adaptive = find_key(server_info, ("speculative_adaptive",))
     rows: list[tuple[Any, SpecStats]] = []
@@ -303,8 +315,9 @@ def bench_request_lines(results: Sequence[Any], server_info: object, run: str) -
     widths = concurrency(spans)
     return [request_line(r.response_id or f"{run}-{r.index}", st, steps=launch, batch_size=w, run=run,
                          source="sglext" if r.spec_details is not None else "usage",
-                         adaptive=adaptive if isinstance(adaptive, bool) else None)
-            for (r, st), w in zip(rows, widths, strict=True)]
+                         adaptive=adaptive if isinstance(adaptive, bool) else None, span=span,
+                         ttft_s=r.ttft)
+            for (r, st), w, span in zip(rows, widths, spans, strict=True)]
 
 
 def append_lines(path: str | Path, lines: Sequence[RequestRecord | TraceRecord]) -> None:

@@ -468,8 +468,11 @@ def tune_command(
         def progress(line: str) -> None:
             sys.stderr.write(f"tune: {line}\n")
 
+        from specctl.engine.spec.trace import read_requests
+
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
-                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress)
+                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress,
+                      requests=read_requests(trace))
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
@@ -527,7 +530,12 @@ def render_tune(result: TuneResult) -> str:
         if flo < 1.0 < fhi:
             lines.append(f"(the trace cannot tell the recommendation from fixed steps {result.best_fixed_steps}: "
                          "either may serve this traffic better; a longer trace narrows the interval)")
-    if result.overhead is not None:
+    if result.overhead is not None and result.overhead.source == "requests":
+        lines.append(f"(includes the time the requests waited for their first token (prefill, transfer, "
+                     f"queueing), which no config shortens: {result.overhead.per_token * 1e3:.3f} ms per token; "
+                     "the decode itself is priced at profiled speed: a trace of per-request histograms has no "
+                     "verify timings to measure the serving loop's turn; --decode-only leaves it out)")
+    elif result.overhead is not None:
         o = result.overhead
         settled = f"those no request joined {o.settled_scale:.2f}x; " if o.settled_scale is not None else ""
         join = (f", the draft's pass over a joining request's prompt ({o.join_draft_s * 1e3:.2f} ms a join, at "

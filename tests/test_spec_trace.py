@@ -25,10 +25,19 @@ from specctl.engine.spec.trace import (
     expand_requests,
     histogram_of,
     parse_request,
+    read_requests,
     read_trace,
     request_form,
 )
-from specctl.engine.spec.tune import CostModel, Prediction, TuneSetup, fixed_config, replay, tune
+from specctl.engine.spec.tune import (
+    CostModel,
+    Prediction,
+    TuneSetup,
+    fixed_config,
+    replay,
+    request_overhead,
+    tune,
+)
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs
 
@@ -166,3 +175,22 @@ def test_tune_reads_request_lines_bounded_by_their_launch_steps(tmp_path: Path) 
     assert max(result.allowed_steps) == 3 and max(result.recommended.union_steps) <= 3
     assert any("recorded at steps 3" in n and "5, 6, 7" in n for n in result.notes)
     assert any("histograms" in n and "assume an order" in n for n in result.notes)
+
+
+def test_time_to_first_token_is_the_serving_overhead_of_request_lines(tmp_path: Path) -> None:
+    lines = [RequestRecord(0, f"r{i}", 3, 24, (2, 2, 4, 16), 2, None, "run", decode_s=0.5, ttft_s=0.03)
+             for i in range(8)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(x.to_json()) + "\n" for x in lines))
+    records, requests = read_trace(trace), read_requests(trace)
+    assert requests == [dataclasses.replace(x, line=i + 1) for i, x in enumerate(lines)]
+    cost = cost_model(3)
+    work = sum(r.tokens for r in requests)
+    ovh = request_overhead(requests, records, cost, fixed_config(3), 3)
+    assert ovh is not None and ovh.source == "requests"
+    assert math.isclose(ovh.per_token, 8 * 0.03 / 2 / work)
+    result = tune(TuneSetup(AdaptiveConfig((Bucket(1, (1, 3), Knobs()),)), 1), records, cost, requests=requests)
+    assert result.overhead == ovh and result.none.overhead_s_per_token == ovh.per_token
+    # a request without its time to first token: no estimate (decode only), never a guess
+    assert request_overhead([*requests, dataclasses.replace(requests[0], ttft_s=None)], records, cost,
+                            fixed_config(3), 3) is None

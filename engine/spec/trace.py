@@ -173,6 +173,22 @@ def _opt_run(obj: dict[str, Any], name: str, lineno: int) -> str | None:
     return v
 
 
+def read_requests(path: str | Path) -> list[RequestRecord]:
+    """The request lines of a trace file, as written (`read_trace` returns them expanded)."""
+    out: list[RequestRecord] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if HISTOGRAM_KEY.encode() not in raw or len(raw) > MAX_TRACE_LINE:
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and HISTOGRAM_KEY in obj:
+                out.append(parse_request(obj, str(path), lineno))
+    return out
+
+
 def read_trace(path: str | Path) -> list[TraceRecord]:
     """Parse a JSONL trace; UsageError naming the file and line for anything malformed. Request lines
     (`RequestRecord`) come back expanded into verify records (`expand_requests`), after the file's own."""
@@ -232,13 +248,20 @@ class RequestRecord:
     run: str | None = None
     adaptive: bool | None = None
     source: str | None = None
+    decode_s: float | None = None  # wall seconds from its first token to its last (the serving time it saw)
+    ttft_s: float | None = None  # wall seconds from its arrival to its first token (prefill, transfer, queueing)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens its verifies emitted (accepted drafts plus each verify's own token)."""
+        return sum(n * (a + 1) for a, n in enumerate(self.histogram))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"request": self.request, "steps": self.steps, "spec_verify_ct": self.verify_ct,
                                HISTOGRAM_KEY: list(self.histogram), "batch_size": self.batch_size}
         if self.accepted is not None:
             out["accepted"] = list(self.accepted)
-        for key in ("run", "adaptive", "source"):
+        for key in ("run", "adaptive", "source", "decode_s", "ttft_s"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -246,7 +269,7 @@ class RequestRecord:
     def without_order(self) -> RequestRecord:
         """The histogram alone, as SGLang's per-request statistics give it."""
         return RequestRecord(self.line, self.request, self.steps, self.verify_ct, self.histogram, self.batch_size,
-                             None, self.run, self.adaptive, self.source)
+                             None, self.run, self.adaptive, self.source, self.decode_s, self.ttft_s)
 
 
 def histogram_of(accepted: Iterable[int]) -> tuple[int, ...]:
@@ -286,7 +309,8 @@ def parse_request(obj: dict[str, Any], name: str, lineno: int) -> RequestRecord:
         raise _bad_line(name, lineno, f"adaptive must be true or false, got {_shown(adaptive)}")
     source = obj.get("source")
     return RequestRecord(lineno, str(req), steps, verify_ct, tuple(hist[:top + 1]), bs, accepted,
-                         _opt_run(obj, name, lineno), adaptive, source if isinstance(source, str) else None)
+                         _opt_run(obj, name, lineno), adaptive, source if isinstance(source, str) else None,
+                         _opt_float(obj, "decode_s", name, lineno), _opt_float(obj, "ttft_s", name, lineno))
 
 
 def assumed_order(histogram: Sequence[int]) -> list[int]:
@@ -341,7 +365,12 @@ def request_form(records: Sequence[TraceRecord], *, keep_order: bool = False) ->
     size it verified in, rounded, as `batch_size`. What `adaptive tune` would see of the same run from SGLang."""
     seen: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
     depth: dict[str | None, int] = {}
+    span: dict[tuple[str | None, int], list[float]] = {}  # first verify's start, last verify's end
     for rec in records:
+        if rec.time is not None and rec.rids is not None:
+            start = rec.time - (rec.draft_s or 0.0) - (rec.verify_s or 0.0)
+            for rid in rec.rids:
+                span.setdefault((rec.run, rid), [start, rec.time])[1] = rec.time
         if rec.rids is None:
             raise UsageError("the trace has no rids: its verifies cannot be followed per request",
                              hint="record it with `specctl serve --trace-out FILE` (or `bench -c ... --trace-out`)")
@@ -353,8 +382,10 @@ def request_form(records: Sequence[TraceRecord], *, keep_order: bool = False) ->
     for i, ((run, rid), rows) in enumerate(seen.items(), start=1):
         acc = [a for a, _ in rows]
         width = max(1, round(sum(b for _, b in rows) / len(rows)))
+        t = span.get((run, rid))
         out.append(RequestRecord(i, str(rid), max(1, depth[run]), len(acc), histogram_of(acc), width,
-                                 tuple(acc) if keep_order else None, run, None, "engine trace"))
+                                 tuple(acc) if keep_order else None, run, None, "engine trace",
+                                 round(t[1] - t[0], 6) if t is not None else None))
     return out
 
 

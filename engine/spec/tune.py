@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from specctl.engine.spec.adaptive import AdaptivePolicy
-from specctl.engine.spec.trace import TraceRecord
+from specctl.engine.spec.trace import RequestRecord, TraceRecord
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import (
     AdaptiveConfig,
@@ -443,6 +443,7 @@ class ServingOverhead:
     turn: float = 0.0
     settled_scale: float | None = None  # `scale` over the verifies no request joined (None: use `scale`)
     join_draft_s: float = 0.0  # served seconds a verify where requests joined drafted beyond a settled one
+    source: str = "verifies"  # "requests": `request_overhead`, from request lines' decode times
 
     @property
     def per_token(self) -> float:
@@ -459,10 +460,10 @@ class ServingOverhead:
         scale = self.scale if self.settled_scale is None else self.settled_scale
         return cost.served(scale, self.join_draft_s / (1.0 + self.turn))
 
-    def to_json(self) -> dict[str, float | None]:
+    def to_json(self) -> dict[str, float | str | None]:
         return {"per_token_s": self.per_token, "between_verifies_s": self.between, "turn_share": self.turn,
                 "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess,
-                "settled_scale": self.settled_scale, "join_draft_s": self.join_draft_s}
+                "settled_scale": self.settled_scale, "join_draft_s": self.join_draft_s, "source": self.source}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
@@ -524,6 +525,26 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     return ServingOverhead((gap - turn * gap_served) / gap_tokens if gap_tokens else 0.0,
                            served / price if price > 0 else 1.0, (served - price) / tokens, turn,
                            settled_served / settled_price if settled_price > 0 else None, join)
+
+
+def request_overhead(requests: Sequence[RequestRecord], records: Sequence[TraceRecord], cost: CostModel,
+                     recorded: AdaptiveConfig, initial_steps: int) -> ServingOverhead | None:
+    """The serving time request lines show that no config changes, for a trace without verify timings
+    (SGLang's per-request statistics): each request's time to its first token (prefill, transfer, queueing),
+    shared with the batch it ran in (ttft_s / batch_size, summed), per token the replayed run emits. What
+    speculation shortens, the decode, is left to the cost model: how much slower than profiled the served
+    steps ran is a factor on every config (ratio-neutral), which without verify timings cannot be told
+    from the turn between verifies, so the prediction is otherwise decode-only. `recorded` (the config the
+    requests ran under) weighs the tokens. None when a request lacks its time to first token."""
+    timed = [r for r in requests if r.verify_ct]
+    if not timed or any(r.ttft_s is None for r in timed):
+        return None
+    before = sum((r.ttft_s or 0.0) / r.batch_size for r in timed)
+    pred = replay(recorded, records, cost, initial_steps=initial_steps)
+    work = sum(w for _, _, w in pred.by_batch.values())
+    if work <= 0:
+        return None
+    return ServingOverhead(before / work, 1.0, 0.0, source="requests")
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -880,7 +901,7 @@ def trace_notes(records: Sequence[TraceRecord], depth: int, cost: CostModel) -> 
             "(SGLang's spec_correct_drafts_histogram): a fixed step's tokens per traced verify are exact from "
             "them (min(a, k) in any order); the replay position by position and the adaptive policy assume an "
             "order: each request's verifies spread evenly over its life, the requests of one observed "
-            "concurrency verifying in lockstep (docs/adaptive.md measures what that costs)")
+            "concurrency verifying in lockstep (docs/adaptive.md: what a histogram cannot tell)")
     return tuple(notes)
 
 
@@ -1321,9 +1342,11 @@ def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[i
 
 
 def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
-         progress: Callable[[str], None] | None = None) -> TuneResult:
+         progress: Callable[[str], None] | None = None, requests: Sequence[RequestRecord] = ()) -> TuneResult:
     """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring).
-    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds)."""
+    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds).
+    `requests`: the trace's request lines as written, whose decode times give the serving overhead of a
+    trace without verify timings (`request_overhead`)."""
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
@@ -1335,6 +1358,11 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if ovh is not None:
         cost = ovh.served(cost)
     depth = trace_depth(records)
+    if ovh is None and not setup.decode_only and requests:
+        adaptive_run = any(r.adaptive for r in requests)
+        recorded = setup.cfg if adaptive_run else fixed_config(depth)
+        ovh = request_overhead(requests, [r for r in records if r.from_requests], cost, recorded,
+                               setup.initial_steps if adaptive_run else depth)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
         raise UsageError(f"the cost model measures steps {list(cost.steps)}, none <= the trace's depth {depth}")
