@@ -296,7 +296,8 @@ def bench_request_lines(results: Sequence[Any], server_info: object, run: str, *
 
     launch = steps or find_key(server_info, ("speculative_num_steps",))
     launch = launch if isinstance(launch, int) and not isinstance(launch, bool) and launch > 0 else None
-    adaptive = find_key(server_info, ("speculative_adaptive",))
+    # engines told to draft K every step (--trace-steps) ran no adaptive policy, whatever they are configured with
+    adaptive = False if steps else find_key(server_info, ("speculative_adaptive",))
     rows: list[tuple[Any, SpecStats]] = []
     for r in results:
         if not r.ok or r.index < 0:

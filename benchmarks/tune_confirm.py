@@ -152,6 +152,10 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
     versus: dict[str, Any] = {}
     if args.histogram:
 
+        # SGLang gives the histogram alone: drop the verifies' order specctl's servers add (`accepted`)
+        lines = [json.loads(x) for x in hist.read_text().splitlines() if x.strip()]
+        hist.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "accepted"}) + "\n" for x in lines))
+
         def tune_on(path: Path, *extra: str) -> dict[str, Any]:
             return dict(json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(path), "--cost", str(cost),
                                        *extra, "--format", "json", env=env).stdout))

@@ -550,6 +550,7 @@ def render_tune(result: TuneResult) -> str:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     lines += _render_runs(result.runs)
     lines += [f"({note})" for note in result.notes]
+    lines.append(f"(cost model: {result.cost_model})")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
     if result.sglang_only:
         searched += "; only what SGLang can run (--sglang or engine: sglang)"

@@ -175,6 +175,17 @@ def test_tune_reads_request_lines_bounded_by_their_launch_steps(tmp_path: Path) 
     assert max(result.allowed_steps) == 3 and max(result.recommended.union_steps) <= 3
     assert any("recorded at steps 3" in n and "5, 6, 7" in n for n in result.notes)
     assert any("histograms" in n and "assume an order" in n for n in result.notes)
+    assert result.cost_model == "of unknown origin (no `adaptive profile` metadata)" and not result.cost_estimated
+
+
+def test_tune_says_which_cost_model_priced_it() -> None:
+    measured = CostModel(cost_model().step_s, {"deployment": "tiny-pd", "device": "cpu", "threads": 1,
+                                               "clock": "cpu", "created": "2026-12-08T00:00:00Z"})
+    assert measured.provenance() == ("measured by `adaptive profile` of tiny-pd on cpu (1 thread(s), cpu clock, "
+                                     "2026-12-08T00:00:00Z)")
+    guessed = CostModel(cost_model().step_s, {"estimate": "aiconfigurator's database, H100 SXM, fp8"})
+    assert guessed.estimate is not None
+    assert guessed.provenance().startswith("an ESTIMATE, not a measurement: aiconfigurator")
 
 
 def test_time_to_first_token_is_the_serving_overhead_of_request_lines(tmp_path: Path) -> None:

@@ -157,6 +157,23 @@ class CostModel:
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.step_s))
 
+    @property
+    def estimate(self) -> str | None:
+        """The label of a cost model that was estimated, not measured (`meta["estimate"]`: what estimated it
+        and for what), else None."""
+        label = self.meta.get("estimate")
+        return str(label) if label else None
+
+    def provenance(self) -> str:
+        """One line saying which cost model prices the replay: measured (where and how) or an estimate."""
+        if self.estimate is not None:
+            return f"an ESTIMATE, not a measurement: {self.estimate}"
+        m = self.meta
+        if m.get("device") is None:
+            return "of unknown origin (no `adaptive profile` metadata)"
+        return (f"measured by `adaptive profile` of {m.get('deployment')} on {m.get('device')} "
+                f"({m.get('threads')} thread(s), {m.get('clock', 'wall')} clock, {m.get('created', 'undated')})")
+
     @functools.cached_property
     def steps(self) -> tuple[int, ...]:
         """Steps measured at every batch size (step_time checks every priced step against it)."""
@@ -1030,6 +1047,8 @@ class TuneResult:
     runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
     intervals: dict[str, tuple[float, float]] | None = None  # `speedup_intervals` (None: no positional facts)
     notes: tuple[str, ...] = ()  # what bounds the search and which replay the trace allowed (`trace_notes`)
+    cost_model: str = ""  # `CostModel.provenance` of the model that priced it
+    cost_estimated: bool = False
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -1082,6 +1101,7 @@ class TuneResult:
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
             "runs": [r.to_json() for r in self.runs],
             "notes": list(self.notes),
+            "cost_model": {"provenance": self.cost_model, "estimate": self.cost_estimated},
         }
 
 
@@ -1435,7 +1455,7 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
                       tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals,
-                      trace_notes(records, depth, cost))
+                      trace_notes(records, depth, cost), cost.provenance(), cost.estimate is not None)
 
 
 def validate_recommendation(
