@@ -129,3 +129,35 @@ def test_once_exit_codes(pair_of: Any) -> None:
     assert res.exit_code == 3 and "server_unreachable" in res.output, res.output
     res = runner.invoke(app, ["watch", "--prefill", "ftp://x", "--decode", url, "--once"])
     assert res.exit_code == 2 and "--prefill must be an http" in res.output
+
+
+def specctl_decode_metrics(verifies: int, accepted: int, steps: int) -> str:
+    return ("# TYPE specctl_requests_running gauge\nspecctl_requests_running{model_name=\"m\"} 4\n"
+            "# TYPE specctl_spec_verify_steps_total counter\n"
+            f"specctl_spec_verify_steps_total{{model_name=\"m\"}} {verifies}\n"
+            "# TYPE specctl_spec_accepted_tokens_total counter\n"
+            f"specctl_spec_accepted_tokens_total{{model_name=\"m\"}} {accepted}\n"
+            "# TYPE specctl_adaptive_steps gauge\n"
+            f"specctl_adaptive_steps{{model_name=\"m\",bucket=\"1\"}} {steps}\n")
+
+
+def test_acceptance_that_collapses_is_named_beside_the_tier_the_config_expects(pair_of: Any) -> None:
+    from specctl.preflight.watch import policy_tier
+
+    pair = pair_of([prefill_metrics(0, 10.0)])
+    decode = FixtureServer({"/metrics": [text_answer(specctl_decode_metrics(*m)) for m in
+                                         ((0, 0, 3), (100, 300, 3), (200, 320, 3))],
+                            "/server_info": [json_answer(fixture("server_info_decode.json"))],
+                            "/model_info": [json_answer(fixture("model_info_decode.json"))]})
+    try:
+        tiers = policy_tier({"buckets": {1: {"candidate_steps": [1, 3, 5]}}}, 3)
+        assert tiers is not None and tiers(4.8, 4) == 5 and tiers(0.1, 4) == 1
+        ticks = itertools.count(0.0, 1.0)
+        w = Watch(pair.prefill.url, decode.url, stall_after_s=1.0, clock=lambda: next(ticks), tier_model=tiers)
+        first, good, bad = w.tick(), w.tick(), w.tick()
+        assert first.accept_length is None and good.accept_length == 4.0 and good.tier == {"1": 3.0}
+        assert good.expected_tier == 5 and not good.alerts
+        assert bad.accept_length == 1.2 and bad.expected_tier == 1
+        assert [a.name for a in bad.alerts] == ["acceptance_collapse"]
+    finally:
+        decode.close()
