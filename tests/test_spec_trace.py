@@ -205,3 +205,12 @@ def test_time_to_first_token_is_the_serving_overhead_of_request_lines(tmp_path: 
     # a request without its time to first token: no estimate (decode only), never a guess
     assert request_overhead([*requests, dataclasses.replace(requests[0], ttft_s=None)], records, cost,
                             fixed_config(3), 3) is None
+
+
+def test_request_lines_never_share_a_run_with_an_unnamed_engine_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"batch_size": 1, "accepted": [2], "steps": 3, "rids": [0]}) + "\n"
+                     + json.dumps(RequestRecord(0, "a", 3, 2, (0, 1, 1), 1).to_json()) + "\n")
+    records = read_trace(trace)
+    assert [(r.run, r.rids, r.from_requests) for r in records] == [
+        (None, (0,), False), ("requests", (0,), True), ("requests", (0,), True)]

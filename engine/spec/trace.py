@@ -354,7 +354,9 @@ def expand_requests(requests: Sequence[RequestRecord]) -> list[TraceRecord]:
                                    steps=max(r.steps for _, r, _ in active),
                                    drafted=tuple(r.steps for _, r, _ in active),
                                    trace_steps=min(r.steps for _, r, _ in active),
-                                   rids=tuple(rid for rid, _, _ in active), run=run, from_requests=True))
+                                   rids=tuple(rid for rid, _, _ in active),
+                                   # a run of its own even unnamed: its rids are not an engine's
+                                   run=run if run is not None else "requests", from_requests=True))
             active = [(rid, r, seq) for rid, r, seq in active if seq]
     return out
 
