@@ -78,6 +78,10 @@ class BenchConfig:
     extra_request_body: dict[str, Any] = dataclasses.field(default_factory=dict)
     tag: str | None = None
     output_details: bool = False
+    # Append each request's speculative statistics (asked for with `return_spec_tokens_details`) to this
+    # file as trace request lines (bench/spec_trace.py), for `specctl adaptive tune`.
+    spec_trace_out: str | None = None
+    spec_trace_steps: int | None = None  # the launched engines' --trace-steps: every verify drafted it
 
     @property
     def api_path(self) -> str:

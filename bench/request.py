@@ -15,8 +15,9 @@ accepted tokens in one chunk is not credited with one token per gap. A chunk's t
 `token_ids` when the server sends them (specctl's `return_token_ids`), else its share of the usage's
 `completion_tokens` by text length (bench_serving re-tokenizes the chunk's text instead; equal for
 byte-level models). The raw gap between chunks is kept as `chunk_gaps` (its own record family).
-The server's `usage` (final chunk, `stream_options.include_usage`) is kept whole: the metrics read
-token counts and speculative fields (`spec_accepted_tokens`,
+SGLang's `sglext.spec_tokens_details` (asked for with `return_spec_tokens_details` when the run writes a
+trace) is kept as `spec_details`. The server's `usage` (final chunk, `stream_options.include_usage`) is
+kept whole: the metrics read token counts and speculative fields (`spec_accepted_tokens`,
 `spec_verify_steps`, `accept_lengths`) from it; `timings` (top-level or inside `usage`) too.
 """
 
@@ -58,6 +59,8 @@ class RequestResult:
     timings: dict[str, Any] | None = None
     finish_reason: str | None = None
     text_len: int = 0
+    # SGLang's `sglext.spec_tokens_details` (the server answered `return_spec_tokens_details`), when sent
+    spec_details: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -159,6 +162,9 @@ class RequestSender:
         if cfg.ignore_eos:
             # SGLang/vLLM extension: generate exactly max_tokens so output lengths are controlled.
             payload["ignore_eos"] = True
+        if cfg.spec_trace_out:
+            # SGLang's extension: per-request acceptance (verify count, correct-drafts histogram) in `sglext`
+            payload["return_spec_tokens_details"] = True
         payload.update(cfg.extra_request_body)
         return json.dumps(payload).encode()
 
@@ -244,6 +250,13 @@ class RequestSender:
                 result.timings = usage["timings"]
         if isinstance(chunk.get("timings"), dict):
             result.timings = chunk["timings"]
+        ext = chunk.get("sglext")
+        if isinstance(ext, dict):
+            details = ext.get("spec_tokens_details")
+            if isinstance(details, list) and details:  # n > 1: bench sends n = 1, the first is ours
+                details = details[0]
+            if isinstance(details, dict):
+                result.spec_details = details
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return

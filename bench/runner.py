@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import math
 import time
+import uuid
 from typing import Any, Protocol
 
 import aiohttp
@@ -29,6 +30,7 @@ from specctl.bench.probe import DeploymentProbe, ServerProbe, ServerSnapshot
 from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
+from specctl.bench.spec_trace import append_lines, bench_request_lines
 from specctl.bench.workload import Prompt, build_workload
 from specctl.errors import RuntimeFailure
 
@@ -97,8 +99,20 @@ async def _bench(config: BenchConfig, progress: ProgressSink | None, provenance:
                     progress.end_point()
             after = await snapshots.snapshot()
             record = build_record(config, model, load, before, after, provenance)
+            if config.spec_trace_out:
+                lines = bench_request_lines(load.results, _launch_info(after), uuid.uuid4().hex[:12],
+                                            steps=config.spec_trace_steps)
+                append_lines(config.spec_trace_out, lines)
+                record["spec_trace"] = {"path": config.spec_trace_out, "requests": len(lines)}
             runs.append(PointRun(load, before, after, record))
         return runs
+
+
+def _launch_info(snap: ServerSnapshot) -> object:
+    """Where the launch-time steps are: the URL's /server_info, else (behind a router) a decode role's."""
+    if snap.server_info is not None:
+        return snap.server_info
+    return [info for name, info in snap.roles.items() if name.startswith("decode") and info is not None]
 
 
 async def _warmup(sender: RequestSender, prompt: Prompt, n: int) -> None:

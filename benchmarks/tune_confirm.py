@@ -91,6 +91,10 @@ def main() -> None:
     ap.add_argument("--trace-steps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2))
     ap.add_argument("--port-base", type=int, default=24100)
+    ap.add_argument("--histogram", action="store_true",
+                    help="also tune on the trace's histogram form (`adaptive trace --from-trace`: what SGLang reports "
+                         "per request), compare its predictions with the exact trace's (whole, and decode only), "
+                         "and confirm the histogram-tuned config with --ab")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="the profile's clock (cpu: robust on a shared machine; equals wall on an idle one)")
     args = ap.parse_args()
@@ -120,7 +124,10 @@ def main() -> None:
             r = rows[-1]
             print(f"repeat {rep + 1}/{args.repeats} {kind:8s} predicted {r['predicted_vs_none']:.2f}x none, measured "
                   f"{r['measured_vs_none']:.2f}x [{r['measured_ci95'][0]}, {r['measured_ci95'][1]}]  "
-                  f"pred/meas {r['predicted_over_measured']:.2f}", file=sys.stderr)
+                  f"pred/meas {r['predicted_over_measured']:.2f}"
+                  + (f"  histogram/exact {r['histogram_over_exact']:.3f} (decode only "
+                     f"{r['decode_only_histogram_over_exact']:.3f})" if "histogram_over_exact" in r else ""),
+                  file=sys.stderr)
     summary = [summarise(kind, [r for r in rows if r["workload"] == kind]) for kind in args.workloads.split(",")]
     print(f"{'workload':8s} {'predicted':>9s} {'measured':>9s} {'pred/meas':>9s} {'range':>13s}  (medians of "
           f"{args.repeats} repeats)")
@@ -136,10 +143,34 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
             env: dict[str, str]) -> dict[str, Any]:
     """One workload once: trace it, tune on the trace and `cost`, and measure the recommendation with `--ab`."""
     trace = stem.with_suffix(".trace.jsonl")
+    hist = stem.with_suffix(".hist.jsonl")  # the same run as SGLang reports it: one line per request
     cli("bench", "-c", args.deploy, *ports, "--dataset-name", kind, *load, "--num-prompts", str(args.num_prompts),
-        "--trace-out", str(trace), "--trace-steps", str(args.trace_steps), "--seed", "11", env=env)
+        "--trace-out", str(trace), "--trace-steps", str(args.trace_steps), "--seed", "11",
+        *(["--request-trace-out", str(hist)] if args.histogram else []), env=env)
     tuned = json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(trace), "--cost", str(cost),
                            "--format", "json", env=env).stdout)
+    versus: dict[str, Any] = {}
+    if args.histogram:
+
+        # SGLang gives the histogram alone: drop the verifies' order specctl's servers add (`accepted`)
+        lines = [json.loads(x) for x in hist.read_text().splitlines() if x.strip()]
+        hist.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "accepted"}) + "\n" for x in lines))
+
+        def tune_on(path: Path, *extra: str) -> dict[str, Any]:
+            return dict(json.loads(cli("adaptive", "tune", args.deploy, "--trace", str(path), "--cost", str(cost),
+                                       *extra, "--format", "json", env=env).stdout))
+
+        exact_decode, hist_decode = tune_on(trace, "--decode-only"), tune_on(hist, "--decode-only")
+        exact = tuned
+        tuned = tune_on(hist)  # confirmed below: the histogram-tuned config, its serving time from request TTFTs
+        versus = {"exact_vs_none": round(exact["speedup"]["vs_none"], 4),
+                  "histogram_vs_none": round(tuned["speedup"]["vs_none"], 4),
+                  "histogram_over_exact": round(tuned["speedup"]["vs_none"] / exact["speedup"]["vs_none"], 4),
+                  "decode_only_histogram_over_exact": round(
+                      hist_decode["speedup"]["vs_none"] / exact_decode["speedup"]["vs_none"], 4),
+                  "exact_recommended": exact["recommended"].get("deployment_adaptive"),
+                  "exact_best_fixed": exact["best_fixed"]["steps"],
+                  "histogram_best_fixed": tuned["best_fixed"]["steps"]}
     copy = deployment_with(args.deploy, tuned["recommended"], stem.with_suffix(".deploy.yaml"), env)
     lines = cli("bench", "-c", str(copy), *ports, "--dataset-name", kind, *load, "--num-prompts",
                 str(args.num_prompts * args.rounds), "--ab", "speculative.algorithm=none", "--ab-rounds",
@@ -169,7 +200,7 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
             or tuned["recommended"]["sglang_adaptive_config"],
             "initial_steps": tuned["recommended"]["initial_steps"],
             "predicted_vs_best_fixed": round(tuned["speedup"]["vs_best_fixed"], 3),
-            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3), **rates}
+            "predicted_vs_current": round(tuned["speedup"]["vs_current"], 3), **rates, **versus}
 
 
 def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -471,8 +471,11 @@ def tune_command(
         def progress(line: str) -> None:
             sys.stderr.write(f"tune: {line}\n")
 
+        from specctl.engine.spec.trace import read_requests
+
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
-                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress)
+                                sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress,
+                      requests=read_requests(trace))
         if output is OutputFormat.json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         else:
@@ -530,7 +533,12 @@ def render_tune(result: TuneResult) -> str:
         if flo < 1.0 < fhi:
             lines.append(f"(the trace cannot tell the recommendation from fixed steps {result.best_fixed_steps}: "
                          "either may serve this traffic better; a longer trace narrows the interval)")
-    if result.overhead is not None:
+    if result.overhead is not None and result.overhead.source == "requests":
+        lines.append(f"(includes the time the requests waited for their first token (prefill, transfer, "
+                     f"queueing), which no config shortens: {result.overhead.per_token * 1e3:.3f} ms per token; "
+                     "the decode itself is priced at profiled speed: a trace of per-request histograms has no "
+                     "verify timings to measure the serving loop's turn; --decode-only leaves it out)")
+    elif result.overhead is not None:
         o = result.overhead
         settled = f"those no request joined {o.settled_scale:.2f}x; " if o.settled_scale is not None else ""
         join = (f", the draft's pass over a joining request's prompt ({o.join_draft_s * 1e3:.2f} ms a join, at "
@@ -544,6 +552,8 @@ def render_tune(result: TuneResult) -> str:
     else:
         lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
     lines += _render_runs(result.runs)
+    lines += [f"({note})" for note in result.notes]
+    lines.append(f"(cost model: {result.cost_model})")
     searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
     if result.sglang_only:
         searched += "; only what SGLang can run (--sglang or engine: sglang)"
@@ -563,3 +573,76 @@ def render_tune(result: TuneResult) -> str:
     lines.append("valid: no error findings" if not errors else f"INVALID: {len(errors)} error finding(s)")
     lines.append("confirm with: specctl bench -c DEPLOY --ab speculative.adaptive=... (see `specctl bench --help`)")
     return "\n".join(lines) + "\n"
+
+
+@adaptive_app.command("trace")
+def trace_command(
+    from_sglang_metrics: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        "--from-sglang-metrics", metavar="FILE", help="SGLang's --export-metrics-to-file file, --log-requests "
+        "output (json or text format), or a DSPARK dump (SGLANG_DSPARK_DEBUG_DUMP=reqs: /server_info's "
+        "internal_states[].dspark_info_record).", show_default=False)] = None,
+    from_trace: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        "--from-trace", metavar="FILE", help="An engine trace (`serve --trace-out`) to write in the form SGLang "
+        "reports it: one histogram line per request (what `tune` would see of the same run from SGLang).",
+        show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(  # noqa: UP045
+        "-o", "--output", help="Write the trace here (appended; default: stdout).", show_default=False)] = None,
+    steps: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--steps", min=1, metavar="K", help="The server's launch-time draft length (--speculative-num-steps), "
+        "when the file cannot give it (SGLang's spec_num_proposed_drafts / spec_verify_ct gives it).",
+        show_default=False)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--batch-size", min=1, metavar="B", help="The batch every request decoded in (default: estimated from "
+        "the requests' times, which SGLang writes with --enable-metrics; 1 without them).",
+        show_default=False)] = None,
+    run: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--run", help="A run name for these requests (one adaptive policy replays each run).",
+        show_default=False)] = None,
+    keep_order: Annotated[bool, typer.Option(
+        "--keep-order", help="With --from-trace: keep each request's verifies in order (`accepted`).")] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", help="Summary format (on stderr with no -o).")]
+    = OutputFormat.text,
+) -> None:
+    """Write a trace `specctl adaptive tune` reads from what an engine reports per request.
+
+    SGLang reports, per finished request, its verify count and correct-drafts histogram (how many verifies
+    accepted k drafts), not the verifies themselves: each becomes one request line with the launch-time
+    steps K and the batch it decoded in. Fixed-step predictions from such lines are exact; the adaptive
+    policy's replay assumes an order (see `tune`'s notes), and nothing above K is recommended. A DSPARK
+    dump holds every verify: it becomes verify lines, as an engine trace. `specctl bench --url URL
+    --trace-out FILE` writes the same lines from the responses themselves.
+    """
+    with handle_errors():
+        from specctl.bench.spec_trace import append_lines, read_sglang_output
+        from specctl.engine.spec.trace import RequestRecord, request_form
+
+        if (from_sglang_metrics is None) == (from_trace is None):
+            raise UsageError("give exactly one of --from-sglang-metrics FILE or --from-trace FILE")
+        skipped = 0
+        lines: list[RequestRecord | TraceRecord]
+        if from_sglang_metrics is not None:
+            reqs, verifies, skipped = read_sglang_output(from_sglang_metrics, steps=steps, batch_size=batch_size,
+                                                         run=run)
+            lines = [*reqs, *verifies]
+            source = str(from_sglang_metrics)
+        else:
+            assert from_trace is not None
+            lines = list(request_form([r for r in read_trace(from_trace) if r.accepted], keep_order=keep_order))
+            source = str(from_trace)
+        if out is not None:
+            append_lines(out, lines)
+        else:
+            for line in lines:
+                sys.stdout.write(json.dumps(line.to_json(), separators=(",", ":")) + "\n")
+        n_req = sum(isinstance(x, RequestRecord) for x in lines)
+        summary = {"source": source, "output": str(out) if out is not None else None, "requests": n_req,
+                   "verify_records": len(lines) - n_req, "skipped_lines": skipped,
+                   "steps": sorted({x.steps for x in lines if x.steps is not None})}
+        stream = sys.stdout if out is not None else sys.stderr
+        if output is OutputFormat.json:
+            stream.write(json.dumps(summary) + "\n")
+        else:
+            stream.write(f"{source}: {n_req} request line(s), {summary['verify_records']} verify line(s) "
+                         f"at steps {summary['steps']}" + (f", {skipped} line(s) without speculative statistics"
+                                                            if skipped else "")
+                         + (f" -> {out}" if out is not None else "") + "\n")

@@ -103,8 +103,15 @@ def bench(
                                            "ratio weighs start-up as much as steady serving (the report notes "
                                            "it).")] = 5,
     trace_out: Annotated[str | None, typer.Option(
-        "--trace-out", metavar="FILE", help="With -c: the launched engines append one JSON line per verify "
-        "batch to FILE (see `specctl serve --trace-out`).")] = None,
+        "--trace-out", metavar="FILE", help="With --url: ask every request for SGLang's per-request acceptance "
+        "(return_spec_tokens_details) and append one line per request to FILE (its launch-time steps, verify "
+        "count, correct-drafts histogram, the batch it decoded in; the order of its verifies where the server "
+        "gives it): a trace `specctl adaptive tune` reads, from SGLang or specctl alike. With -c: the launched "
+        "engines append one JSON line per verify batch to FILE (see `specctl serve --trace-out`).")] = None,
+    request_trace_out: Annotated[str | None, typer.Option(
+        "--request-trace-out", metavar="FILE", help="With -c: also append one line per request to FILE, as "
+        "--trace-out does with --url (what SGLang reports per request), beside the engines' verify trace: "
+        "both forms of one run.")] = None,
     trace_steps: Annotated[int | None, typer.Option(
         "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K every step (a counterfactual trace "
         "for `specctl adaptive tune`).")] = None,
@@ -128,10 +135,12 @@ def bench(
             raise UsageError("--set applies to a deployment (-c), not to --url")
         if preflight_pair and config is not None:
             raise UsageError("--preflight applies to --url; with -c the launched pair is preflighted itself")
-        if (trace_out or trace_steps) and config is None:
-            raise UsageError("--trace-out records the engines bench launches: it needs -c DEPLOY, not --url",
-                             hint="run `specctl serve --trace-out FILE` on the server you pass to --url")
-        if trace_out or trace_steps:
+        if request_trace_out and config is None:
+            raise UsageError("--request-trace-out goes with -c; with --url, --trace-out writes the request lines")
+        if trace_steps and config is None:
+            raise UsageError("--trace-steps sets the drafts of the engines bench launches: it needs -c DEPLOY",
+                             hint="launch the server at fixed steps K (adaptive off) and pass --trace-out alone")
+        if (trace_out or trace_steps) and config is not None:
             from specctl.cli.serve import set_trace_env
 
             set_trace_env(trace_out, trace_steps)
@@ -150,7 +159,9 @@ def bench(
             burstiness=burstiness, duration_s=duration, warmup_requests=warmup_requests,
             request_timeout_s=request_timeout, slo=bc.parse_slo(slo), stream=not disable_stream,
             ignore_eos=not disable_ignore_eos, temperature=temperature,
-            extra_request_body=bc.parse_extra_body(extra_request_body), tag=tag, output_details=output_details)
+            extra_request_body=bc.parse_extra_body(extra_request_body), tag=tag, output_details=output_details,
+            spec_trace_out=trace_out if config is None else request_trace_out,
+            spec_trace_steps=trace_steps if config is not None else None)
         if ab or ab_url:
             from specctl.bench.ab import parse_ab
 

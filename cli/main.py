@@ -60,6 +60,7 @@ COMMAND_MODULES = (
     "serve",  # serve, up
     "bench",  # bench, bench compare
     "preflight",  # preflight (live prefill/decode comparison)
+    "watch",  # watch (a running pair, live)
     "model",  # model (config.json facts for SGLang)
     "sglang_io",  # import sglang, export sglang
 )

@@ -69,6 +69,11 @@ def serve(
     trace_steps: Annotated[int | None, typer.Option(
         "--trace-steps", min=1, metavar="K", help="With --trace-out: draft K tokens every step whatever the "
         "adaptive policy says, so the trace answers what any k <= K would have accepted.")] = None,
+    export_metrics_dir: Annotated[str | None, typer.Option(
+        "--export-metrics-to-file-dir", metavar="DIR", help="Append one JSON line per finished request "
+        "(SGLang's meta_info: spec_verify_ct, spec_correct_drafts_histogram, ...) to "
+        "DIR/sglang-request-metrics-YYYYmmdd_HH.log, as SGLang's --export-metrics-to-file does: what "
+        "`specctl adaptive trace --from-sglang-metrics` reads.")] = None,
     instance: Annotated[int, typer.Option("--instance", help="Which instance of a role that lists several "
                                           "(roles.prefill / roles.decode as a list), from 0.")] = 0,
     print_command: Annotated[bool, typer.Option(
@@ -82,6 +87,13 @@ def serve(
     (smg, or sglang-router with roles.router.kind, in PD mode in front of every prefill and decode instance)."""
     with handle_errors():
         set_trace_env(trace_out, trace_steps)
+        if export_metrics_dir is not None:
+            import os
+            from pathlib import Path
+
+            from specctl.engine.serve.spec_stats import EXPORT_DIR_ENV
+
+            os.environ[EXPORT_DIR_ENV] = str(Path(export_metrics_dir).resolve())
         deployment = _load(config, tuple(set_ or ()))
         if deployment.engine == "sglang" and role is not Role.router:
             _serve_sglang(deployment, role.value, instance, print_command=print_command)

@@ -8,7 +8,10 @@ Contract (routes):
   tokens per verify step). Streams send `usage` only when `stream_options.include_usage` is true, once,
   on OpenAI's usage-only last chunk (`choices: []`). Responses (the finishing chunk when streaming) also
   carry `timings` (server-side seconds; in disaggregated mode `prefill_s`, `transfer_s`,
-  `decode_queue_s`, ...).
+  `decode_queue_s`, ...). SGLang's extension: a request with `return_spec_tokens_details: true` gets
+  `sglext.spec_tokens_details` (serve/spec_stats.py), at the top level of the response, or when streaming
+  on a chunk of its own (`choices: []`) before the usage chunk, as SGLang sends it. Every finished
+  request is appended to SGLang's metrics file when one is set (`spec_stats.MetricsFile`).
 - `GET /v1/models`, `GET /health` (200 `{"status": "ok"}` once ready and paired, else 503 with the
   reason), `GET /metrics` (Prometheus text), `GET /server_info` (resolved deployment, fingerprints,
   adaptive state and switch timeline, per-role timing).
@@ -71,6 +74,7 @@ from specctl.engine.serve.openai_request import (
     parse_completion,
     parse_json_body,
 )
+from specctl.engine.serve.spec_stats import MetricsFile, RequestClock, launch_steps, request_meta, spec_tokens_details
 
 if TYPE_CHECKING:
     from specctl.engine.logprobs import TokenLogprob  # torch; the front stays light
@@ -206,6 +210,8 @@ class OpenAIServer:
         self.metrics = metrics or ServingMetrics()
         self.body_timeout_s = body_timeout_s
         self.metrics.set_model_name(backend.model_name)
+        self.launch_steps = launch_steps(backend)
+        self.metrics_file = MetricsFile.from_env()
         self.app = web.Application(client_max_size=max_request_bytes, middlewares=[self._errors])
         self.app.add_routes([
             web.post("/v1/completions", self.completions),
@@ -363,6 +369,23 @@ class OpenAIServer:
         finally:
             self.in_flight -= 1
 
+    def finished_meta(self, rid: str, prompt_len: int, completion: int, final: RequestOutput, clock: RequestClock,
+                      params: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's `meta_info` of a finished request (serve/spec_stats.py), appended to the metrics file when
+        one is set; a metrics file that cannot be written is logged, never a failed request."""
+        meta = request_meta(rid, prompt_tokens=prompt_len, completion_tokens=completion,
+                            finish_reason=final.finish_reason, accepts=final.accept_lengths, launch=self.launch_steps,
+                            **clock.times())
+        meta["timings"] = final.timings
+        if final.error:
+            meta["error"] = final.error
+        if self.metrics_file is not None:
+            try:
+                self.metrics_file.write({"rid": rid, "sampling_params": params}, meta)
+            except (OSError, TypeError, ValueError) as exc:
+                log.warning("cannot append to the metrics file in %s: %s", self.metrics_file.dir, exc)
+        return meta
+
     def _echo(self, req: GenerationRequest) -> str:
         if not req.echo:
             return ""
@@ -385,10 +408,12 @@ class OpenAIServer:
         ids, chat = req.prompt_ids, req.chat
         t0 = time.perf_counter()
         clock = TokenClock(self.metrics)
+        times = RequestClock()
         out: list[int] = []
         lps: list[TokenLogprob | None] = []
         final: RequestOutput | None = None
         async for item in self.backend.generate(ids, req.params, stream=False):
+            times.tokens(item.token_ids)
             if item.token_ids:
                 clock.tokens(len(item.token_ids))
                 out.extend(item.token_ids)
@@ -416,10 +441,22 @@ class OpenAIServer:
             choice["token_ids"] = out
         if req.logprobs is not None:
             choice["logprobs"] = logprobs_of(self.backend, out, lps, chat=chat)
-        return web.json_response({
+        body: dict[str, Any] = {
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": req.model, "choices": [choice], "usage": usage, "timings": final.timings,
-        })
+        }
+        sglext = self._sglext(req, self.finished_meta(rid, len(ids), len(out), final, times, req.params))
+        if sglext is not None:
+            body["sglext"] = sglext
+        return web.json_response(body)
+
+    @staticmethod
+    def _sglext(req: GenerationRequest, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """SGLang's response-level `sglext` when the request set `return_spec_tokens_details: true`."""
+        if req.extra.get("return_spec_tokens_details") is not True:
+            return None
+        details = spec_tokens_details(meta)
+        return None if details is None else {"spec_tokens_details": details}
 
     async def _stream(self, request: web.Request, req: GenerationRequest, *, rid: str, created: int
                       ) -> web.StreamResponse:
@@ -452,6 +489,7 @@ class OpenAIServer:
 
         t0 = time.perf_counter()
         clock = TokenClock(self.metrics)
+        times = RequestClock()
         count = 0
         final: RequestOutput | None = None
         status = "error"
@@ -463,6 +501,7 @@ class OpenAIServer:
             elif req.echo:
                 await send(chunk(self._echo(req), None))
             async for item in self.backend.generate(ids, req.params):
+                times.tokens(item.token_ids)
                 if item.token_ids:
                     clock.tokens(len(item.token_ids))
                     count += len(item.token_ids)
@@ -477,6 +516,10 @@ class OpenAIServer:
                     c = chunk(text, item.finish_reason, token_ids=item.token_ids, logprobs=item.logprobs)
                     c["timings"] = item.timings
                     await send(c)
+                    sglext = self._sglext(req, self.finished_meta(rid, len(ids), count, item, times, req.params))
+                    if sglext is not None:  # SGLang: its own chunk, no choices, before the usage chunk
+                        await send({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
+                                    "sglext": sglext})
                     if req.include_usage:  # OpenAI: usage once, on a last chunk with no choices
                         await send({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
                                     "usage": usage_of(len(ids), count, item.accept_lengths)})

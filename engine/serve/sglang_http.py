@@ -10,8 +10,11 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
 - `POST /generate`: SGLang's native request (`text` or `input_ids`, `sampling_params` with
   `max_new_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `ignore_eos`, `seed`; `stream`), answered with
   `{"text", "output_ids", "meta_info"}`; `meta_info` carries `id`, `finish_reason` (`{"type": ...}`),
-  `prompt_tokens`, `completion_tokens`, the request's speculative statistics (`spec_verify_ct`,
-  `spec_accept_length`: tokens per verify step as SGLang counts them, `spec_accept_lengths`) and `timings`.
+  `prompt_tokens`, `completion_tokens`, the request's speculative statistics in SGLang's keys
+  (serve/spec_stats.py: `spec_verify_ct`, `spec_num_correct_drafts`, `spec_accept_length`,
+  `spec_correct_drafts_histogram`, ...; specctl's `spec_accept_lengths` per verify), SGLang's request times
+  and `timings`. With `SPECCTL_EXPORT_METRICS_TO_FILE_DIR` set (`specctl serve --export-metrics-to-file-dir`)
+  every finished request is appended to SGLang's metrics file there (`spec_stats.MetricsFile`).
   Streaming (`stream: true`) sends the cumulative text in each `data:` chunk, as SGLang does, then `[DONE]`.
 - `GET /v1/models/{id}`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count", "max_model_len"}`),
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
@@ -25,7 +28,6 @@ in the params dict. Every malformed request is a 4xx JSON error.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ from aiohttp import web
 
 from specctl.engine.serve.http import RequestError, json_error, sampling_params
 from specctl.engine.serve.openai_request import _check_ids
+from specctl.engine.serve.spec_stats import RequestClock, request_meta
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
@@ -139,20 +142,19 @@ def native_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def meta_info(rid: str, prompt_len: int, out: list[int], final: RequestOutput | None) -> dict[str, Any]:
-    accepts = list(final.accept_lengths) if final is not None else []
-    reason = final.finish_reason if final is not None else None
-    meta: dict[str, Any] = {"id": rid, "prompt_tokens": prompt_len, "completion_tokens": len(out),
-                            "finish_reason": None if reason is None else {"type": reason}}
-    if final is not None:
-        if accepts:
-            meta["spec_verify_ct"] = len(accepts)
-            # SGLang's accept length counts the verified (bonus) token too: tokens per verify step.
-            meta["spec_accept_length"] = (sum(accepts) + len(accepts)) / len(accepts)
-            meta["spec_accept_lengths"] = accepts
-        meta["timings"] = final.timings
-        if final.error:
-            meta["error"] = final.error
+def meta_info(rid: str, prompt_len: int, out: list[int], final: RequestOutput | None, *, launch: int | None = None,
+              received_ts: float | None = None, first_token_latency: float | None = None,
+              e2e_latency: float | None = None) -> dict[str, Any]:
+    """SGLang's `meta_info` of one (cumulative) chunk; a finished request's carries SGLang's speculative keys
+    (`spec_stats.request_meta`) and specctl's `timings`."""
+    if final is None:
+        return {"id": rid, "finish_reason": None, "prompt_tokens": prompt_len, "completion_tokens": len(out)}
+    meta = request_meta(rid, prompt_tokens=prompt_len, completion_tokens=len(out), finish_reason=final.finish_reason,
+                        accepts=final.accept_lengths, launch=launch, received_ts=received_ts,
+                        first_token_latency=first_token_latency, e2e_latency=e2e_latency)
+    meta["timings"] = final.timings
+    if final.error:
+        meta["error"] = final.error
     return meta
 
 
@@ -233,10 +235,11 @@ class SglangRoutes:
             self.server.in_flight -= 1
 
     async def _unary(self, ids: list[int], params: dict[str, Any], rid: str) -> web.Response:
-        t0 = time.perf_counter()
+        clock = RequestClock()
         out: list[int] = []
         final = None
         async for item in self.backend.generate(ids, params, stream=False):
+            clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             if item.finished:
                 final = item
@@ -245,8 +248,7 @@ class SglangRoutes:
             code = (final.error_status if final else None) or 503
             self.server.metrics.http_errors.inc(code=str(code))
             return json_error((final.error if final else None) or "generation ended without a result", status=code)
-        meta = meta_info(rid, len(ids), out, final)
-        meta["e2e_latency"] = time.perf_counter() - t0
+        meta = self.server.finished_meta(rid, len(ids), len(out), final, clock, params)
         text = final.text if final.text is not None else self.backend.decode(out)
         return web.json_response({"text": text, "output_ids": out, "meta_info": meta})
 
@@ -254,8 +256,10 @@ class SglangRoutes:
                       ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        clock = RequestClock()
         out: list[int] = []
         async for item in self.backend.generate(ids, params):
+            clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             final = item if item.finished else None
             if final is not None and final.finish_reason == "error":
@@ -264,7 +268,9 @@ class SglangRoutes:
                 break
             text = final.text if final is not None and final.text is not None else \
                 self.backend.decode(out).rstrip("\ufffd")
-            chunk = {"text": text, "output_ids": list(out), "meta_info": meta_info(rid, len(ids), out, final)}
+            meta = (meta_info(rid, len(ids), out, None) if final is None
+                    else self.server.finished_meta(rid, len(ids), len(out), final, clock, params))
+            chunk = {"text": text, "output_ids": list(out), "meta_info": meta}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if final is not None:
                 break

@@ -36,7 +36,8 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ class TraceRecord:
     rids: tuple[int, ...] | None = None
     sampled: int | None = None  # requests of the batch that sample (None: unknown, an older trace)
     run: str | None = None  # the engine that wrote it (None: an older trace, one run)
+    # Built from request lines (`expand_requests`), not recorded: a lockstep batch under the order assumption,
+    # which may hold fewer requests than `batch_size` (the group's tail): `adaptive tune` prices such a batch
+    # at its share, len(accepted) / batch_size, of a full one.
+    from_requests: bool = False
 
     @property
     def drafted_per_request(self) -> tuple[int, ...] | None:
@@ -168,8 +173,25 @@ def _opt_run(obj: dict[str, Any], name: str, lineno: int) -> str | None:
     return v
 
 
+def read_requests(path: str | Path) -> list[RequestRecord]:
+    """The request lines of a trace file, as written (`read_trace` returns them expanded)."""
+    out: list[RequestRecord] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if HISTOGRAM_KEY.encode() not in raw or len(raw) > MAX_TRACE_LINE:
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and HISTOGRAM_KEY in obj:
+                out.append(parse_request(obj, str(path), lineno))
+    return out
+
+
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Parse a JSONL trace; UsageError naming the file and line for anything malformed."""
+    """Parse a JSONL trace; UsageError naming the file and line for anything malformed. Request lines
+    (`RequestRecord`) come back expanded into verify records (`expand_requests`), after the file's own."""
     name = str(path)
     try:
         with open(path, "rb") as fh:
@@ -179,6 +201,7 @@ def read_trace(path: str | Path) -> list[TraceRecord]:
     except OSError as exc:
         raise UsageError(f"{name}: cannot read trace: {exc.strerror or exc}") from None
     records: list[TraceRecord] = []
+    requests: list[RequestRecord] = []
     for lineno, raw in enumerate(raw_lines, start=1):
         if len(raw) > MAX_TRACE_LINE:
             raise _bad_line(name, lineno, f"line longer than {MAX_TRACE_LINE} bytes")
@@ -192,8 +215,180 @@ def read_trace(path: str | Path) -> list[TraceRecord]:
             obj = json.loads(text, parse_constant=lambda c: float("nan"))
         except (ValueError, RecursionError) as exc:
             raise _bad_line(name, lineno, f"not valid JSON ({str(exc).split(':')[0]})") from None
-        records.append(parse_record(obj, name, lineno))
-    return records
+        if isinstance(obj, dict) and HISTOGRAM_KEY in obj:
+            requests.append(parse_request(obj, name, lineno))
+        else:
+            records.append(parse_record(obj, name, lineno))
+    return records + expand_requests(requests)
+
+
+# ---- request lines: what SGLang reports per finished request -------------------------------------------
+
+HISTOGRAM_KEY = "spec_correct_drafts_histogram"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request's acceptance, as SGLang reports it: a request line of a trace.
+
+    `histogram[a]` is how many of its `verify_ct` verifies accepted a drafts (SGLang's
+    `spec_correct_drafts_histogram`), `steps` the launch-time draft length K it ran at (every verify drafted at
+    most K), `batch_size` the concurrency it decoded at (observed by the client or from the server's request
+    times: an estimate), `accepted` its verifies' accepted drafts in order where the engine gave them (specctl's
+    `spec_accept_lengths`, a DSPARK dump), `adaptive` whether the server ran an adaptive policy (then verifies
+    drafted fewer than K at times, and a count below K says less), `source` where it was read."""
+
+    line: int
+    request: str
+    steps: int
+    verify_ct: int
+    histogram: tuple[int, ...]
+    batch_size: int = 1
+    accepted: tuple[int, ...] | None = None
+    run: str | None = None
+    adaptive: bool | None = None
+    source: str | None = None
+    decode_s: float | None = None  # wall seconds from its first token to its last (the serving time it saw)
+    ttft_s: float | None = None  # wall seconds from its arrival to its first token (prefill, transfer, queueing)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens its verifies emitted (accepted drafts plus each verify's own token)."""
+        return sum(n * (a + 1) for a, n in enumerate(self.histogram))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"request": self.request, "steps": self.steps, "spec_verify_ct": self.verify_ct,
+                               HISTOGRAM_KEY: list(self.histogram), "batch_size": self.batch_size}
+        if self.accepted is not None:
+            out["accepted"] = list(self.accepted)
+        for key in ("run", "adaptive", "source", "decode_s", "ttft_s"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    def without_order(self) -> RequestRecord:
+        """The histogram alone, as SGLang's per-request statistics give it."""
+        return RequestRecord(self.line, self.request, self.steps, self.verify_ct, self.histogram, self.batch_size,
+                             None, self.run, self.adaptive, self.source, self.decode_s, self.ttft_s)
+
+
+def histogram_of(accepted: Iterable[int]) -> tuple[int, ...]:
+    hist: list[int] = []
+    for a in accepted:
+        if a >= len(hist):
+            hist.extend([0] * (a + 1 - len(hist)))
+        hist[a] += 1
+    return tuple(hist)
+
+
+def parse_request(obj: dict[str, Any], name: str, lineno: int) -> RequestRecord:
+    """One decoded request line -> RequestRecord; UsageError naming the file, line and field otherwise."""
+    req = obj.get("request")
+    if not isinstance(req, (str, int)) or isinstance(req, bool) or str(req) == "" or len(str(req)) > 256:
+        raise _bad_line(name, lineno, f"request must be a request id (a short string), got {_shown(req)}")
+    hist = _int_list(obj, HISTOGRAM_KEY, name, lineno)
+    steps = _opt_int(obj, "steps", name, lineno)
+    if steps is None or steps < 1:
+        raise _bad_line(name, lineno, f"steps (the launch-time draft length) must be a positive integer, got "
+                                      f"{_shown(obj.get('steps'))}")
+    verify_ct = _opt_int(obj, "spec_verify_ct", name, lineno)
+    if verify_ct is None or verify_ct != sum(hist):
+        raise _bad_line(name, lineno, f"spec_verify_ct must equal the histogram's sum {sum(hist)}, got "
+                                      f"{_shown(obj.get('spec_verify_ct'))}")
+    top = max((a for a, n in enumerate(hist) if n), default=0)
+    if top > steps:
+        raise _bad_line(name, lineno, f"a verify accepted {top} drafts, more than steps = {steps}")
+    bs = obj.get("batch_size", 1)
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        raise _bad_line(name, lineno, f"batch_size must be a positive integer, got {_shown(bs)}")
+    accepted = _int_list(obj, "accepted", name, lineno) if obj.get("accepted") is not None else None
+    if accepted is not None and histogram_of(accepted) != tuple(hist[:top + 1]):
+        raise _bad_line(name, lineno, f"accepted does not match {HISTOGRAM_KEY}")
+    adaptive = obj.get("adaptive")
+    if adaptive is not None and not isinstance(adaptive, bool):
+        raise _bad_line(name, lineno, f"adaptive must be true or false, got {_shown(adaptive)}")
+    source = obj.get("source")
+    return RequestRecord(lineno, str(req), steps, verify_ct, tuple(hist[:top + 1]), bs, accepted,
+                         _opt_run(obj, name, lineno), adaptive, source if isinstance(source, str) else None,
+                         _opt_float(obj, "decode_s", name, lineno), _opt_float(obj, "ttft_s", name, lineno))
+
+
+def assumed_order(histogram: Sequence[int]) -> list[int]:
+    """The order assumed for a request whose verifies are known only as a histogram: each accepted count's
+    verifies spread evenly over the request's life (the j-th of h verifies that accepted a sits at
+    (j + 0.5) / h), i.e. no trend within a request and no runs of alike verifies beyond what the counts force.
+    Deterministic, so every config replayed meets the same sequence."""
+    items = sorted(((j + 0.5) / h, a) for a, h in enumerate(histogram) for j in range(h))
+    return [a for _, a in items]
+
+
+def expand_requests(requests: Sequence[RequestRecord]) -> list[TraceRecord]:
+    """Request lines -> verify records, under the order assumption: within one run, the requests of one
+    observed concurrency B decode B at a time in lockstep (first-seen order, the next joining as one
+    finishes), each advancing one verify per batch through its `accepted` order, or `assumed_order` of its
+    histogram, every verify drafting the request's `steps`. Each request gets a rid of its own (numbered in
+    file order), so `adaptive tune` replays them position by position as it does an engine trace.
+
+    What the order changes: nothing in a verify-for-verify replay at fixed steps (min(a, k) summed over a
+    request's verifies is order-free, so `tune` on a trace without rids predicts fixed steps exactly). The
+    positional replay `tune` runs on rids walks the same traced verifies at fixed steps, but a verify that
+    accepted all K bounds what follows it only from below (`tune._censored` estimates the rest from what
+    follows), and a request's last verifies draft only what max_tokens leaves: both depend on the order,
+    as does the adaptive policy, which decides on the order it sees.
+    """
+    groups: dict[tuple[str | None, int], list[tuple[int, RequestRecord]]] = {}
+    for rid, r in enumerate(requests):
+        if r.verify_ct:
+            groups.setdefault((r.run, r.batch_size), []).append((rid, r))
+    out: list[TraceRecord] = []
+    for (run, width), reqs in groups.items():
+        pending = deque(reqs)
+        active: list[tuple[int, RequestRecord, deque[int]]] = []
+        while pending or active:
+            while pending and len(active) < width:
+                rid, r = pending.popleft()
+                order = r.accepted if r.accepted is not None else assumed_order(r.histogram)
+                active.append((rid, r, deque(order)))
+            acc = tuple(seq.popleft() for _, _, seq in active)
+            out.append(TraceRecord(line=active[0][1].line, batch_size=width, accepted=acc,
+                                   steps=max(r.steps for _, r, _ in active),
+                                   drafted=tuple(r.steps for _, r, _ in active),
+                                   trace_steps=min(r.steps for _, r, _ in active),
+                                   rids=tuple(rid for rid, _, _ in active),
+                                   # a run of its own even unnamed: its rids are not an engine's
+                                   run=run if run is not None else "requests", from_requests=True))
+            active = [(rid, r, seq) for rid, r, seq in active if seq]
+    return out
+
+
+def request_form(records: Sequence[TraceRecord], *, keep_order: bool = False) -> list[RequestRecord]:
+    """An engine trace (with rids) in the form SGLang reports it: one request line per (run, request), its
+    histogram (and with `keep_order` its verifies in order), the trace's depth as `steps` and the mean batch
+    size it verified in, rounded, as `batch_size`. What `adaptive tune` would see of the same run from SGLang."""
+    seen: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
+    depth: dict[str | None, int] = {}
+    span: dict[tuple[str | None, int], list[float]] = {}  # first verify's start, last verify's end
+    for rec in records:
+        if rec.time is not None and rec.rids is not None:
+            start = rec.time - (rec.draft_s or 0.0) - (rec.verify_s or 0.0)
+            for rid in rec.rids:
+                span.setdefault((rec.run, rid), [start, rec.time])[1] = rec.time
+        if rec.rids is None:
+            raise UsageError("the trace has no rids: its verifies cannot be followed per request",
+                             hint="record it with `specctl serve --trace-out FILE` (or `bench -c ... --trace-out`)")
+        k = rec.trace_steps or rec.steps or max(rec.accepted, default=0)
+        depth[rec.run] = max(depth.get(rec.run, 0), k)
+        for rid, a in zip(rec.rids, rec.accepted, strict=True):
+            seen.setdefault((rec.run, rid), []).append((a, rec.batch_size))
+    out = []
+    for i, ((run, rid), rows) in enumerate(seen.items(), start=1):
+        acc = [a for a, _ in rows]
+        width = max(1, round(sum(b for _, b in rows) / len(rows)))
+        t = span.get((run, rid))
+        out.append(RequestRecord(i, str(rid), max(1, depth[run]), len(acc), histogram_of(acc), width,
+                                 tuple(acc) if keep_order else None, run, None, "engine trace",
+                                 round(t[1] - t[0], 6) if t is not None else None))
+    return out
 
 
 class TraceWriter:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from specctl.engine.spec.adaptive import AdaptivePolicy
-from specctl.engine.spec.trace import TraceRecord
+from specctl.engine.spec.trace import RequestRecord, TraceRecord
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import (
     AdaptiveConfig,
@@ -156,6 +156,23 @@ class CostModel:
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.step_s))
+
+    @property
+    def estimate(self) -> str | None:
+        """The label of a cost model that was estimated, not measured (`meta["estimate"]`: what estimated it
+        and for what), else None."""
+        label = self.meta.get("estimate")
+        return str(label) if label else None
+
+    def provenance(self) -> str:
+        """One line saying which cost model prices the replay: measured (where and how) or an estimate."""
+        if self.estimate is not None:
+            return f"an ESTIMATE, not a measurement: {self.estimate}"
+        m = self.meta
+        if m.get("device") is None:
+            return "of unknown origin (no `adaptive profile` metadata)"
+        return (f"measured by `adaptive profile` of {m.get('deployment')} on {m.get('device')} "
+                f"({m.get('threads')} thread(s), {m.get('clock', 'wall')} clock, {m.get('created', 'undated')})")
 
     @functools.cached_property
     def steps(self) -> tuple[int, ...]:
@@ -443,6 +460,7 @@ class ServingOverhead:
     turn: float = 0.0
     settled_scale: float | None = None  # `scale` over the verifies no request joined (None: use `scale`)
     join_draft_s: float = 0.0  # served seconds a verify where requests joined drafted beyond a settled one
+    source: str = "verifies"  # "requests": `request_overhead`, from request lines' decode times
 
     @property
     def per_token(self) -> float:
@@ -459,10 +477,10 @@ class ServingOverhead:
         scale = self.scale if self.settled_scale is None else self.settled_scale
         return cost.served(scale, self.join_draft_s / (1.0 + self.turn))
 
-    def to_json(self) -> dict[str, float | None]:
+    def to_json(self) -> dict[str, float | str | None]:
         return {"per_token_s": self.per_token, "between_verifies_s": self.between, "turn_share": self.turn,
                 "verify_scale": self.scale, "served_step_factor": self.factor, "verify_excess_s": self.excess,
-                "settled_scale": self.settled_scale, "join_draft_s": self.join_draft_s}
+                "settled_scale": self.settled_scale, "join_draft_s": self.join_draft_s, "source": self.source}
 
 
 def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> ServingOverhead | None:
@@ -524,6 +542,26 @@ def serving_overhead(records: Sequence[TraceRecord], cost: CostModel) -> Serving
     return ServingOverhead((gap - turn * gap_served) / gap_tokens if gap_tokens else 0.0,
                            served / price if price > 0 else 1.0, (served - price) / tokens, turn,
                            settled_served / settled_price if settled_price > 0 else None, join)
+
+
+def request_overhead(requests: Sequence[RequestRecord], records: Sequence[TraceRecord], cost: CostModel,
+                     recorded: AdaptiveConfig, initial_steps: int) -> ServingOverhead | None:
+    """The serving time request lines show that no config changes, for a trace without verify timings
+    (SGLang's per-request statistics): each request's time to its first token (prefill, transfer, queueing),
+    shared with the batch it ran in (ttft_s / batch_size, summed), per token the replayed run emits. What
+    speculation shortens, the decode, is left to the cost model: how much slower than profiled the served
+    steps ran is a factor on every config (ratio-neutral), which without verify timings cannot be told
+    from the turn between verifies, so the prediction is otherwise decode-only. `recorded` (the config the
+    requests ran under) weighs the tokens. None when a request lacks its time to first token."""
+    timed = [r for r in requests if r.verify_ct]
+    if not timed or any(r.ttft_s is None for r in timed):
+        return None
+    before = sum((r.ttft_s or 0.0) / r.batch_size for r in timed)
+    pred = replay(recorded, records, cost, initial_steps=initial_steps)
+    work = sum(w for _, _, w in pred.by_batch.values())
+    if work <= 0:
+        return None
+    return ServingOverhead(before / work, 1.0, 0.0, source="requests")
 
 
 def _drafted(rec: TraceRecord) -> tuple[int, ...]:
@@ -667,7 +705,10 @@ def _replay_verifies(policy: AdaptivePolicy, recs: Sequence[TraceRecord], cost: 
             # a drafter that proposed fewer than it was asked for (an n-gram miss) would at k propose min(k, d):
             # the verify spans the longest proposal, not k
             priced = max(min(k, lim) if lim is not None else k for lim in limits)
-        acc.verify(rec.batch_size, k, sum(got) + n, cost.price(rec.batch_size, priced, rec.sampled or 0, False))
+        price = cost.price(rec.batch_size, priced, rec.sampled or 0, False)
+        if rec.from_requests:  # a lockstep batch of request lines may hold fewer than batch_size: its share
+            price *= n / rec.batch_size
+        acc.verify(rec.batch_size, k, sum(got) + n, price)
         policy.on_verify_complete(got, rec.batch_size)
 
 
@@ -862,6 +903,25 @@ def replay_positions(records: Sequence[TraceRecord], steps: int, *, strict: bool
     return out
 
 
+def trace_notes(records: Sequence[TraceRecord], depth: int, cost: CostModel) -> tuple[str, ...]:
+    """What `tune` says about its trace: the depth that bounds the recommendation, and for verifies built
+    from per-request histograms, which predictions are exact and what the adaptive replay assumes."""
+    above = [k for k in cost.steps if k > depth]
+    notes = [f"the trace was recorded at steps {depth}: a verify that drafted {depth} says nothing of a longer "
+             f"draft, so nothing above {depth} is recommended"
+             + (f" (the cost model's steps {', '.join(map(str, above))} were left out; record at a larger "
+                "launch-time steps to search them)" if above else "")]
+    hist = sum(1 for r in records if r.from_requests)
+    if hist:
+        notes.append(
+            f"{hist} of the trace's {len(records)} verify batches come from per-request histograms "
+            "(SGLang's spec_correct_drafts_histogram): a fixed step's tokens per traced verify are exact from "
+            "them (min(a, k) in any order); the replay position by position and the adaptive policy assume an "
+            "order: each request's verifies spread evenly over its life, the requests of one observed "
+            "concurrency verifying in lockstep (docs/adaptive.md: what a histogram cannot tell)")
+    return tuple(notes)
+
+
 def fixed_config(steps: int) -> AdaptiveConfig:
     """One bucket with one candidate: the policy never moves (fixed steps, or 0 = no speculation)."""
     return AdaptiveConfig((Bucket(1, (steps,), Knobs()),))
@@ -986,6 +1046,9 @@ class TuneResult:
     overhead: ServingOverhead | None = None  # serving overhead in the predictions (None: decode only)
     runs: tuple[RunBreakdown, ...] = ()  # each recorded run alone: the recommendation vs its best fixed step
     intervals: dict[str, tuple[float, float]] | None = None  # `speedup_intervals` (None: no positional facts)
+    notes: tuple[str, ...] = ()  # what bounds the search and which replay the trace allowed (`trace_notes`)
+    cost_model: str = ""  # `CostModel.provenance` of the model that priced it
+    cost_estimated: bool = False
 
     @property
     def overhead_s_per_token(self) -> float | None:
@@ -1037,6 +1100,8 @@ class TuneResult:
             "serving_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "validation": {"coverage": self.coverage.to_json(), "findings": [f.to_json() for f in self.findings]},
             "runs": [r.to_json() for r in self.runs],
+            "notes": list(self.notes),
+            "cost_model": {"provenance": self.cost_model, "estimate": self.cost_estimated},
         }
 
 
@@ -1297,9 +1362,11 @@ def _finish(cfg: AdaptiveConfig, runs: Runs, cost: CostModel, graphs: Sequence[i
 
 
 def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
-         progress: Callable[[str], None] | None = None) -> TuneResult:
+         progress: Callable[[str], None] | None = None, requests: Sequence[RequestRecord] = ()) -> TuneResult:
     """Search candidate sets and knobs per bucket for the highest predicted tokens/s (module docstring).
-    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds)."""
+    `progress` gets a line as each bucket's search starts and ends (a long trace takes tens of seconds).
+    `requests`: the trace's request lines as written, whose decode times give the serving overhead of a
+    trace without verify timings (`request_overhead`)."""
     records = [r for r in records if r.accepted]
     if not records:
         raise UsageError("the trace has no non-empty verify records: nothing to tune on")
@@ -1311,6 +1378,11 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     if ovh is not None:
         cost = ovh.served(cost)
     depth = trace_depth(records)
+    if ovh is None and not setup.decode_only and requests:
+        adaptive_run = any(r.adaptive for r in requests)
+        recorded = setup.cfg if adaptive_run else fixed_config(depth)
+        ovh = request_overhead(requests, [r for r in records if r.from_requests], cost, recorded,
+                               setup.initial_steps if adaptive_run else depth)
     allowed = tuple(s for s in cost.steps if s <= depth and (setup.steps is None or s in setup.steps))
     if not allowed:
         raise UsageError(f"the cost model measures steps {list(cost.steps)}, none <= the trace's depth {depth}")
@@ -1382,7 +1454,8 @@ def tune(setup: TuneSetup, records: Sequence[TraceRecord], cost: CostModel,
     intervals = speedup_intervals(rec_cfg, best_init, best_k, whole, cost, graphs, add)
     findings, coverage = validate_recommendation(rec_cfg, best_init, setup)
     return TuneResult(rec_cfg, best_init, best_pred, current, best_k, fixed[best_k], none, allowed, coverage,
-                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals)
+                      tuple(findings), evaluated, sglang_choice, setup.sglang, ovh, breakdown, intervals,
+                      trace_notes(records, depth, cost), cost.provenance(), cost.estimate is not None)
 
 
 def validate_recommendation(
