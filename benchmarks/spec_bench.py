@@ -243,8 +243,8 @@ def requests_per_stream(kind: str, batch: int, args: argparse.Namespace) -> int:
     """--requests, or --sampled-requests for a workload that samples (random, mixed) at batch 1. Such a run is
     one stream, and its tokens per verify one draw of the sampled acceptance over its requests, where batch 8
     averages eight streams: at 6 requests a round's throughput on random text moved 6-10% between two runs
-    of the same config, so the median of 5 rounds could not tell a 5% gap from none (issue 13's tuned config
-    read 0.95x the best fixed step there and 1.01x at 24 requests; docs/adaptive.md)."""
+    of the same config, so the median of 5 rounds could not tell a 5% gap from none (the tuned config
+    read 0.95x the best fixed step there and 1.01x at 24 requests; benchmarks/RESULTS.md)."""
     return args.sampled_requests if batch == 1 and kind in ("random", "mixed") else args.requests
 
 

@@ -25,7 +25,7 @@ to 1.95x across chains, and in one process the same profiled point's median over
 between windows of ~100 ms (CPU clock, 2-core VM), so a profile's ratios move by ~10% from run to run.
 Both scatter most through the profile's phase: in 5 chains on 2026-12-04 the two profiles taken in a slow phase
 priced the plain step 1.7x the others' while steps 7 rose 10-35%, and predicted 1.16-1.44 of measured; the
-other three 0.79-0.98 (docs/adaptive.md). So each row also carries that profile's plain step per batch size
+other three 0.79-0.98 (benchmarks/RESULTS.md). So each row also carries that profile's plain step per batch size
 and its deepest step over it, and the absolute tokens/s on both sides (the prediction is the decode server's
 rate, the measurement the clients'). Prints each chain's line, a table of medians, then a last-line JSON
 summary (each chain's recommendation).
@@ -110,7 +110,7 @@ def main() -> None:
             "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
             env=env)
         # the profile's phase, in two figures per batch size: its plain step and its deepest step over it (a slow
-        # phase of a shared machine does not slow them alike: docs/adaptive.md, 2026-12-04)
+        # phase of a shared machine does not slow them alike: benchmarks/RESULTS.md, 2026-12-04)
         table = json.loads(cost.read_text())["step_s"]
         phase = {"profile_plain_ms": {b: round(row["0"] * 1e3, 3) for b, row in table.items()},
                  "profile_deepest_over_plain": {b: round(row[max(row, key=int)] / row["0"], 3)
