@@ -1,6 +1,6 @@
 """Speculative decoding throughput: no speculation vs each fixed step vs adaptive, side by side in one run.
 
-What it measures (issue 4, "Performance"): output tokens/s of the engine (builtin:tiny-hybrid target,
+What it measures: output tokens/s of the engine (builtin:tiny-hybrid target,
 builtin:tiny-draft drafter by default) on three workloads, at batch 1 and batch 8 (that many requests in
 flight, closed loop: as one finishes the next of the workload's queue starts, `run_streams`):
 
@@ -52,7 +52,7 @@ round at that step, its other candidates never chosen), did the same work as tha
 noise between two runs of one configuration, `*_is_best_fixed` says why ("config" or "every batch"), and
 the check counts it as met. The never-right check keeps `--tuned`'s config, whose trace holds that phase.
 
-Targets (issue 13): code batch 1 >= 1.5x none, batch 8 >= 1.2x none; tuned adaptive >= 1.0x the best fixed
+Targets: code batch 1 >= 1.5x none, batch 8 >= 1.2x none; tuned adaptive >= 1.0x the best fixed
 step on code, random and mixed; never-right adaptive >= 0.95x none. `checks` judges the config tuned for the
 traffic of the cell (`judged` names it): draft:own-tuned where `--tuned-for` gives one, else draft:tuned, else
 draft:adaptive; the never-right check, draft:tuned (else adaptive). With both `--tuned` and `--tuned-for`, the

@@ -17,7 +17,7 @@ run has that ramp once, so rounds of another size measure another workload. Roun
 traced run (64 prompts, 8 rounds) measured code at 1.35x where the same config measured 1.7x in runs
 of the traced size, and the prediction, which prices the traced run, missed by up to 14%.
 
-The issue-13 target: predicted within 10% of measured on two workloads, read as medians of `--repeats` whole
+The target: predicted within 10% of measured on two workloads, read as medians of `--repeats` whole
 chains (profile, then each workload's trace, tune and `--ab`; 5 by default, ~3 min each on 2 cores). One chain
 is not enough on a shared machine: four single chains at one commit gave pred/meas 0.92, 1.16, 1.13 and 1.01
 on code and 1.01, 0.94, 1.06, 0.81 on random. Both sides scatter: the same `--ab` measured random at 1.62x
@@ -173,7 +173,7 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
 
 
 def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A workload's repeats: the medians of predicted, measured and their ratio (the issue-13 target reads the
+    """A workload's repeats: the medians of predicted, measured and their ratio (the target reads the
     last: within 10%), and the ratio's range."""
     ratios = [r["predicted_over_measured"] for r in rows]
     ratio = statistics.median(ratios)
