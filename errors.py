@@ -1,6 +1,6 @@
 """One exception base for every expected failure, carrying the process exit code.
 
-Exit codes (DESIGN "Commands"): 0 ok; 1 invalid input (findings); 2 usage error or unreadable
+Exit codes: 0 ok; 1 invalid input (findings); 2 usage error or unreadable
 input; 3 launch, handshake or runtime failure. The CLI prints `str(exc)` (and `exc.hint`) without a
 traceback; asserts are reserved for internal invariants.
 """

@@ -1,6 +1,6 @@
 """Client capacity of `specctl bench` against an instant stub server, side by side with a naive pacer.
 
-Targets (issue 6): at 500 req/s on 2 cores the achieved request rate is >= 0.99x the target, and the
+Targets: at 500 req/s on 2 cores the achieved request rate is >= 0.99x the target, and the
 latency the client itself adds is < 1 ms at p99.
 
 - The stub (one token per request, no delays) runs in a separate process, so it competes with the

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_serving_agreement.py --sglang-python /path/to/venv/bin/python
 
-The SGLang venv follows shared/sglang/RECIPE.md (sglang 0.5.23 `--no-deps`, the light packages, torch,
+The SGLang venv holds sglang 0.5.23 installed `--no-deps` with the light packages, torch,
 triton, transformers, compressed_tensors, ...); this script adds what bench_serving needs offline: a
 local character-level tokenizer directory (one token per character, so re-tokenizing a chunk counts
 its characters, exactly as the stub counts tokens), a local ShareGPT-format file (its `random` dataset

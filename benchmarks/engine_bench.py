@@ -1,6 +1,6 @@
 """Engine decode throughput vs Hugging Face transformers' generate(), side by side in one run.
 
-What it measures (issue 3, "Performance"):
+What it measures:
 - The same small random Llama-format checkpoint (written here with `transformers`, plus a
   `tokenizer.json`), batch 1, 8 and 32, greedy, `--new-tokens` (128) new tokens after a
   `--prompt-len` token prompt, EOS ignored on both sides so every request makes exactly that many.

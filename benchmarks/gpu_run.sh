@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU run of issue 13: the builtin engine and the speculative benchmarks on CUDA, eager
+# The one prepared GPU run: the builtin engine and the speculative benchmarks on CUDA, eager
 # (no CUDA graphs are captured: the runtime states per step are the buffers a capture would bind to).
 #
 # Made for the `device` tool's H200 machine, where python3 already holds a CUDA torch, typer, rich,

@@ -1,6 +1,6 @@
 """Speculative decoding throughput: no speculation vs each fixed step vs adaptive, side by side in one run.
 
-What it measures (issue 4, "Performance"): output tokens/s of the engine (builtin:tiny-hybrid target,
+What it measures: output tokens/s of the engine (builtin:tiny-hybrid target,
 builtin:tiny-draft drafter by default) on three workloads, at batch 1 and batch 8 (that many requests in
 flight, closed loop: as one finishes the next of the workload's queue starts, `run_streams`):
 
@@ -52,7 +52,7 @@ round at that step, its other candidates never chosen), did the same work as tha
 noise between two runs of one configuration, `*_is_best_fixed` says why ("config" or "every batch"), and
 the check counts it as met. The never-right check keeps `--tuned`'s config, whose trace holds that phase.
 
-Targets (issue 13): code batch 1 >= 1.5x none, batch 8 >= 1.2x none; tuned adaptive >= 1.0x the best fixed
+Targets: code batch 1 >= 1.5x none, batch 8 >= 1.2x none; tuned adaptive >= 1.0x the best fixed
 step on code, random and mixed; never-right adaptive >= 0.95x none. `checks` judges the config tuned for the
 traffic of the cell (`judged` names it): draft:own-tuned where `--tuned-for` gives one, else draft:tuned, else
 draft:adaptive; the never-right check, draft:tuned (else adaptive). With both `--tuned` and `--tuned-for`, the
@@ -243,8 +243,8 @@ def requests_per_stream(kind: str, batch: int, args: argparse.Namespace) -> int:
     """--requests, or --sampled-requests for a workload that samples (random, mixed) at batch 1. Such a run is
     one stream, and its tokens per verify one draw of the sampled acceptance over its requests, where batch 8
     averages eight streams: at 6 requests a round's throughput on random text moved 6-10% between two runs
-    of the same config, so the median of 5 rounds could not tell a 5% gap from none (issue 13's tuned config
-    read 0.95x the best fixed step there and 1.01x at 24 requests; docs/adaptive.md)."""
+    of the same config, so the median of 5 rounds could not tell a 5% gap from none (the tuned config
+    read 0.95x the best fixed step there and 1.01x at 24 requests; benchmarks/RESULTS.md)."""
     return args.sampled_requests if batch == 1 and kind in ("random", "mixed") else args.requests
 
 

@@ -17,7 +17,7 @@ run has that ramp once, so rounds of another size measure another workload. Roun
 traced run (64 prompts, 8 rounds) measured code at 1.35x where the same config measured 1.7x in runs
 of the traced size, and the prediction, which prices the traced run, missed by up to 14%.
 
-The issue-13 target: predicted within 10% of measured on two workloads, read as medians of `--repeats` whole
+The target: predicted within 10% of measured on two workloads, read as medians of `--repeats` whole
 chains (profile, then each workload's trace, tune and `--ab`; 5 by default, ~3 min each on 2 cores). One chain
 is not enough on a shared machine: four single chains at one commit gave pred/meas 0.92, 1.16, 1.13 and 1.01
 on code and 1.01, 0.94, 1.06, 0.81 on random. Both sides scatter: the same `--ab` measured random at 1.62x
@@ -25,7 +25,7 @@ to 1.95x across chains, and in one process the same profiled point's median over
 between windows of ~100 ms (CPU clock, 2-core VM), so a profile's ratios move by ~10% from run to run.
 Both scatter most through the profile's phase: in 5 chains on 2026-12-04 the two profiles taken in a slow phase
 priced the plain step 1.7x the others' while steps 7 rose 10-35%, and predicted 1.16-1.44 of measured; the
-other three 0.79-0.98 (docs/adaptive.md). So each row also carries that profile's plain step per batch size
+other three 0.79-0.98 (benchmarks/RESULTS.md). So each row also carries that profile's plain step per batch size
 and its deepest step over it, and the absolute tokens/s on both sides (the prediction is the decode server's
 rate, the measurement the clients'). Prints each chain's line, a table of medians, then a last-line JSON
 summary (each chain's recommendation).
@@ -114,7 +114,7 @@ def main() -> None:
             "--batch-sizes", ",".join(str(b) for b in (1, 2, 4, 8) if b <= max(8, args.concurrency)), "-o", str(cost),
             env=env)
         # the profile's phase, in two figures per batch size: its plain step and its deepest step over it (a slow
-        # phase of a shared machine does not slow them alike: docs/adaptive.md, 2026-12-04)
+        # phase of a shared machine does not slow them alike: benchmarks/RESULTS.md, 2026-12-04)
         table = json.loads(cost.read_text())["step_s"]
         phase = {"profile_plain_ms": {b: round(row["0"] * 1e3, 3) for b, row in table.items()},
                  "profile_deepest_over_plain": {b: round(row[max(row, key=int)] / row["0"], 3)
@@ -204,7 +204,7 @@ def confirm(args: argparse.Namespace, kind: str, cost: Path, stem: Path, ports: 
 
 
 def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A workload's repeats: the medians of predicted, measured and their ratio (the issue-13 target reads the
+    """A workload's repeats: the medians of predicted, measured and their ratio (the target reads the
     last: within 10%), and the ratio's range."""
     ratios = [r["predicted_over_measured"] for r in rows]
     ratio = statistics.median(ratios)

@@ -1,6 +1,6 @@
 """Verify cost: a target forward over k positions vs a 1-position decode step, side by side in one run.
 
-What it measures (issue 13, "An engine where speculation pays"): the wall time of `ModelRunner.forward`
+What it measures (an engine where speculation pays): the wall time of `ModelRunner.forward`
 over k new positions per request (k = 1 is a plain decode step; k = steps + 1 is a speculative verify)
 at the end of a `--context`-token cached prompt, then rolled back with `truncate` so every timing starts
 from the same cache. Positions are interleaved within each repeat (drift hits all alike); the figure per

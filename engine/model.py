@@ -52,10 +52,9 @@ _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_GQA = _TORCH >= (2, 5)
 _FUSED_RMS_NORM = _TORCH >= (2, 4)
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sign-folded sin), each [b, L, 1, head_dim]
-# oneDNN's prepacked fp32 linear has a fixed cost of ~12 us a call but grows slowly with the rows; the
-# default kernel costs ~4 us for one row and grows linearly. Inside a whole forward (weights no longer hot
-# in cache) the packed kernel only wins from about 16 rows: builtin hybrid, batch 32 decode 3.3 vs 3.7 ms,
-# but batch 8 1.75 vs 1.64 ms and a 4-position verify slower too (measured on this 2-core EPYC).
+# oneDNN's prepacked fp32 linear has a larger fixed cost a call but grows slowly with the rows; the
+# default kernel costs little for one row and grows linearly. Inside a whole forward (weights no longer hot
+# in cache) the packed kernel only wins from about 16 rows (benchmarks/RESULTS.md).
 PACKED_MIN_ROWS = 16
 # A larger weight (a Llama's lm_head or MLP) pays the packed kernel's fixed cost back sooner: from 8 rows a
 # random Llama (hidden 256, vocab 4096) decodes batch 8 at 4,570 vs 3,860 tok/s, while the builtin hybrid's
@@ -69,12 +68,11 @@ PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only f
 # 17 weights, hot, take 110 / 148 / 255 / 497 us at 4 / 8 / 16 / 32 rows there against oneDNN's 252 / 308 /
 # 401 / 636 (a random Llama, hidden 256: 236 / 285 / 552 / 1205 against 347 / 471 / 686 / 1194). With more
 # threads, torch's kernels spread larger products over the cores: the single-threaded kernel keeps <= 8.
-# On an AVX2-only CPU (Zen 3) the kernel's AVX2 path is ahead up to 8 rows and within 10-20% of oneDNN at
-# 16-32 (1024 x 192: 137 / 283 us against 138 / 236); it keeps 32 there too, so a verify of up to 32 rows
-# gets its rows' decode-step bits. The AVX-512 path keeps 64 (SMALL_MAX_ROWS_AVX512): on a Xeon whose core
-# runs both kernels at ~160 GFLOP/s from 32 rows up, a batch-8 forward of builtin:tiny-hybrid over 5 and 8
-# positions (40 and 64 rows) took 2.6-2.7 and 3.4-3.6 ms with it against 3.0 and 3.7 ms with oneDNN past 32
-# (verify_bench.py, interleaved), and a batch-8 verify of steps 4-7 gets its decode-step bits too.
+# On an AVX2-only CPU the kernel's AVX2 path is ahead up to 8 rows and close to oneDNN at 16-32; it keeps
+# 32 there too, so a verify of up to 32 rows gets its rows' decode-step bits. The AVX-512 path keeps 64
+# (SMALL_MAX_ROWS_AVX512): where both kernels run near the core's peak from 32 rows up, a batch-8 forward
+# over 5 and 8 positions (40 and 64 rows) is faster with it than with oneDNN past 32 (verify_bench.py;
+# benchmarks/RESULTS.md), and a batch-8 verify of steps 4-7 gets its decode-step bits too.
 SMALL_MAX_ROWS = 32
 SMALL_MAX_ROWS_AVX512 = 64
 SMALL_MAX_ROWS_THREADED = 8
@@ -560,7 +558,7 @@ def ssd_short(
 
     straight into the states tensor, and y_t = h_t C_t is one contraction over all positions. For the
     q <= max_draft_tokens + 1 positions of a verify this beats the quadratic (SSD) form, whose masks and
-    [q, q] decay products cost more ops than q multiply-adds (b1 q4 43 vs 68 us on the 2-core CPU), and
+    [q, q] decay products cost more ops than q multiply-adds, and
     it is the recurrence `ssd_step` runs, so a verify's states are plain decoding's.
     """
     da = torch.exp(dt * A)[..., None, None]  # [b, q, H, 1, 1]

@@ -1,7 +1,7 @@
 """ModelRunner: one loaded model plus its caches, driven by request ids the caller chooses.
 
 The scheduler (engine/engine.py), the speculative decoder and the PD transfer all talk to a model
-through this class alone (CONTRACTS.md "Engine (E1)"):
+through this class alone:
 
 * cache verbs — `can_allocate`, `allocate`, `ensure_capacity`, `free`, `cached_len`, `truncate`;
 * `forward(items)` — items of different lengths in one call; each item extends its request's cache from

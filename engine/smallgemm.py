@@ -1,14 +1,11 @@
 """A float32 matmul for the few rows of a CPU decode step or speculative verify, as a small C kernel.
 
-Why: a verify of k + 1 positions should cost close to one decode step (issue 13), and on the CPUs we
-measure on it did not. torch's CPU kernels for x W^T at 2-8 rows grow almost linearly with the rows (MKL
-on the builtin hybrid's 17 weights, hot: 107 / 177 / 270 / 396 us at 1 / 2 / 4 / 8 rows on the 2-core
-EPYC), and oneDNN's packed kernel is flat but costs ~10 us a call more. Reading each weight once and
-multiplying it into every row while it is in registers (smallgemm.c) costs 98 / 99 / 120 / 205 us there:
-the weights' bytes, not the rows, set the time until about 8 rows. On an EPYC with AVX2 but no AVX-512
-(Zen 3), where the kernel had only plain loops (one row at a time, ~20 GFLOP/s from 8 rows up), its AVX2
-path takes a 1024 x 192 weight at 1 / 2 / 8 / 32 rows in 35 / 40 / 83 / 283 us against 37 / 56 / 152 / 592
-(torch: 41 / 69 / 96 / 236).
+Why: a verify of k + 1 positions should cost close to one decode step, and with torch's CPU kernels it
+does not. torch's CPU kernels for x W^T at 2-8 rows grow almost linearly with the rows (MKL
+on the builtin hybrid's weights), and oneDNN's packed kernel is flat but costs more per call. Reading each
+weight once and multiplying it into every row while it is in registers (smallgemm.c) makes the weights'
+bytes, not the rows, set the time until about 8 rows; AVX-512 and AVX2 paths keep that on CPUs with either
+(figures: benchmarks/RESULTS.md).
 
 The kernel also computes every row of y the same way whatever the number of rows (the products added in k
 order), so these matmuls give a request's row the same bits in a decode step and in a verify.

@@ -4,7 +4,7 @@ One model serves both inputs: SGLang's own `--speculative-adaptive-config` JSON 
 are batch-size buckets, every other top-level key is a global knob merged under each bucket, the bucket
 winning) and the `speculative.adaptive` block of a deployment file (knobs plus a `buckets` mapping).
 Parsing never raises on bad content: it returns the config SGLang would run (or None when nothing
-usable is left) plus every `Finding`, ADP2xx for bucket sanity. `step_coverage` proves DESIGN rule 1:
+usable is left) plus every `Finding`, ADP2xx for bucket sanity. `step_coverage` proves step coverage:
 which steps the runtime can select at each reachable (padded) batch size, hence which runtime states
 must be prebuilt, with ADP1xx findings. The EMA policy that walks these buckets lives in
 `specctl.engine.spec.adaptive`. Torch-free: `specctl validate` imports this module.

@@ -1,4 +1,4 @@
-"""Adaptive speculative steps, step coverage (DESIGN rule 1, ADP1xx): which steps the runtime can select
+"""Adaptive speculative steps, step coverage (ADP1xx): which steps the runtime can select
 at each reachable (padded) batch size, hence which runtime states must be prebuilt.
 (Split out of `schemas/adaptive.py`, which re-exports everything.)
 """
@@ -20,7 +20,7 @@ from specctl.schemas.adaptive_parser import child_path, parse_deployment_adaptiv
 from specctl.schemas.findings import Finding
 
 # --------------------------------------------------------------------------------------------------
-# Step coverage (DESIGN rule 1, ADP1xx)
+# Step coverage (ADP1xx)
 # --------------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """The typed view of a validated deployment file: `Deployment` and the per-role merged config.
 
-Contract (CONTRACTS.md): `load_deployment(source, overrides=...)` reads a file path, or a preset name
+Contract: `load_deployment(source, overrides=...)` reads a file path, or a preset name
 when no such file exists, applies `--set` overrides, validates it (schema + every semantic rule) and
 returns a frozen `Deployment`; unreadable input raises `UsageError` (exit 2), error findings raise
 `InvalidInput` (exit 1) with `.findings`. `Deployment.role(name)` is the fully merged config of one

@@ -6,7 +6,7 @@ Plain text, one finding per line, then its fix indented (grep- and editor-friend
         fix: set the initial steps to one of [0, 1, 3, 5, 7] ...
 
 then, per file, the reachable (batch size -> steps) table when asked for, and a summary line.
-JSON is exactly DESIGN's shape, `{"ok": .., "files": [{"path", "ok", "findings": [...], "reachable"}]}`,
+JSON has exactly this shape, `{"ok": .., "files": [{"path", "ok", "findings": [...], "reachable"}]}`,
 where `reachable` is the decoding role's `StepCoverage.to_json()` (or null).
 """
 

@@ -1,8 +1,8 @@
 """Shared test set-up.
 
-The engine tests run many forwards of tiny models. On the 2-core CI machine torch's intra-op
-threads only add hand-off cost and contention (measured: an order of magnitude slower under load),
-so torch runs single-threaded here. Set before anything imports torch, so it also holds for the
+The engine tests run many forwards of tiny models. On a machine with few cores shared with other
+jobs torch's intra-op threads only add hand-off cost and contention, so torch runs single-threaded
+here. Set before anything imports torch, so it also holds for the
 engine processes that tests launch (they inherit the environment; the launcher keeps a value the
 user set).
 

@@ -1,7 +1,8 @@
 """The adaptive-steps EMA policy (specctl.engine.spec.adaptive): SGLang's semantics, exact thresholds.
 
 Most tests use ema_alpha = 1, so the EMA equals the last batch mean and a threshold can be hit exactly;
-a differential test compares the policy with a reference written independently from DESIGN's text.
+a differential test compares the policy with a reference written independently from the documented
+semantics (docs/adaptive.md).
 """
 
 from __future__ import annotations
@@ -203,11 +204,11 @@ def test_policy_module_is_torch_free() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-# -- differential: a reference written from DESIGN's prose --------------------------------------------
+# -- differential: a reference written from the documented semantics -----------------------------------
 
 
 class Reference:
-    """DESIGN "Reference facts", restated: thresholds listed per candidate, searched outward."""
+    """docs/adaptive.md "How the policy decides", restated: thresholds listed per candidate, searched outward."""
 
     def __init__(self, cands: list[int], initial: int, k: dict) -> None:
         self.c, self.k = sorted(set(cands)), k

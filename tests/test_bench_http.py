@@ -1,6 +1,6 @@
 """The bench client against a real stub server on 127.0.0.1 whose delays and faults the test sets.
 
-Tolerances are stated per test; they allow for a loaded 2-core machine (the stub's own asyncio
+Tolerances are stated per test; they allow for a loaded machine (the stub's own asyncio
 sleeps land up to ~1 ms late, and scheduling can add a few ms), while still failing on any
 systematic error (a missed queueing delay, a wrong origin, drifting pacing, a crashed run).
 """

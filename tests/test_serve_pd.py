@@ -169,7 +169,7 @@ _SERVED: dict[str, str] = {}
 
 
 def served_model(url: str) -> str:
-    """The model id a server (or the router, from its workers) lists: unknown names are a 404 (issue 12)."""
+    """The model id a server (or the router, from its workers) lists: unknown names are a 404."""
     if url not in _SERVED:
         code, body = http("GET", url + "/v1/models", timeout=30)
         assert code == 200, body

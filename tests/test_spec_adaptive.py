@@ -1,7 +1,7 @@
 """Adaptive steps in the engine, driven by scripted drafters (always right / always wrong).
 
-The expected step sequences below are derived by hand from the SGLang EMA semantics (DESIGN "Reference
-facts") for ema_alpha 0.5, warmup_batches 2, update_interval 2, initial steps 3:
+The expected step sequences below are derived by hand from the SGLang EMA semantics (docs/adaptive.md,
+"How the policy decides") for ema_alpha 0.5, warmup_batches 2, update_interval 2, initial steps 3:
 - bucket 1 (candidates 1,3,5,7; down_hysteresis -0.25), always right: EMA 2 -> 2.5, 2.75, 2.875, 2.9375
   (decision: > 3 - 0.5, climb to 5; not > 4.5, stop) -> 3.97, 4.48 (decision: not > 4.5, hold) -> 4.74,
   4.87 (decision: > 4.5, climb to 7) -> 7 from then on.

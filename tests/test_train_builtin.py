@@ -1,4 +1,4 @@
-"""scripts/train_builtin.py's distillation (issue 13): the KL is the forward KL of the teacher's softmax,
+"""scripts/train_builtin.py's distillation: the KL is the forward KL of the teacher's softmax,
 a few real optimiser steps lower it, alpha 0 is plain cross-entropy, --init-from starts from the given
 weights exactly, and a short real run writes a loadable model directory whose log records the distillation."""
 

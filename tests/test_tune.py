@@ -196,10 +196,10 @@ def test_tune_adds_the_serving_overhead_to_every_prediction():
 
 def test_the_draft_pass_over_a_joining_prompt_is_charged_to_speculation_not_plain_decoding():
     """A speculating PD decode server runs its draft model over every joining request's prompt (prefill filled
-    the target's cache, not the draft's): served tiny-pd (2-core Xeon, 10 traces) drafted 1.1-2.4 ms more at a
-    verify where a request joined, 5-8% of the decode's time, which plain decoding never runs. In the one scale
-    over all verifies it priced plain decoding too, and `tune_confirm` predicted 1.11x what `bench --ab`
-    measured (docs/adaptive.md). Worked by hand: settled verifies at 1.2x their price, 3 ms more drafting a
+    the target's cache, not the draft's): served tiny-pd drafted more at a verify where a request joined, which
+    plain decoding never runs (benchmarks/RESULTS.md). In the one scale
+    over all verifies it priced plain decoding too, and `tune_confirm` over-predicted what `bench --ab`
+    measured. Worked by hand: settled verifies at 1.2x their price, 3 ms more drafting a
     join; no speculation is then 1.2 x the plain step per token, speculation pays the pass at each join."""
     cost = cost_model()
     price = cost.step_time(1, K)
@@ -233,11 +233,12 @@ def test_the_draft_pass_over_a_joining_prompt_is_charged_to_speculation_not_plai
 
 
 def test_a_turn_that_follows_the_steps_time_prices_plain_decoding_from_a_deep_trace():
-    # Served tiny-pd measured the loop's turn between verifies at 10-14% of the verify's time whether it
-    # drafted 0, 3 or 7 (docs/adaptive.md), the served steps at a factor of their price. A trace drafting K
-    # on such a machine (1.3x, turn 12%) must predict what a plain run there takes: 1.3 x 1.12 x the plain
-    # step's price per token at batch 1. Charging every step the deep trace's mean turn, as tune did before,
-    # priced the plain step at 1.3x plus 12% of a K-step (~5 plain steps here): speed-ups over-predicted.
+    # Served tiny-pd measured the loop's turn between verifies at about the same share of the verify's time
+    # whether it drafted 0, 3 or 7 (benchmarks/RESULTS.md), the served steps at a factor of their price.
+    # A trace drafting K on such a machine (1.3x, turn 12%) must predict what a plain run there takes:
+    # 1.3 x 1.12 x the plain step's price per token at batch 1. Charging every step the deep trace's mean
+    # turn instead prices the plain step at 1.3x plus 12% of a K-step (~5 plain steps here): speed-ups
+    # over-predicted.
     rng = random.Random(5)
     acc = []
     for _ in range(400):  # a drafter right 3 times in 4 (geometric runs)

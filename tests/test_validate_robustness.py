@@ -1,4 +1,4 @@
-"""validate never crashes and never hangs (issue 12, item 3): non-regular files are refused with a finding,
+"""validate never crashes and never hangs: non-regular files are refused with a finding,
 path errors are findings, model config.json reading is capped, one bad file never loses the others'
 report (also with --format json), an internal error is exit 3; plus a derandomized fuzz test mutating
 presets, SGLang commands and model configs."""

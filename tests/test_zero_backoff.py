@@ -1,4 +1,4 @@
-"""`zero_backoff`, specctl's opt-in back-off at steps 0 (issue 13): policy, config, validate, export, tune.
+"""`zero_backoff`, specctl's opt-in back-off at steps 0: policy, config, validate, export, tune.
 
 With SGLang's semantics a bucket at steps 0 probes the next candidate at every decision, so a drafter
 that is never right runs half its batches at the probe step. With `zero_backoff: N` each failed probe
@@ -253,7 +253,7 @@ def test_simulate_replays_a_deployment_with_the_knob(tmp_path: Path) -> None:
 
 
 def cost_model() -> CostModel:
-    # a verify of k drafts costs 1 + 0.4 k plain steps: 2 positions = 1.4x a plain step (this CPU's regime)
+    # a verify of k drafts costs 1 + 0.4 k plain steps: 2 positions = 1.4x a plain step (a CPU's regime)
     return CostModel({b: {k: 0.001 * (1 + 0.4 * k) for k in range(K + 1)} for b in (1, 2, 4, 8)})
 
 

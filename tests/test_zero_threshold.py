@@ -1,4 +1,4 @@
-"""`zero_threshold`, specctl's opt-in bar to steps 0 (issue 13): policy, config, validate, export, tune.
+"""`zero_threshold`, specctl's opt-in bar to steps 0: policy, config, validate, export, tune.
 
 SGLang steps a bucket down from s to the candidate below, prev, while the EMA of accepted drafts is at or
 below `prev - 0.5 + down_hysteresis`, and to 0 at `0.5 + down_hysteresis`: one hysteresis shifts every bar.

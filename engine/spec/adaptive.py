@@ -1,7 +1,7 @@
 """The adaptive-steps policy: per batch-size bucket, an EMA of accepted drafts picks the speculative steps.
 
 One implementation, shared by the engine's speculative decoder and `specctl adaptive simulate`, with
-SGLang's EMA semantics exactly (DESIGN "Reference facts"), so a user's SGLang adaptive config behaves
+SGLang's EMA semantics exactly (docs/adaptive.md), so a user's SGLang adaptive config behaves
 the same here:
 
 - routing: pad the batch size up to the smallest graph batch size >= it (if any), then the bucket with

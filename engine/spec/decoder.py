@@ -1,6 +1,6 @@
 """SpeculativeDecoder: the engine's Decoder for draft-then-verify decoding with fixed or adaptive steps.
 
-Contract (E2's Decoder seam, engine/engine.py):
+Contract (the engine's `Decoder` seam, engine/engine.py):
 - `decode(seqs) -> list[list[int]]`: per sequence, the accepted drafts plus one token chosen by the
   target (>= 1 token). Before and after: `runner.cached_len(rid) == len(seq) - 1` once the engine has
   appended the returned tokens (the verify forward caches up to k + 1 positions; the rejected tail is
@@ -364,7 +364,7 @@ class SpeculativeDecoder:
         return export(seq) if export is not None else None
 
     def import_draft(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
-        """Decode side: install a draft cache received from prefill (E2's `Engine.add_imported` calls this)."""
+        """Decode side: install a draft cache received from prefill (`Engine.add_imported` calls this)."""
         imp = getattr(self.drafter, "import_request", None)
         if imp is not None:
             imp(seq, tensors, length)

@@ -193,7 +193,7 @@ def _fill_probs(buf: DraftBuffers, rows: Seq[int], probs: torch.Tensor) -> None:
 class ModelDrafter:
     """A draft model proposing k tokens autoregressively from its own cache.
 
-    `runner` is a `ModelRunner` for the draft model (E1's contract: allocate / ensure_capacity /
+    `runner` is a `ModelRunner` for the draft model (its contract: allocate / ensure_capacity /
     forward / truncate / free / cached_len, where `truncate` can only restore lengths inside the last
     forward). Greedy rows propose the draft's argmax; sampled rows draw from the draft's distribution
     under the request's own sampling parameters and generator, and keep that distribution q for

@@ -16,8 +16,7 @@ Drafts and counts are host lists (the decoder has them there anyway); target pro
 a point mass on the proposed token). Results are per request the accepted count and the new tokens.
 Randomness comes only from the per-request `torch.Generator`s, so a seeded request is reproducible
 whatever batch it runs in. Both work on host lists because at serving sizes a batched tensor form is
-dozens of small ops that cost more than the comparisons (greedy at batch 1: ~47 us of ops; sampling at
-vocab 260: 65 vs 43 us at batch 1, 103 vs 67 us at batch 8, on the 2-core CPU).
+dozens of small ops that cost more than the comparisons (benchmarks/RESULTS.md).
 
 This module knows nothing about caches, drafters or scheduling: it is the maths only.
 """
