@@ -7,7 +7,7 @@ for bad content: a file that cannot be read becomes a `SCH000` finding and `Repo
 Each deployment file goes: load (line/col) -> `--set` overrides -> JSON Schema (SCH0xx; a compiled
 yes/no check first, `jsonschema` only for documents that fail it) -> merged
 roles -> semantic rules on the roles whose sections passed the schema -> step coverage per engine
-role (engineer A's `check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
+role (`check_deployment_steps`) -> positions attached. An SGLang adaptive-config JSON
 (detected by shape, or `kind="sglang"`) goes through `parse_sglang_config` + `step_coverage` with the
 given initial steps and graph batch sizes. An SGLang launch command (recognised by content:
 `sglang.sniff.looks_like_command`, or `kind="sglang-command"`) is read flag by flag (SGL0xx),
@@ -19,7 +19,7 @@ Then files declaring only prefill are paired, in order,
 with files declaring only decode and cross-checked (rule 5 and cross-file topology); findings of a
 pair land in the decode file, naming the prefill file.
 
-Many files in one run (issue 2, performance): no module is loaded or code compiled per file; files are read by
+Many files in one run: no module is loaded or code compiled per file; files are read by
 the loader's fast path with lazy positions (only files with findings are re-parsed for lines); the
 schema's yes/no check switches to generated code after the first files; roles are merged without
 copies; step coverage and its rendering are memoized on what they read; the cyclic GC is paused.
@@ -120,7 +120,7 @@ def schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _compiled() -> Any:
-    # Compiled once per process: 1,000 files cost one compilation (issue 2, performance).
+    # Compiled once per process: 1,000 files cost one compilation.
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
 
     return Draft202012Validator(schema())
@@ -415,7 +415,7 @@ class Validator:
         state.findings.extend(_merge_roles(rule_findings, single=len(engine_roles) <= 1))
 
     def _steps(self, ctx: RuleContext, state: _State) -> list[Finding]:
-        """Step coverage (engineer A's rules 1-2) per engine role; the table of the decoding role."""
+        """Step coverage (ADP1xx) per engine role; the table of the decoding role."""
         out: list[Finding] = []
         tables: dict[str, StepCoverage] = {}
         for role, cfg in ctx.engine_roles("speculative", "serve"):

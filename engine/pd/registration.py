@@ -1,7 +1,7 @@
 """Registration info: what one PD process tells its peer in the handshake, and the itemized diff.
 
 A `RegistrationInfo` holds every fact prefill and decode must agree on before a single request
-crosses the wire (DESIGN "Registration info exchanged in the handshake"): protocol and engine
+crosses the wire (exchanged in the handshake): protocol and engine
 version, role, the target model's fingerprint, page size, per-buffer KV item lengths, the ordered
 `state_types` with per-component item lengths and dims, the draft model's fingerprint and KV layout
 (or none), the speculative algorithm and the largest draft-token count, the transfer backend and the

@@ -7,25 +7,21 @@ second table is measured for sampled requests, in the same rounds, which `tune` 
 the share of requests that sample — traces record it) while it pins the decoder to each step in turn
 (`SpeculativeDecoder.pin_steps`; steps 0 is the plain path). Each (batch size, steps) point is timed over
 `iters` engine steps JOINS times in each of `rounds` rounds; a round measures every batch size and, within
-it, every step, so load drift on a shared machine hits every point alike (a table measured one batch size
-after another priced batch 2's plain step at 1.77 ms and batch 4's at 1.27 ms); a point's cost is the median
-over all its timed steps. (On a 2-core EPYC VM whose 100 ms windows of the same point varied up to 2x,
-neither this order nor twelve rounds narrowed the run-to-run spread: two profiles' ratios to the plain step
-differ by 11-15% on average either way. `benchmarks/tune_confirm.py` reads medians of repeated chains for
-that.) Six rounds by default: with three, a slow phase of a 2-core Xeon priced batch 1's steps 7 10% above
-steps 6 (verify_bench: 8 positions 5% above 5), enough to make `tune` run steps 6 on code, whose best is 7;
-with six, 3%. Each point starts from that many fresh requests (prefilled, then SETTLE untimed steps;
+it, every step, so load drift on a shared machine hits every point alike; a point's cost is the median
+over all its timed steps. Neither this order nor more rounds narrows the run-to-run spread on a noisy shared
+machine (`benchmarks/tune_confirm.py` reads medians of repeated chains for that). Six rounds by default: with
+three, a slow phase could price a step above a deeper one and change `tune`'s choice (benchmarks/RESULTS.md).
+Each point starts from that many fresh requests (prefilled, then SETTLE untimed steps;
 `prompt_tokens` long: a step costs more at longer contexts), long enough not to finish within it, so every
 step runs the full batch.
 
 After each `iters` timed steps one request leaves and a fresh one joins (a closed loop's turnover), and
 the REFILL_STEPS steps after its prefill are timed: what they take beyond as many of the settled steps
 before it is the point's refill, which `tune` adds at every replayed step that follows requests
-joining. Measured (builtin:tiny-hybrid, batch 8, 2-core Xeon): steps 0-3 after a prefill ran 2.10 ms
-where settled plain steps ran 1.62-1.65, steps 2 of speculation 3.93 against 3.32-3.56; steps 4-7 were
-within 3%. A prefill pushes the decode's working set out of the core's cache, and speculation pays
-that more often: its requests finish at different times, so they join one by one (32-37 prefills in a
-batch-8 run of spec_bench, against 6 for plain decoding, whose equal-length requests finish together),
+joining. The steps right after a prefill run slower than settled ones (benchmarks/RESULTS.md): a prefill
+pushes the decode's working set out of the core's cache, and speculation pays that more often: its
+requests finish at different times, so they join one by one (many more prefills in a batch-8 run of
+spec_bench than for plain decoding, whose equal-length requests finish together),
 and a new request's first speculative step also runs the draft model over its prompt. A profile that
 timed only the early steps priced plain decoding 6-12% above such runs and a deep step at what they
 paid on average, which flipped `tune`'s choice on random text at batch 8. With `refill=False` the
@@ -160,11 +156,9 @@ def _measure(
     without `turnover`, settled steps only (the refill table empty).
 
     Every round measures every temperature's table (which goes first alternates), so a slow phase hits the
-    greedy and the sampled prices alike. Measured one table after the other (six rounds each), four profiles
-    on a 2-core Xeon all priced a sampled plain step 8-16% below a greedy one, though a sampled step does
-    more (it draws), and `tune`, which mixes the two tables by each verify's share of sampled requests,
-    then weighed a random-text trace at the sampled table's flatter prices (batch 8: steps 5 13% above
-    steps 3, where the greedy table said 23%)."""
+    greedy and the sampled prices alike. Measured one table after the other, a slow phase priced a sampled
+    plain step below a greedy one, though a sampled step does more (it draws), and `tune` weighed sampled traces
+    at flatter prices (benchmarks/RESULTS.md)."""
     from specctl.engine.sampling import SamplingParams
     from specctl.engine.spec.decoder import SpeculativeDecoder
 

@@ -426,27 +426,23 @@ class ServingOverhead:
     The time between consecutive verifies of one run is of two kinds. `turn`: the time between two verifies
     where no request joined (the serving loop's turn: scheduling, streaming the step's tokens to the front,
     the other processes' share of a small machine), as a share of the served time of the verify it precedes.
-    It follows the steps' time, not their number nor their tokens: tiny-pd traces of bench's code load (64
-    prompts, 4 clients, 2-core EPYC) at fixed steps 0, 3 and 7 measured mean turns of 0.20-0.47, 0.61-0.69
-    and 0.32-0.95 ms, pairs of runs 1.0-2.9x apart at steps 0 and 7, yet 10-14% of the verifies' served
-    time at every step count (16 traces; docs/adaptive.md). So `tune` prices it as a factor on every step,
-    which changes no ranking, only the ratios. Priced per step (the mean turn of a trace drafting 7 added to
-    every replayed step) it charged plain decoding the deep steps' turn, and predicted code's speed-up at
-    1.11 of what `bench --ab` measured (median of 5 chains); priced per token, at 0.85 on an earlier day.
+    It follows the steps' time, not their number nor their tokens: a similar share of the verifies' served
+    time at every step count, while the mean turn varies between runs (benchmarks/RESULTS.md). So `tune` prices
+    it as a factor on every step, which changes no ranking, only the ratios; priced per step or per token it
+    over- or under-predicted what `bench --ab` measured.
     `between`: the rest, per emitted token: what the verifies where requests joined waited beyond their
-    turn (a colocated prefill, admitting transferred KV: 4-8 ms each there), work every config does the
+    turn (a colocated prefill, admitting transferred KV), work every config does the
     same amount of (the prompts), so `tune` adds the same seconds per token to every prediction.
     `scale`: the served verifies' wall time over their price. A verify on a machine shared with the prefill
     server, the router and the clients runs slower than the same step profiled alone, and by a factor, not
-    by a time per token: traces of tiny-pd at fixed steps 0 and 7 (random, 4 clients, 2 cores) measured
-    their verifies at 1.58x and 1.51x their price, 0.22 and 0.11 ms per token beyond it (docs/adaptive.md).
+    by a time per token: traces of tiny-pd measured their verifies at a factor of their price
+    (benchmarks/RESULTS.md).
     `excess`: the verifies' time beyond their price per token, reported.
     A verify where a request joined is not a settled one in a speculating server: its drafter first runs
     the draft model over the new prompt (prefill computed the target's cache, not the draft's), which plain
-    decoding never does. Served tiny-pd (code and random, 4 clients, 2-core Xeon, 10 traces at steps 7):
-    1.1-2.4 ms a join beyond the settled verifies' drafting, 5-8% of the decode's time. In the one scale
-    over all verifies it priced plain decoding too, and `tune_confirm` predicted 1.11x (median of 5
-    chains, both workloads) what `bench --ab` measured. So `settled_scale` is the scale of the verifies no
+    decoding never does. Served tiny-pd drafted measurably more at a join than at a settled verify
+    (benchmarks/RESULTS.md). In the one scale over all verifies it priced plain decoding too, and `tune_confirm`
+    over-predicted what `bench --ab` measured. So `settled_scale` is the scale of the verifies no
     request joined, `join_draft_s` the joining verifies' drafting beyond the settled median at their batch
     size (for a cost model that did not measure its own refill, a PD decode role's: a colocated profile's
     refill has the pass in it), and `served` gives `tune` the cost model at served prices with the pass a
