@@ -70,12 +70,14 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
 
 @app.command()
 def validate(
-    paths: Annotated[list[str], typer.Argument(help="Deployment files (YAML/JSON), SGLang launch commands (a file "
+    paths: Annotated[Optional[list[str]], typer.Argument(  # noqa: UP045 - Typer reads annotations at runtime
+        help="Deployment files (YAML/JSON), SGLang launch commands (a file "
                                                      "holding `python -m sglang.launch_server ...` or `sglang serve "
                                                      "...`, any extension) or SGLang adaptive-config JSON files, "
                                                      "recognised by content. A prefill-only file and a decode-only "
                                                      "file are cross-checked as a pair: specctl validate prefill.sh "
-                                                     "decode.sh.", show_default=False, metavar="PATH...")],
+                                                     "decode.sh.", show_default=False, metavar="PATH...")
+                     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
     set_values: SetOption = None,
@@ -92,18 +94,32 @@ def validate(
     tables: Annotated[Optional[bool], typer.Option(  # noqa: UP045
         "--table/--no-table", help="Print the reachable (batch size -> steps) table per file "
         f"(default: when at most {_TABLES_AUTO_MAX_FILES} files).", show_default=False)] = None,
+    sglang_version: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--sglang-version", metavar="X.Y.Z", help="SGLang launch commands: check the flags of this SGLang release "
+        "(flags of other releases are then errors). Default: the SGLang of --set sglang.python=..., else the "
+        "installed SGLang, else the newest release (other releases' flags are then warnings).",
+        show_default=False)] = None,
+    list_versions: Annotated[bool, typer.Option(
+        "--list-sglang-versions", help="List the SGLang releases whose flags specctl knows (and which one "
+        "validate would use), then exit.")] = False,
 ) -> None:
     """Check deployment files, SGLang launch commands and SGLang adaptive configs; report every finding.
 
     Exit 0 ok, 1 findings (errors; warnings too with --strict), 2 unreadable input, 3 an internal error."""
     with handle_errors(), _internal_errors():
+        if list_versions:
+            _list_sglang_versions(output, sglang_version, set_values or ())
+            return
+        if not paths:
+            raise UsageError("give the files to validate", hint="specctl validate prefill.sh decode.sh; "
+                             "specctl validate --list-sglang-versions lists the SGLang releases")
         from specctl.schemas.report import render_json, write_text
         from specctl.schemas.validator import Validator
 
         graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
         validator = Validator(
             overrides=set_values or (), initial_steps=initial_steps, graph_batch_sizes=graphs, kind=kind.value,
-            strict=strict,
+            strict=strict, sglang_version=sglang_version,
         )
         report = validator.validate_paths(paths)
         if output is OutputFormat.json:
@@ -112,6 +128,39 @@ def validate(
             show = tables if tables is not None else len(paths) <= _TABLES_AUTO_MAX_FILES
             write_text(report, sys.stdout, rich=_is_terminal(), tables=show)
     raise typer.Exit(report.exit_code)
+
+
+def _list_sglang_versions(output: OutputFormat, requested: str | None, sets: list[str] | tuple[str, ...]) -> None:
+    """The releases of the flag history, oldest first, with flags added/removed against the one before."""
+    import json
+
+    from specctl.schemas.sglang import flags
+    from specctl.schemas.validator import Validator
+
+    chosen = Validator(overrides=sets, sglang_version=requested).sglang_release()
+    rows = []
+    prev: set[str] = set()
+    for v in flags.releases():
+        options = set(flags.table(v).by_option)
+        rows.append({"version": v, "flags": len(flags.table(v).flags), "added": len(options - prev) if prev else None,
+                     "removed": len(prev - options) if prev else None})
+        prev = options
+    not_loaded = flags.history().get("not_loaded") or {}
+    if output is OutputFormat.json:
+        sys.stdout.write(json.dumps({"releases": rows, "newest": flags.newest(), "not_loaded": not_loaded,
+                                     "checked": {"release": chosen.release, "named": chosen.named,
+                                                 "source": chosen.source, "note": chosen.note or None}},
+                                    indent=2) + "\n")
+        return
+    sys.stdout.write("SGLang releases whose server flags specctl knows (from each release's own parser):\n")
+    for r in rows:
+        delta = f"  +{r['added']} -{r['removed']} options" if r["added"] is not None else ""
+        mark = "  <- checked" if r["version"] == chosen.release else ""
+        sys.stdout.write(f"  {r['version']:<14}{r['flags']:>4} flags{delta}{mark}\n")
+    if not_loaded:
+        sys.stdout.write(f"not loaded (their parsers do not import here): {', '.join(not_loaded)}\n")
+    sys.stdout.write(f"validate checks SGLang {chosen.release}: {chosen.source}"
+                     + (f" ({chosen.note})" if chosen.note else "") + "\n")
 
 
 @app.command()

@@ -190,6 +190,7 @@ class Validator:
         graph_batch_sizes: Sequence[int] | None = None,
         kind: str = "auto",
         strict: bool = False,
+        sglang_version: str | None = None,
     ) -> None:
         from specctl.schemas.rules import FactsCache
 
@@ -207,8 +208,23 @@ class Validator:
         self._coverage_cache: dict[str, tuple[StepCoverage | None, list[Finding]]] = {}
         self._rendered_cache: dict[int, tuple[StepCoverage, dict[str, Any], str]] = {}
         self._checks: list[Any] | None = None
+        self.sglang_version = sglang_version
+        self._release: Any = None  # the SGLang release of launch commands (sglang.release.ReleaseChoice)
+        if sglang_version is not None:
+            self.sglang_release()  # a bad --sglang-version is a usage error before any file is read
 
     # -- public ------------------------------------------------------------------------------------
+
+    def sglang_release(self) -> Any:
+        """The SGLang release launch commands are checked against (`sglang.release.choose_release`): the
+        named one, else that of `--set sglang.python=...`, else the installed SGLang's, else the newest."""
+        if self._release is None:
+            from specctl.schemas.sglang.release import choose_release
+
+            python = next((o.value for o in self.overrides if o.keys == ("sglang", "python")
+                           and isinstance(o.value, str)), None)
+            self._release = choose_release(self.sglang_version, python)
+        return self._release
 
     def validate_paths(self, paths: Iterable[str | Path]) -> Report:
         with _gc_paused():
@@ -266,13 +282,15 @@ class Validator:
     def _sglang_command(self, path: str | Path, text: str) -> _State:
         """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
         from specctl.schemas.model_facts import ModelFacts
-        from specctl.schemas.sglang.command import installed_version_note, parse_command_text
+        from specctl.schemas.sglang.command import parse_command_text, release_note
         from specctl.schemas.sglang.families import FamilyError, sglang_model
         from specctl.schemas.sglang.mapping import to_deployment
         from specctl.schemas.sglang.rules import check_command
 
-        cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent)
-        installed_version_note(cmd)
+        release = self.sglang_release()
+        cmd = parse_command_text(text, name=str(path), base_dir=Path(path).parent, release=release.release,
+                                 release_named=release.named)
+        release_note(cmd, release.note)
         if not cmd.recognised or "model_path" not in cmd.options:
             doc = Document(name=str(path), data={}, positions={"$": (cmd.first_line, 1)})
             return _State(doc=doc, findings=list(cmd.findings), kind="sglang-command")
