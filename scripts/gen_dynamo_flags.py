@@ -6,7 +6,8 @@
 The `ai-dynamo` wheel (`pip download --no-deps ai-dynamo==X`) is unpacked and, in a child process,
 the argument groups `dynamo.sglang.args.parse_args` puts before SGLang's parser are run on an
 `argparse` parser: `DynamoRuntimeArgGroup`, `DynamoSGLangArgGroup`, the worker router flags
-(`add_worker_router_arguments`), and the legacy SGLang spellings `add_sglang_cli_compat` re-adds.
+(`add_worker_router_arguments`), and the legacy SGLang spellings `add_sglang_cli_compat` re-adds
+(its module imports the installed SGLang; without one they are left out).
 Each option is recorded with its spellings and how many values it takes. Dynamo's compiled runtime
 (`dynamo._core`, `dynamo.llm`, ...) is not in that wheel: missing `dynamo.*` modules are stand-ins
 (the parser-building code only reads parser names from them).
@@ -59,7 +60,8 @@ def child_main(folder: str) -> dict[str, Any]:
             names = [o for o in action.option_strings if o.startswith("--")]
             if names:
                 flags.append({"names": names, "takes": _arity(action), "group": group})
-    try:
+    try:  # _compat imports the installed SGLang (the bare triton stand-in suffices)
+        g.install_triton_stub()
         from dynamo.sglang._compat import add_sglang_cli_compat
 
         probe = argparse.ArgumentParser(add_help=False)

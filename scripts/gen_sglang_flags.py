@@ -18,7 +18,9 @@ flag's name prefixes flags added in the same release).
 Why generated: `specctl validate` must stay torch- and sglang-free and start fast, so it reads this
 data instead of importing SGLang; generating it from each release's parser keeps it exactly SGLang's.
 Modules a release imports at module level but that building the parser never calls into are stand-in
-modules in the child only (`triton` always; the names of STUBS only where the real package is absent).
+modules in the child only (`triton` always; the names of STUBS only where the real package is absent;
+a name an older release imports from `transformers` that the installed one dropped), and registering a
+config `transformers` now ships itself again is allowed; each release's stand-ins are printed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -42,15 +45,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "schemas" / "sglang" / "flag_history.json"
 GENERATOR = "scripts/gen_sglang_flags.py"
-# The releases the history covers (0.5.0 exists only as release candidates). A release whose parser
-# does not load here is recorded under "not_loaded" with the reason.
+# The releases the history covers: every 0.5.x release and post-release (0.5.0 exists only as release
+# candidates), the 0.4.x releases and the last 0.4 post-release. A release whose parser does not load
+# here is recorded under "not_loaded" with the reason.
 RELEASES = (
     "0.4.0", "0.4.1", "0.4.2", "0.4.3", "0.4.4", "0.4.5", "0.4.6", "0.4.7", "0.4.8", "0.4.9", "0.4.10",
     "0.4.10.post2",
-    "0.5.1", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post3", "0.5.4", "0.5.4.post3", "0.5.5", "0.5.5.post3",
-    "0.5.6", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11",
-    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16",
-    "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+    "0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2",
+    "0.5.3.post3", "0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3", "0.5.5", "0.5.5.post1", "0.5.5.post2",
+    "0.5.5.post3", "0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10",
+    "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15",
+    "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
 )
 # Top-level modules some releases import at module level that the parser never uses; a stand-in is made
 # only when the real one is not installed.
@@ -226,6 +231,26 @@ def _kind(action: argparse.Action) -> str:
     return "store"
 
 
+def _refusal(parser: argparse.ArgumentParser, action: argparse.Action, option: str) -> str | None:
+    """The error a deprecated action raises when given (some releases' DeprecatedAction refuses the flag
+    with its help text), found by calling it on a throw-away namespace; None when it only warns."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            action(parser, argparse.Namespace(), [] if action.nargs == 0 else None, option)
+    except (ValueError, argparse.ArgumentError) as exc:
+        return str(exc) or type(exc).__name__
+    except SystemExit as exc:  # parser.error(...): argparse's usage message
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        return re.sub(r"^\S*: error: ", "", lines[-1]) if lines else f"exit {exc.code}"
+    except Exception:  # noqa: BLE001 - a store action given no value: not a refusal
+        return None
+    return None
+
+
 def build_table() -> dict[str, Any]:
     """The importable SGLang's flag table: {"sglang_version", "generator", "flags": [entry, ...]}."""
     parser = sglang_parser()
@@ -252,13 +277,15 @@ def build_table() -> dict[str, Any]:
             "default": _json_default(action.default),
             "required": bool(action.required),
             "deprecated": "Deprecated" in type(action).__name__,
+            "refused": _refusal(parser, action, names[0]) if "Deprecated" in type(action).__name__ else None,
         }
         flags.append(entry)
     return {"sglang_version": sglang.__version__, "generator": GENERATOR, "flags": flags}
 
 
 def _missing_module(exc: BaseException | None) -> str | None:
-    """The STUBS (or `triton`) module an import error is about, following the exception chain."""
+    """The STUBS (or `triton`) module an import error is about, or `module:name` for a name a module of the
+    installed `transformers` no longer has; following the exception chain."""
     while exc is not None:
         if isinstance(exc, ModuleNotFoundError):
             top = (exc.name or "").split(".")[0]
@@ -266,6 +293,9 @@ def _missing_module(exc: BaseException | None) -> str | None:
                 return top
         if isinstance(exc, AttributeError) and str(exc).startswith("module 'triton"):
             return "triton"
+        m = re.match(r"cannot import name '(\w+)' from '(transformers[\w.]*)'", str(exc))
+        if isinstance(exc, ImportError) and m:  # a name the installed transformers dropped: module:name
+            return f"{m.group(2)}:{m.group(1)}"
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -307,7 +337,10 @@ def child_main(folder: str, stubs: set[str]) -> int:
     import io
 
     sys.path[:0] = folder.split(os.pathsep)
-    sys.meta_path.append(_StubFinder(stubs))
+    sys.meta_path.append(_StubFinder({s for s in stubs if ":" not in s}))
+    for entry in (s for s in stubs if ":" in s):  # names of the installed transformers' modules
+        module, _, name = entry.partition(":")
+        setattr(importlib.import_module(module), name, _StubMeta(name, (_Stub,), {}))
     _tolerant_registries()
     if "triton" in stubs:  # the full stand-in instead of the bare one, with no active driver (as on a CPU host)
         importlib.import_module("triton.runtime").driver = _NoDriver()  # type: ignore[attr-defined]

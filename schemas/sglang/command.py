@@ -561,7 +561,10 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
             prev = cmd.options[flag.dest]
             cmd.add("SGL003", "warning", path, f"{flag.name} is given twice (line {prev.line} and {w.line}); "
                     "the last value wins", "remove one of them", w.line, w.col)
-        if flag.deprecated:
+        if flag.refused is not None:
+            cmd.add("SGL003", "error", path, f"SGLang {tab.sglang_version} refuses {flag.name} at start-up: "
+                    f"{flag.refused!r}", f"remove {flag.name} (the message says what replaces it)", w.line, w.col)
+        elif flag.deprecated:
             from specctl.schemas.sglang.flags import successor
 
             later = successor(flag.name, tab.sglang_version)

@@ -36,7 +36,7 @@ from typing import Any
 
 VALUE_KINDS = ("store", "append")
 HISTORY_FILE = "flag_history.json"
-FIELDS = ("aliases", "dest", "kind", "type", "nargs", "choices", "default", "required", "deprecated")
+FIELDS = ("aliases", "dest", "kind", "type", "nargs", "choices", "default", "required", "deprecated", "refused")
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,11 @@ class Flag:
     default: Any
     required: bool
     deprecated: bool
+    refused: str | None = None  # the error the release raises when the flag is given (a retired flag)
 
     @property
     def takes_value(self) -> bool:
-        return self.kind in VALUE_KINDS
+        return self.kind in VALUE_KINDS and self.nargs != 0
 
     @property
     def is_list(self) -> bool:
@@ -167,8 +168,8 @@ def _implicit(name: str, kind: str) -> dict[str, Any]:
     """The field values a first span leaves out."""
     switch = kind not in VALUE_KINDS
     return {"aliases": [], "dest": name[2:].replace("-", "_"), "kind": "store", "type": None if switch else "str",
-            "nargs": None, "choices": None, "default": False if kind == "store_true" else None,
-            "required": False, "deprecated": False}
+            "nargs": 0 if switch else None, "choices": None, "default": False if kind == "store_true" else None,
+            "required": False, "deprecated": False, "refused": None}
 
 
 def _records(flag: dict[str, Any]) -> list[tuple[int, int, dict[str, Any]]]:
@@ -191,9 +192,16 @@ def release_json(version: str, data: dict[str, Any] | None = None) -> dict[str, 
     idx = data["releases"].index(version)
     flags = []
     for flag in data["flags"]:
-        for first, last, rec in _records(flag):
-            if first <= idx <= last:
-                flags.append({"name": flag["n"], **{k: rec[k] for k in FIELDS}})
+        spans = flag["s"]
+        if spans[0][0] > idx or spans[-1][1] < idx:
+            continue
+        full: dict[str, Any] = {}
+        for first, last, fields in spans:
+            if first > idx:
+                break
+            full = {**(full or _implicit(flag["n"], fields.get("kind", "store"))), **fields}
+            if idx <= last:
+                flags.append({"name": flag["n"], **{k: full[k] for k in FIELDS}})
                 break
     return {"sglang_version": version, "generator": data["generator"], "flags": flags}
 
@@ -207,7 +215,7 @@ def table(release: str | None = None) -> FlagTable:
         Flag(
             name=f["name"], aliases=tuple(f["aliases"]), dest=f["dest"], kind=f["kind"], type=f["type"],
             nargs=f["nargs"], choices=tuple(f["choices"]) if f["choices"] is not None else None,
-            default=f["default"], required=f["required"], deprecated=f["deprecated"],
+            default=f["default"], required=f["required"], deprecated=f["deprecated"], refused=f["refused"],
         )
         for f in data["flags"]
     )
