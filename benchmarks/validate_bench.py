@@ -5,10 +5,11 @@ Targets: (1) `specctl validate presets/<one>.yaml` takes at most 1.5x the wall t
 invocation takes at most 1.5x one cold single-file invocation; (3) validate never imports torch;
 (4) issue 9: `specctl validate prefill.sh decode.sh` on SGLang launch commands (an adaptive EAGLE PD
 pair on a Qwen3-Next config.json) starts within 1.5x of the same baseline, importing neither torch nor
-sglang. The commands run interleaved, `--rounds` times each, and medians are compared, because these
+sglang; the same pair checked against an older release (`--sglang-version`, default 0.5.16) is
+reported beside it. The commands run interleaved, `--rounds` times each, and medians are compared, because these
 machines are shared and noisy. Prints a table, then a last-line JSON summary.
 
-    python benchmarks/validate_bench.py [--rounds 5] [--files 1000]
+    python benchmarks/validate_bench.py [--rounds 5] [--files 1000] [--sglang-version 0.5.16]
 """
 
 from __future__ import annotations
@@ -62,17 +63,22 @@ def write_files(folder: Path, n: int) -> list[str]:
     return paths
 
 
+# The warm-up round writes .pyc files, as an installed specctl has them (PYTHONDONTWRITEBYTECODE would
+# make every round compile the modules from source).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(cmd: list[str], expect_rc: int = 0) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     dt = time.perf_counter() - t0
-    if proc.returncode != expect_rc:
+    if expect_rc >= 0 and proc.returncode != expect_rc:
         raise SystemExit(f"{' '.join(cmd[:4])}... exited {proc.returncode}: {proc.stderr[-2000:]}")
     return dt
 
 
 def imported_modules(cmd: list[str]) -> set[str]:
-    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
+    env = dict(ENV, PYTHONPROFILEIMPORTTIME="1")
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     mods = set()
     for line in proc.stderr.splitlines():
@@ -85,6 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--sglang-version", default="0.5.16", help="the older release the pair is also checked against")
     args = ap.parse_args()
     base = [sys.executable, "-c", "import yaml, jsonschema, typer, rich"]
     single = [*specctl_cmd(), "validate", str(PRESET)]
@@ -92,15 +99,19 @@ def main() -> None:
     try:
         many = [*specctl_cmd(), "validate", "--no-table", *write_files(tmp, args.files)]
         (tmp / "sg").mkdir()
-        sglang = [*specctl_cmd(), "validate", *write_sglang_pair(tmp / "sg")]
-        for cmd in (base, single, many, sglang):  # warm the page cache and .pyc files
-            timed(cmd)
-        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": [], "sglang": []}
+        pair = write_sglang_pair(tmp / "sg")
+        sglang = [*specctl_cmd(), "validate", *pair]
+        # another release of the flag history (its table is rebuilt from the history on first use)
+        older = [*specctl_cmd(), "validate", "--sglang-version", args.sglang_version, *pair]
+        for cmd in (base, single, many, sglang, older):  # warm the page cache and .pyc files
+            timed(cmd, expect_rc=-1)
+        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": [], "sglang": [], "older": []}
         for _ in range(args.rounds):
             samples["baseline"].append(timed(base))
             samples["single"].append(timed(single))
             samples["many"].append(timed(many))
             samples["sglang"].append(timed(sglang))
+            samples["older"].append(timed(older, expect_rc=-1))
         mods = imported_modules(single)
         sglang_mods = imported_modules(sglang)
     finally:
@@ -110,6 +121,7 @@ def main() -> None:
     many_ratio = med["many"] / med["single"]
     torch_free = not any(m == "torch" or m.startswith("torch.") for m in mods)
     sglang_ratio = med["sglang"] / med["baseline"]
+    older_ratio = med["older"] / med["baseline"]
     sglang_light = not any(m.split(".")[0] in ("torch", "sglang", "transformers") for m in sglang_mods)
     rows = [
         ("python -c 'import yaml, jsonschema, typer, rich'", med["baseline"], ""),
@@ -117,6 +129,7 @@ def main() -> None:
         (f"specctl validate <{args.files} files>", med["many"], f"{many_ratio:.2f}x single (target <= 1.5x)"),
         ("specctl validate prefill.sh decode.sh (SGLang)", med["sglang"],
          f"{sglang_ratio:.2f}x baseline (target <= 1.5x)"),
+        (f"  ... --sglang-version {args.sglang_version}", med["older"], f"{older_ratio:.2f}x baseline"),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"{'command'.ljust(width)}  median s  ratio   ({args.rounds} rounds, interleaved)")
@@ -131,6 +144,8 @@ def main() -> None:
         "pydantic_imported": "pydantic" in mods, "rounds": args.rounds,
         "sglang_s": round(med["sglang"], 4), "sglang_startup_ratio": round(sglang_ratio, 3),
         "sglang_startup_ok": sglang_ratio <= 1.5, "sglang_torch_free": sglang_light,
+        "sglang_older_release": args.sglang_version, "sglang_older_s": round(med["older"], 4),
+        "sglang_older_ratio": round(older_ratio, 3),
     }))
     if not torch_free or not sglang_light:
         raise SystemExit("specctl validate imported torch (or sglang)")
