@@ -466,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-stubs", default="", metavar="A,B", help="stand-ins to offer every release from the "
                     "start (saves one import per missing module; e.g. triton,torchvision,partial_json_parser)")
     what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--all", action="store_true", help="rebuild the history from every release of RELEASES")
+    what.add_argument("--all", action="store_true", help="rebuild the history from every release of RELEASES "
+                      "and of the current history")
     what.add_argument("--add", nargs="+", metavar="VERSION", help="add (or refresh) releases in the history")
     what.add_argument("--check", action="store_true",
                       help="compare the installed SGLang's parser with its release's view of the history; exit 1 "
@@ -501,8 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         old = flags.parse_history(args.out.read_text(encoding="utf-8"))
         old_tables = {v: flags.release_json(v, old) for v in old["releases"]}
         old_failed = dict(old.get("not_loaded") or {})
-    versions = sorted(RELEASES if args.all else args.add, key=lambda v: flags.version_key(v) or (0,) * 5,
-                      reverse=True)
+    if args.all and args.out.exists():  # releases added with --add since RELEASES was written stay in
+        wanted = {*RELEASES, *flags.parse_history(args.out.read_text(encoding="utf-8"))["releases"]}
+    else:
+        wanted = set(RELEASES if args.all else args.add)
+    versions = sorted(wanted, key=lambda v: flags.version_key(v) or (0,) * 5, reverse=True)
     print(f"loading {len(versions)} SGLang release parser(s)", file=sys.stderr)
     tables, failed = collect(versions, args.wheels, args.work, args.jobs,
                              tuple(s for s in args.seed_stubs.split(",") if s))
