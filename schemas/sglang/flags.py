@@ -405,7 +405,8 @@ def _moves(rels: list[str], tables: list[list[dict[str, Any]]]) -> list[dict[str
             parts = sorted(o for o in after if o.startswith(option + "-") and first_seen[o] > first_seen[option])
             if parts and (new is None or new["name"] in parts):
                 move = {"from": option, "to": parts, "release": rels[i],
-                        "since": rels[max(first_seen[o] for o in parts)], "how": "split"}
+                        "since": rels[max(first_seen[o] for o in parts)],
+                        "how": "split" if len(parts) > 1 else "renamed"}
                 if new is not None:
                     move["values_to"] = new["name"]  # the part the old option set (its dest)
                 out.append(move)
