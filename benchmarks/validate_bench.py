@@ -1,16 +1,17 @@
-"""Start-up and throughput of `specctl validate`, measured side by side in one run (issue 2).
+"""Start-up and throughput of `specctl validate`, measured side by side in one run.
 
 Targets: (1) `specctl validate presets/<one>.yaml` takes at most 1.5x the wall time of
 `python -c "import yaml, jsonschema, typer, rich"`; (2) validating 1,000 distinct files in one
 invocation takes at most 1.5x one cold single-file invocation; (3) validate never imports torch;
-(4) issue 9: `specctl validate prefill.sh decode.sh` on SGLang launch commands (an adaptive EAGLE PD
+(4) `specctl validate prefill.sh decode.sh` on SGLang launch commands (an adaptive EAGLE PD
 pair on a Qwen3-Next config.json) starts within 1.5x of the same baseline, importing neither torch nor
-sglang. (5) `--resolve` on the same pair (SGLang's own start-up resolution in a child process that imports
-SGLang: seconds, not milliseconds) is reported on its own line, outside the ratios. The commands run
-interleaved, `--rounds` times each, and medians are compared, because these
-machines are shared and noisy. Prints a table, then a last-line JSON summary.
+sglang; the same pair checked against an older release (`--sglang-version`, default 0.5.16) is
+reported beside it. (5) `--resolve` on the same pair (SGLang's own start-up resolution in a child process
+that imports SGLang: seconds, not milliseconds) is reported on its own line, outside the ratios. The commands
+run interleaved, `--rounds` times each, and medians are compared, because these machines are shared and noisy.
+Prints a table, then a last-line JSON summary.
 
-    python benchmarks/validate_bench.py [--rounds 5] [--files 1000] [--resolve-rounds 1]
+    python benchmarks/validate_bench.py [--rounds 5] [--files 1000] [--sglang-version 0.5.16] [--resolve-rounds 1]
 """
 
 from __future__ import annotations
@@ -65,17 +66,22 @@ def write_files(folder: Path, n: int) -> list[str]:
     return paths
 
 
+# The warm-up round writes .pyc files, as an installed specctl has them (PYTHONDONTWRITEBYTECODE would
+# make every round compile the modules from source).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(cmd: list[str], expect_rc: int | None = 0) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     dt = time.perf_counter() - t0
-    if expect_rc is not None and proc.returncode != expect_rc:
+    if expect_rc is not None and expect_rc >= 0 and proc.returncode != expect_rc:
         raise SystemExit(f"{' '.join(cmd[:4])}... exited {proc.returncode}: {proc.stderr[-2000:]}")
     return dt
 
 
 def imported_modules(cmd: list[str]) -> set[str]:
-    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
+    env = dict(ENV, PYTHONPROFILEIMPORTTIME="1")
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     mods = set()
     for line in proc.stderr.splitlines():
@@ -89,6 +95,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--resolve-rounds", type=int, default=1, help="runs of validate --resolve (0: skip)")
+    ap.add_argument("--sglang-version", default="0.5.16", help="the older release the pair is also checked against")
     args = ap.parse_args()
     base = [sys.executable, "-c", "import yaml, jsonschema, typer, rich"]
     single = [*specctl_cmd(), "validate", str(PRESET)]
@@ -96,15 +103,19 @@ def main() -> None:
     try:
         many = [*specctl_cmd(), "validate", "--no-table", *write_files(tmp, args.files)]
         (tmp / "sg").mkdir()
-        sglang = [*specctl_cmd(), "validate", *write_sglang_pair(tmp / "sg")]
-        for cmd in (base, single, many, sglang):  # warm the page cache and .pyc files
-            timed(cmd)
-        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": [], "sglang": []}
+        pair = write_sglang_pair(tmp / "sg")
+        sglang = [*specctl_cmd(), "validate", *pair]
+        # another release of the flag history (its table is rebuilt from the history on first use)
+        older = [*specctl_cmd(), "validate", "--sglang-version", args.sglang_version, *pair]
+        for cmd in (base, single, many, sglang, older):  # warm the page cache and .pyc files
+            timed(cmd, expect_rc=-1)
+        samples: dict[str, list[float]] = {"baseline": [], "single": [], "many": [], "sglang": [], "older": []}
         for _ in range(args.rounds):
             samples["baseline"].append(timed(base))
             samples["single"].append(timed(single))
             samples["many"].append(timed(many))
             samples["sglang"].append(timed(sglang))
+            samples["older"].append(timed(older, expect_rc=-1))
         mods = imported_modules(single)
         sglang_mods = imported_modules(sglang)
         resolve_s = None
@@ -118,6 +129,7 @@ def main() -> None:
     many_ratio = med["many"] / med["single"]
     torch_free = not any(m == "torch" or m.startswith("torch.") for m in mods)
     sglang_ratio = med["sglang"] / med["baseline"]
+    older_ratio = med["older"] / med["baseline"]
     sglang_light = not any(m.split(".")[0] in ("torch", "sglang", "transformers") for m in sglang_mods)
     rows = [
         ("python -c 'import yaml, jsonschema, typer, rich'", med["baseline"], ""),
@@ -125,6 +137,7 @@ def main() -> None:
         (f"specctl validate <{args.files} files>", med["many"], f"{many_ratio:.2f}x single (target <= 1.5x)"),
         ("specctl validate prefill.sh decode.sh (SGLang)", med["sglang"],
          f"{sglang_ratio:.2f}x baseline (target <= 1.5x)"),
+        (f"  ... --sglang-version {args.sglang_version}", med["older"], f"{older_ratio:.2f}x baseline"),
     ]
     if resolve_s is not None:
         rows.append(("specctl validate --resolve prefill.sh decode.sh (SGLang's own, H100)", resolve_s,
@@ -143,6 +156,8 @@ def main() -> None:
         "sglang_s": round(med["sglang"], 4), "sglang_startup_ratio": round(sglang_ratio, 3),
         "sglang_startup_ok": sglang_ratio <= 1.5, "sglang_torch_free": sglang_light,
         "resolve_s": None if resolve_s is None else round(resolve_s, 3),
+        "sglang_older_release": args.sglang_version, "sglang_older_s": round(med["older"], 4),
+        "sglang_older_ratio": round(older_ratio, 3),
     }))
     if not torch_free or not sglang_light:
         raise SystemExit("specctl validate imported torch (or sglang)")

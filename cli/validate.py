@@ -70,12 +70,14 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
 
 @app.command()
 def validate(
-    paths: Annotated[list[str], typer.Argument(help="Deployment files (YAML/JSON), SGLang launch commands (a file "
+    paths: Annotated[Optional[list[str]], typer.Argument(  # noqa: UP045 - Typer reads annotations at runtime
+        help="Deployment files (YAML/JSON), SGLang launch commands (a file "
                                                      "holding `python -m sglang.launch_server ...` or `sglang serve "
                                                      "...`, any extension) or SGLang adaptive-config JSON files, "
                                                      "recognised by content. A prefill-only file and a decode-only "
                                                      "file are cross-checked as a pair: specctl validate prefill.sh "
-                                                     "decode.sh.", show_default=False, metavar="PATH...")],
+                                                     "decode.sh.", show_default=False, metavar="PATH...")
+                     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     output: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
     set_values: SetOption = None,
@@ -98,34 +100,50 @@ def validate(
         "child process with the GPU of --gpu declared (no GPU needed), and report its verdicts as SGL9xx "
         "findings (SGLang's own words) and prefill/decode differences in what it resolved.")] = False,
     gpu: Annotated[str, typer.Option(
-        "--gpu", help="With --resolve: the GPU SGLang resolves for: H100, H200 or B200.")] = "H100",
+        "--gpu", help="The GPU SGLang's start-up choices are predicted (and, with --resolve, resolved) for: H100, "
+        "H200 or B200.")] = "H100",
     sglang_python: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--sglang-python", metavar="PATH", help="With --resolve: the Python that has SGLang installed (default: "
         "the deployment's sglang.python, else this interpreter when it has SGLang).", show_default=False)] = None,
+    sglang_version: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--sglang-version", metavar="X.Y.Z", help="SGLang launch commands: check the flags of this SGLang release "
+        "(flags of other releases are then errors). Default: the SGLang of --set sglang.python=..., else the "
+        "installed SGLang, else the newest release (other releases' flags are then warnings).",
+        show_default=False)] = None,
+    list_versions: Annotated[bool, typer.Option(
+        "--list-sglang-versions", help="List the SGLang releases whose flags specctl knows (and which one "
+        "validate would use), then exit.")] = False,
 ) -> None:
     """Check deployment files, SGLang launch commands and SGLang adaptive configs; report every finding.
 
     Exit 0 ok, 1 findings (errors; warnings too with --strict), 2 unreadable input, 3 an internal error."""
     with handle_errors(), _internal_errors():
+        if list_versions:
+            _list_sglang_versions(output, sglang_version, set_values or ())
+            return
+        if not paths:
+            raise UsageError("give the files to validate", hint="specctl validate prefill.sh decode.sh; "
+                             "specctl validate --list-sglang-versions lists the SGLang releases")
         from specctl.schemas.report import render_json, write_text
         from specctl.schemas.validator import Validator
 
         graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
         request = None
+        from specctl.schemas.sglang.startup import GPUS
+
+        if gpu.upper() not in GPUS:
+            raise UsageError(f"--gpu {gpu!r}: SGLang's start-up choices are known for {', '.join(GPUS)}",
+                             hint="specctl validate --gpu H100 prefill.sh decode.sh")
         if resolve:
-            from specctl.schemas.sglang.resolver import GPUS
             from specctl.schemas.sglang.verdicts import ResolveRequest
 
-            if gpu.upper() not in GPUS:
-                raise UsageError(f"--gpu {gpu!r}: SGLang's resolution declares one of {', '.join(GPUS)}",
-                                 hint="specctl validate --resolve --gpu H100 prefill.sh decode.sh")
             request = ResolveRequest(gpu=gpu.upper(), python=sglang_python)
-        elif sglang_python is not None or gpu != "H100":
-            raise UsageError("--gpu and --sglang-python apply to SGLang's own resolution",
-                             hint="add --resolve: specctl validate --resolve --gpu B200 prefill.sh decode.sh")
+        elif sglang_python is not None:
+            raise UsageError("--sglang-python applies to SGLang's own resolution",
+                             hint="add --resolve: specctl validate --resolve --sglang-python PY prefill.sh decode.sh")
         validator = Validator(
             overrides=set_values or (), initial_steps=initial_steps, graph_batch_sizes=graphs, kind=kind.value,
-            strict=strict, resolve=request,
+            strict=strict, resolve=request, sglang_gpu=gpu.upper(), sglang_version=sglang_version,
         )
         report = validator.validate_paths(paths)
         if output is OutputFormat.json:
@@ -134,6 +152,39 @@ def validate(
             show = tables if tables is not None else len(paths) <= _TABLES_AUTO_MAX_FILES
             write_text(report, sys.stdout, rich=_is_terminal(), tables=show)
     raise typer.Exit(report.exit_code)
+
+
+def _list_sglang_versions(output: OutputFormat, requested: str | None, sets: list[str] | tuple[str, ...]) -> None:
+    """The releases of the flag history, oldest first, with flags added/removed against the one before."""
+    import json
+
+    from specctl.schemas.sglang import flags
+    from specctl.schemas.validator import Validator
+
+    chosen = Validator(overrides=sets, sglang_version=requested).sglang_release()
+    rows = []
+    prev: set[str] = set()
+    for v in flags.releases():
+        options = set(flags.table(v).by_option)
+        rows.append({"version": v, "flags": len(flags.table(v).flags), "added": len(options - prev) if prev else None,
+                     "removed": len(prev - options) if prev else None})
+        prev = options
+    not_loaded = flags.history().get("not_loaded") or {}
+    if output is OutputFormat.json:
+        sys.stdout.write(json.dumps({"releases": rows, "newest": flags.newest(), "not_loaded": not_loaded,
+                                     "checked": {"release": chosen.release, "named": chosen.named,
+                                                 "source": chosen.source, "note": chosen.note or None}},
+                                    indent=2) + "\n")
+        return
+    sys.stdout.write("SGLang releases whose server flags specctl knows (from each release's own parser):\n")
+    for r in rows:
+        delta = f"  +{r['added']} -{r['removed']} options" if r["added"] is not None else ""
+        mark = "  <- checked" if r["version"] == chosen.release else ""
+        sys.stdout.write(f"  {r['version']:<14}{r['flags']:>4} flags{delta}{mark}\n")
+    if not_loaded:
+        sys.stdout.write(f"not loaded (their parsers do not import here): {', '.join(not_loaded)}\n")
+    sys.stdout.write(f"validate checks SGLang {chosen.release}: {chosen.source}"
+                     + (f" ({chosen.note})" if chosen.note else "") + "\n")
 
 
 @app.command()

@@ -7,7 +7,9 @@ Plain text, one finding per line, then its fix indented (grep- and editor-friend
 
 then, per file, the reachable (batch size -> steps) table when asked for, and a summary line.
 JSON has exactly this shape, `{"ok": .., "files": [{"path", "ok", "findings": [...], "reachable"}]}`,
-where `reachable` is the decoding role's `StepCoverage.to_json()` (or null).
+where `reachable` is the decoding role's `StepCoverage.to_json()` (or null); an SGLang launch command's
+file also has `"sglang": {"release", "gpu", "resolved": {ServerArgs field: value}}`, what SGLang resolves
+silently for that release and GPU, as predicted.
 """
 
 from __future__ import annotations

@@ -138,6 +138,9 @@ class FileResult:
     data: dict[str, Any] | None = field(default=None, repr=False)
     load_error: UsageError | None = field(default=None, repr=False)
     roles: tuple[str, ...] = ()
+    # An SGLang launch command: the release and GPU it was checked for and what SGLang resolves silently
+    # (`startup.Startup.resolved`, by ServerArgs field), as predicted without SGLang.
+    sglang: dict[str, Any] | None = None
 
     def ok(self, strict: bool = False) -> bool:
         bad = ("error", "warning") if strict else ("error",)
@@ -149,6 +152,7 @@ class FileResult:
             "ok": self.ok(strict),
             "findings": [f.to_json() for f in self.findings],
             "reachable": self.reachable,
+            **({"sglang": self.sglang} if self.sglang is not None else {}),
         }
 
 
@@ -201,7 +205,7 @@ class Validator:
         kind: str = "auto",
         strict: bool = False,
         sglang_gpu: str = "H100",
-        sglang_release: str | None = None,
+        sglang_version: str | None = None,
         resolve: Any = None,
     ) -> None:
         from specctl.schemas.rules import FactsCache
@@ -217,14 +221,28 @@ class Validator:
         self.kind = kind
         self.strict = strict
         self.sglang_gpu = sglang_gpu  # the GPU SGLang's start-up choices are predicted for
-        self.sglang_release = sglang_release or "0.5.23"  # the SGLang release the commands run on
         self.resolve = resolve  # a sglang.verdicts.ResolveRequest: also run SGLang's own start-up resolution
         self.facts = FactsCache()
         self._coverage_cache: dict[str, tuple[StepCoverage | None, list[Finding]]] = {}
         self._rendered_cache: dict[int, tuple[StepCoverage, dict[str, Any], str]] = {}
         self._checks: list[Any] | None = None
+        self.sglang_version = sglang_version
+        self._release: Any = None  # the SGLang release of launch commands (sglang.release.ReleaseChoice)
+        if sglang_version is not None:
+            self.sglang_release()  # a bad --sglang-version is a usage error before any file is read
 
     # -- public ------------------------------------------------------------------------------------
+
+    def sglang_release(self) -> Any:
+        """The SGLang release launch commands are checked against (`sglang.release.choose_release`): the
+        named one, else that of `--set sglang.python=...`, else the installed SGLang's, else the newest."""
+        if self._release is None:
+            from specctl.schemas.sglang.release import choose_release
+
+            python = next((o.value for o in self.overrides if o.keys == ("sglang", "python")
+                           and isinstance(o.value, str)), None)
+            self._release = choose_release(self.sglang_version, python)
+        return self._release
 
     def validate_paths(self, paths: Iterable[str | Path]) -> Report:
         with _gc_paused():
@@ -309,15 +327,17 @@ class Validator:
     def _sglang_command(self, path: str | Path, text: str, *, base_dir: Path | None = None) -> _State:
         """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
         from specctl.schemas.model_facts import ModelFacts
-        from specctl.schemas.sglang.command import installed_version_note, parse_command_text
+        from specctl.schemas.sglang.command import parse_command_text, release_note
         from specctl.schemas.sglang.drafts import sglang_draft_findings
         from specctl.schemas.sglang.families import FamilyError, sglang_model
         from specctl.schemas.sglang.mapping import to_deployment
         from specctl.schemas.sglang.rules import check_command
         from specctl.schemas.sglang.startup import predict_startup
 
-        cmd = parse_command_text(text, name=str(path), base_dir=base_dir or Path(path).parent)
-        installed_version_note(cmd)
+        release = self.sglang_release()
+        cmd = parse_command_text(text, name=str(path), base_dir=base_dir or Path(path).parent,
+                                 release=release.release, release_named=release.named)
+        release_note(cmd, release.note)
         if not cmd.recognised or "model_path" not in cmd.options:
             doc = Document(name=str(path), data={}, positions={"$": (cmd.first_line, 1)})
             return _State(doc=doc, findings=list(cmd.findings), kind="sglang-command")
@@ -336,7 +356,7 @@ class Validator:
         state = self._validate_doc(doc, kind="deployment")
         state.kind = "sglang-command"
         state.findings[:0] = list(cmd.findings) + mapped.adaptive_findings
-        startup = predict_startup(cmd, model, gpu=self.sglang_gpu, release=self.sglang_release)
+        startup = predict_startup(cmd, model, gpu=self.sglang_gpu, release=self.sglang_release().release)
         state.findings.extend([*startup.errors, *startup.warnings, *check_command(cmd, model, startup)])
         state.findings = sglang_draft_findings(cmd, model, self.facts.get, state.findings)
         state.sglang = (cmd, mapped, model, startup)
@@ -475,7 +495,7 @@ class Validator:
                 if p.sglang is not None and d.sglang is not None:
                     from specctl.schemas.sglang.rules import check_pair as sglang_pair
                     found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2], p.sglang[3],
-                                         d.sglang[3], release=self.sglang_release)
+                                         d.sglang[3], release=self.sglang_release().release)
             except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
                 _internal(d, exc, f"comparing it with {p.doc.name}")
                 continue
@@ -548,10 +568,18 @@ class Validator:
             kind=s.kind,
             reachable=s.reachable,
             reachable_text=s.reachable_text,
-            data=s.doc.data if s.load_error is None else None,
+            data=s.doc.data if s.load_error is None and s.kind != "manifest" else None,  # a manifest is no deployment
             load_error=s.load_error,
             roles=s.ctx.all_roles if s.ctx is not None else (),
+            sglang=self._sglang_json(s),
         )
+
+    def _sglang_json(self, s: _State) -> dict[str, Any] | None:
+        if s.sglang is None or len(s.sglang) < 4:
+            return None
+        cmd, startup = s.sglang[0], s.sglang[3]
+        return {"release": cmd.release, "gpu": self.sglang_gpu,
+                "resolved": {k: startup.resolved[k] for k in sorted(startup.resolved)}}
 
 
 class InternalError(UsageError):

@@ -76,6 +76,7 @@ STRICT = (
     "schemas/sglang/__init__.py",
     "schemas/sglang/command.py",
     "schemas/sglang/flags.py",
+    "schemas/sglang/release.py",
     "schemas/sglang/families.py",
     "schemas/sglang/drafts.py",
     "schemas/sglang/mapping.py",

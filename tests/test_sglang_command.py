@@ -128,19 +128,24 @@ def test_looks_like_command() -> None:
     assert not looks_like_command("# a comment\n- a\n- b\n")
 
 
-def test_installed_version_differs_is_noted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_installed_version_the_history_lacks_is_noted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import sys
 
-    from specctl.schemas.sglang import command
+    from specctl.schemas.sglang import command, release
+    from specctl.schemas.sglang.flags import newest
 
     (tmp_path / "sglang-9.9.9.dist-info").mkdir()
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
-    command.installed_sglang_version.cache_clear()
+    release.installed_sglang_version.cache_clear()
+    try:
+        choice = release.choose_release(None, None)
+    finally:
+        release.installed_sglang_version.cache_clear()
+    assert choice.release == newest() and not choice.named
     cmd = _cmd("python -m sglang.launch_server --model-path /m\n")
-    command.installed_version_note(cmd)
-    command.installed_sglang_version.cache_clear()
+    command.release_note(cmd, choice.note)
     (f,) = cmd.findings
-    assert f.code == "SGL005" and f.severity == "info" and "9.9.9" in f.message and "0.5.23" in f.message
+    assert f.code == "SGL005" and f.severity == "info" and "9.9.9" in f.message and newest() in f.message
 
 
 def test_launch_scripts_as_people_write_them() -> None:

@@ -125,12 +125,25 @@ def test_pair_findings_name_every_shared_difference_and_the_backends():
     assert pair_findings(p, p) == []
 
 
-@pytest.mark.parametrize("argv", [["--gpu", "B200"], ["--sglang-python", "/x"], ["--resolve", "--gpu", "A100"]])
+@pytest.mark.parametrize("argv", [["--gpu", "A100"], ["--sglang-python", "/x"], ["--resolve", "--gpu", "A100"]])
 def test_resolve_options_misused_are_usage_errors(tmp_path, argv):
     cmd = _cmd(tmp_path, "server.sh", f"python -m sglang.launch_server --model-path {MODELS / 'llama'}\n")
     res = CliRunner().invoke(app, ["validate", *argv, cmd])
     assert res.exit_code == 2
     assert "--resolve" in res.output or "H100" in res.output
+
+
+def test_the_gpu_alone_picks_the_predicted_start_up_choices(tmp_path):
+    """--gpu without --resolve: SGLang's choices are predicted for that GPU (Hopper fa3, Blackwell trtllm_mha with
+    its page size), and reported in the file's `sglang` block."""
+    cmd = _cmd(tmp_path, "server.sh", f"python -m sglang.launch_server --model-path {MODELS / 'llama'}\n")
+    seen = {}
+    for gpu in ("H100", "B200"):
+        res = CliRunner().invoke(app, ["validate", "--gpu", gpu, "--format", "json", "--no-table", cmd])
+        assert res.exit_code == 0, res.output
+        seen[gpu] = json.loads(res.stdout)["files"][0]["sglang"]
+    assert seen["H100"]["gpu"] == "H100" and seen["H100"]["resolved"]["attention_backend"] == "fa3"
+    assert seen["B200"]["resolved"] == {"attention_backend": "trtllm_mha", "page_size": 64}
 
 
 def test_the_sglang_codes_are_explained():

@@ -3,14 +3,20 @@
 Contract: `parse_command_text(text, name=..., base_dir=...)` returns an `SGLangCommand` and never
 raises for bad content: every problem is a `Finding` (SGL0xx) pointing at the file's line and, where
 there is one, at the flag (the finding's path is the flag's full name, e.g. `--page-size`).
-Accepted: `python[3[.N]] [-u ...] -m sglang.launch_server ARGS`, `sglang serve ARGS`, leading
+Accepted: `python[3[.N]] [-u ...] -m sglang.launch_server ARGS`, `sglang serve ARGS`, `python -m sglang
+serve ARGS`, and NVIDIA Dynamo's SGLang worker `python -m dynamo.sglang ARGS` (SGLang's flags plus
+Dynamo's own, `dynamo_flags.json`, which are skipped with their values and named in one SGL008 info), leading
 `VAR=value` assignments (and `env`, `exec`, `nohup`), `\\` continuations, `#` comments, single/double
 quotes, redirections and `| tee ...` (dropped), `export VAR=value` and harmless setup lines (`set -e`,
 `ulimit` ...); any other second command is an SGL000 error.
 `--config FILE` (SGLang's YAML of flag values; command-line flags win) is read relative to the
-command file's directory with the loader's caps. Flags are checked against the generated table
-(`flags.py`) like argparse would, but all at once: unknown (with the closest name), abbreviated
-(SGLang accepts unique prefixes: a warning naming the full flag), missing or wrong values, choices.
+command file's directory with the loader's caps. Flags are checked against the table of one SGLang
+release (`parse_command_text(..., release=, release_named=)`; default the history's newest, `flags.py`)
+like argparse would, but all at once: unknown (with the closest name), abbreviated (SGLang accepts
+unique prefixes: a warning naming the full flag), missing or wrong values, choices. A flag or choice
+the release lacks but another release declares is SGL006/SGL007 (with the rename or split), an error
+when the user named the release, a warning when it was inferred. Every message names flags, never
+deployment-schema fields, and names the release checked where the verdict depends on it.
 
 `looks_like_command(text)` (from `sniff`) tells a shell command file from a YAML/JSON document.
 """
@@ -25,7 +31,8 @@ from typing import Any
 
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
-from specctl.schemas.sglang.flags import Flag, convert, table
+from specctl.schemas.sglang.flags import Flag, FlagTable, convert, table
+from specctl.schemas.sglang.release import installed_sglang_version  # noqa: F401 - re-exported for callers
 from specctl.schemas.sglang.sniff import looks_like_command  # noqa: F401 - re-exported for callers
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -68,10 +75,33 @@ for _code, _title, _sev, _summary, _runtime, _fix, _before, _after in (
      "SGLang: `Config file not found` / `Multiple config files specified! Only one allowed.` at start-up.",
      "Point --config at an existing YAML file next to the command file.",
      "--config missing.yaml", "--config server.yaml"),
-    ("SGL005", "flag table of another SGLang version", "info",
-     "The flag table shipped with specctl was generated from one SGLang version; the installed SGLang differs, "
-     "so flags added or removed since may be reported wrongly.",
-     "None by itself.", "Regenerate the table: python scripts/gen_sglang_flags.py.", "", ""),
+    ("SGL005", "SGLang release checked", "info",
+     "Flags are checked against one SGLang release's parser (specctl ships the flags of every release, generated "
+     "from each release's own ServerArgs). The release is --sglang-version when given, else the SGLang of "
+     "sglang.python, else the installed SGLang, else the newest. This note says when the version found is not "
+     "itself in specctl's history and a neighbouring release was used instead.",
+     "None by itself.", "Name the release you run: specctl validate --sglang-version 0.5.16 ...; "
+     "specctl validate --list-sglang-versions lists them.", "", ""),
+    ("SGL006", "flag of another SGLang release", "error",
+     "The flag is not declared by the SGLang release checked, but other releases declare it: it was removed, "
+     "renamed or split (e.g. --cuda-graph-max-bs into --cuda-graph-max-bs-decode/--cuda-graph-max-bs-prefill), "
+     "or added in a later release. An error when you named the release (--sglang-version), a warning when "
+     "specctl inferred it. The message names both releases and the new flag(s).",
+     _SGL + " on that release: `unrecognized arguments: --cuda-graph-bs 1 2 4` or `ambiguous option: "
+     "--cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill`.",
+     "Write the flag the release declares (the finding names it), or check against the release you run.",
+     "--cuda-graph-max-bs 32", "--cuda-graph-max-bs-decode 32"),
+    ("SGL007", "choice of another SGLang release", "error",
+     "The flag's value is not one of the choices of the SGLang release checked, but other releases accept it "
+     "(a backend or mode added or removed between releases). Error or warning as for SGL006.",
+     _SGL + ": `argument --attention-backend: invalid choice: ...`.",
+     "Use one of the release's choices (listed in the finding), or check against the release you run.",
+     "--attention-backend flashinfer_mla", "--attention-backend flashinfer"),
+    ("SGL008", "flags of the front-end, not SGLang's", "info",
+     "NVIDIA Dynamo's SGLang worker (`python -m dynamo.sglang`) takes SGLang's flags plus its own (--endpoint, "
+     "--dyn-tool-call-parser, router flags ...; the list is generated from Dynamo's argument groups). Dynamo's "
+     "own flags are skipped with their values and named in this note; SGLang's are checked as usual.",
+     "None by itself.", "Nothing to fix.", "", ""),
 ):
     register(RuleDoc(_code, _title, _sev, _summary, _runtime, _fix, _before, _after))  # type: ignore[arg-type]
 
@@ -107,20 +137,28 @@ class SGLangCommand:
     config_path: str | None = None
     base_dir: Path = Path(".")
     recognised: bool = False  # an SGLang launch command was found (flags may still be wrong)
+    release: str | None = None  # the SGLang release whose flags are checked (None: the newest)
+    release_named: bool = False  # the user named the release: other releases' flags are errors
+    front_end_flags: list[str] = field(default_factory=list)  # the front-end's own flags, skipped (SGL008)
+
+    @property
+    def flags(self) -> FlagTable:
+        """The flag table of the release checked."""
+        return table(self.release)
 
     def value(self, dest: str) -> Any:
         """The value SGLang parses for `dest`: given, else the parser's default."""
         opt = self.options.get(dest)
         if opt is not None:
             return opt.value
-        flag = table().by_dest.get(dest)
+        flag = self.flags.by_dest.get(dest)
         return flag.default if flag is not None else None
 
     def given(self, dest: str) -> bool:
         return dest in self.options
 
     def flag_name(self, dest: str) -> str:
-        flag = table().by_dest.get(dest)
+        flag = self.flags.by_dest.get(dest)
         return flag.name if flag is not None else "--" + dest.replace("_", "-")
 
     def where(self, dest: str) -> tuple[int | None, int | None]:
@@ -313,13 +351,17 @@ def _launcher(words: list[Word]) -> tuple[str, int, dict[str, str]] | None:
             mod = words[j + 1].text
             if mod == "sglang.launch_server":
                 return f"{Path(prog).name} -m sglang.launch_server", j + 2, env
+            if mod == "dynamo.sglang":
+                return f"{Path(prog).name} -m {DYNAMO}", j + 2, env
             if mod == "sglang" and j + 2 < len(words) and words[j + 2].text == "serve":
                 return f"{Path(prog).name} -m sglang serve", j + 3, env
     return None
 
 
-def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) -> SGLangCommand:
-    cmd = SGLangCommand(name=name, base_dir=base_dir or Path(name).parent)
+def parse_command_text(text: str, *, name: str, base_dir: Path | None = None, release: str | None = None,
+                       release_named: bool = False) -> SGLangCommand:
+    cmd = SGLangCommand(name=name, base_dir=base_dir or Path(name).parent, release=release,
+                        release_named=release_named)
     try:
         commands = shell_words(text)
     except ShellError as exc:
@@ -356,7 +398,8 @@ def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) ->
         shown = " ".join(w.text for w in first[:3])
         cmd.first_line = first[0].line
         cmd.add("SGL000", "error", "$", f"not an SGLang launch command: `{shown} ...`",
-                "expected `python -m sglang.launch_server ...` or `sglang serve ...` (one per file)", first[0].line)
+                "expected `python -m sglang.launch_server ...`, `sglang serve ...` or `python -m dynamo.sglang ...` "
+                "(one per file)", first[0].line)
         return cmd
     if len(commands) > 1:
         lines = ", ".join(str(c[0].line) for c in commands)
@@ -367,7 +410,43 @@ def parse_command_text(text: str, *, name: str, base_dir: Path | None = None) ->
     cmd.launcher, cmd.first_line, cmd.recognised = launcher, words[0].line, True
     cmd.env.update(env)
     parse_args(cmd, words[start:])
+    if cmd.front_end_flags:
+        shown = ", ".join(dict.fromkeys(cmd.front_end_flags))
+        cmd.add("SGL008", "info", "$", f"flags of NVIDIA Dynamo's SGLang worker, not SGLang's, skipped: {shown}",
+                "nothing to fix; SGLang's flags of the command are checked", words[0].line, words[0].col)
     return cmd
+
+
+DYNAMO = "dynamo.sglang"
+
+
+@functools.lru_cache(maxsize=1)
+def dynamo_flags() -> dict[str, str]:
+    """Every spelling of Dynamo's own worker flags -> how many values it takes (none|one|optional|list),
+    from `dynamo_flags.json` (scripts/gen_dynamo_flags.py)."""
+    import json
+    from importlib import resources
+
+    data = json.loads((resources.files("specctl.schemas.sglang") / "dynamo_flags.json").read_text(encoding="utf-8"))
+    return {name: f["takes"] for f in data["flags"] for name in f["names"]}
+
+
+def _skip_front_end_flag(cmd: SGLangCommand, args: list[Word], i: int, spelled: str, eq: str) -> int | None:
+    """When `spelled` is a Dynamo worker flag the checked SGLang release does not declare: record it and
+    return the index after its values; else None."""
+    if not cmd.launcher.endswith(DYNAMO) or spelled in cmd.flags.by_option:
+        return None
+    takes = dynamo_flags().get(spelled)
+    if takes is None:
+        return None
+    cmd.front_end_flags.append(spelled)
+    if eq or takes == "none":
+        return i
+    if takes in ("one", "optional"):
+        return i + 1 if i < len(args) and not _is_option(args[i].text) else i
+    while i < len(args) and not _is_option(args[i].text):
+        i += 1
+    return i
 
 
 def _is_option(text: str) -> bool:
@@ -375,8 +454,10 @@ def _is_option(text: str) -> bool:
 
 
 def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None = None) -> None:
-    """argparse's reading of SGLang's flags, every error collected."""
-    tab = table()
+    """argparse's reading of SGLang's flags (of the release `cmd.release`), every error collected."""
+    from specctl.schemas.sglang.flags import elsewhere
+
+    tab = cmd.flags
     i = 0
     config_words: list[Word] = []
     while i < len(args):
@@ -401,12 +482,24 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
                 cmd.add("SGL004", "error", "--config", "--config needs a file name (SGLang: 'No config file "
                         "specified after --config flag!')", "--config server.yaml", w.line, w.col)
             continue
+        if from_config is None:
+            after = _skip_front_end_flag(cmd, args, i, spelled, eq)
+            if after is not None:
+                i = after
+                continue
         hit = tab.lookup(spelled) if spelled.startswith("--") else None
+        other = elsewhere(spelled, tab.sglang_version) if spelled.startswith("--") and \
+            (hit is None or hit[1] == "prefix") else None
         if hit is None:
             amb = tab.ambiguous(spelled)
-            if len(amb) > 1:
+            if other is not None:
+                reads = f"; SGLang {tab.sglang_version} reads it as an ambiguous abbreviation of " \
+                        f"{', '.join(amb[:5])}" if len(amb) > 1 else ""
+                cmd.add("SGL006", "error" if cmd.release_named else "warning", spelled,
+                        other.sentence() + reads, other.fix(), w.line, w.col)
+            elif len(amb) > 1:
                 cmd.add("SGL001", "error", spelled, f"ambiguous flag {spelled}: it abbreviates "
-                        f"{', '.join(amb[:5])}{' ...' if len(amb) > 5 else ''}",
+                        f"{', '.join(amb[:5])}{' ...' if len(amb) > 5 else ''} (SGLang {tab.sglang_version})",
                         "write the full name of the flag you mean", w.line, w.col)
             else:
                 close = tab.closest(spelled)
@@ -420,8 +513,9 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
         flag, how = hit
         path = flag.name
         if how == "prefix":
-            cmd.add("SGL002", "warning", path, f"{spelled} is an abbreviation of {flag.name}", f"write {flag.name}",
-                    w.line, w.col)
+            own = f"; in SGLang {other.span()} {spelled} is a flag of its own" if other is not None else ""
+            cmd.add("SGL002", "warning", path, f"{spelled} is an abbreviation of {flag.name} in SGLang "
+                    f"{tab.sglang_version}{own}", f"write {flag.name}", w.line, w.col)
         value: Any
         if not flag.takes_value:
             if eq:
@@ -457,7 +551,7 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
             for r in raw:
                 v, err = convert(flag, r)
                 if err is not None:
-                    cmd.add("SGL003", "error", path, err, _value_fix(flag), w.line, w.col)
+                    _value_error(cmd, flag, r, err, w)
                     bad = True
                 values.append(v)
             if bad:
@@ -467,8 +561,15 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
             prev = cmd.options[flag.dest]
             cmd.add("SGL003", "warning", path, f"{flag.name} is given twice (line {prev.line} and {w.line}); "
                     "the last value wins", "remove one of them", w.line, w.col)
-        if flag.deprecated:
-            cmd.add("SGL003", "warning", path, f"{flag.name} is deprecated in SGLang {tab.sglang_version}",
+        if flag.refused is not None:
+            cmd.add("SGL003", "error", path, f"SGLang {tab.sglang_version} refuses {flag.name} at start-up: "
+                    f"{flag.refused!r}", f"remove {flag.name} (the message says what replaces it)", w.line, w.col)
+        elif flag.deprecated:
+            from specctl.schemas.sglang.flags import successor
+
+            later = successor(flag.name, tab.sglang_version)
+            cmd.add("SGL003", "warning", path, f"{flag.name} is deprecated in SGLang {tab.sglang_version}"
+                    + (f"; {later}" if later else ""),
                     "see `python -m sglang.launch_server --help` for its replacement", w.line, w.col)
         if from_config is not None and flag.dest in cmd.options:
             continue  # the command line wins over --config
@@ -484,6 +585,27 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
                 "are required: --model-path/--model')", "add --model-path DIR (a local model directory)")
 
 
+def _value_error(cmd: SGLangCommand, flag: Flag, text: str, err: str, w: Word) -> None:
+    """SGL007 when the value is a choice of the flag in other releases, else SGL003 (argparse's words)."""
+    import dataclasses
+
+    from specctl.schemas.sglang.flags import choice_elsewhere, ranges
+
+    release = cmd.flags.sglang_version
+    if flag.choices is not None:
+        value, type_err = convert(dataclasses.replace(flag, choices=None), text)
+        others = choice_elsewhere(flag, value, release) if type_err is None else ()
+        if others:
+            cmd.add("SGL007", "error" if cmd.release_named else "warning", flag.name,
+                    f"{flag.name} {text}: {text!r} is not a choice of {flag.name} in SGLang {release} (it is in "
+                    f"SGLang {ranges(others)})", f"use one of SGLang {release}'s: "
+                    f"{', '.join(str(c) for c in flag.choices)}; or check against the release you run with "
+                    "--sglang-version", w.line, w.col)
+            return
+        err = f"{err} (SGLang {release})"
+    cmd.add("SGL003", "error", flag.name, err, _value_fix(flag), w.line, w.col)
+
+
 def _value_fix(flag: Flag) -> str:
     if flag.choices is not None:
         return f"use one of: {', '.join(str(c) for c in flag.choices)}"
@@ -495,11 +617,11 @@ def _config_keys(flag: Flag) -> set[str]:
     return {flag.dest} | {o[2:].replace("-", "_") for o in (flag.name, *flag.aliases)}
 
 
-@functools.lru_cache(maxsize=1)
-def _config_key_kinds() -> tuple[frozenset[str], dict[str, Flag]]:
+@functools.lru_cache(maxsize=8)
+def _config_key_kinds(release: str) -> tuple[frozenset[str], dict[str, Flag]]:
     """(keys of store_true flags, keys of flags a config file cannot set) as ConfigArgumentMerger builds them:
     it supports store_true and one-value store actions; BooleanOptional and const actions are refused."""
-    flags = table().flags
+    flags = table(release).flags
     store_true = frozenset(k for f in flags if f.kind == "store_true" for k in _config_keys(f))
     supported = {k for f in flags if f.kind in ("store_true", "store", "append") for k in _config_keys(f)}
     unsupported = {k: f for f in flags if f.kind not in ("store_true", "store", "append") and f.name != "--config"
@@ -535,7 +657,7 @@ def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
         cmd.add("SGL004", "error", "--config", f"--config {file_word.text} (resolved relative to the command "
                 f"file: {path}): {exc}", exc.hint or "point --config at an existing YAML file", opt.line, opt.col)
         return
-    store_true, unsupported = _config_key_kinds()
+    store_true, unsupported = _config_key_kinds(cmd.flags.sglang_version)
     words: list[Word] = []
     for key, value in doc.data.items():
         norm = key.replace("-", "_")
@@ -585,31 +707,8 @@ def _py_str(v: object) -> str:
     return str(v)
 
 
-@functools.lru_cache(maxsize=1)
-def installed_sglang_version() -> str | None:
-    """The version of an installed SGLang from its `sglang-X.dist-info` folder name, or None.
-
-    Scanning sys.path's folders is ~10x cheaper than `importlib.metadata` (which costs validate ~6 ms of
-    start-up); nothing is imported."""
-    import os
-    import sys
-
-    for entry in sys.path:
-        try:
-            with os.scandir(entry or ".") as it:
-                for e in it:
-                    n = e.name
-                    if n.startswith("sglang-") and n.endswith(".dist-info"):
-                        return n[len("sglang-"):-len(".dist-info")]
-        except OSError:
-            continue
-    return None
-
-
-def installed_version_note(cmd: SGLangCommand) -> None:
-    """SGL005 when an installed SGLang differs from the table's version (no import of SGLang)."""
-    installed = installed_sglang_version()
-    tab = table()
-    if installed is not None and installed != tab.sglang_version:
-        cmd.add("SGL005", "info", "$", f"flags checked against SGLang {tab.sglang_version}'s table; the installed "
-                f"SGLang is {installed}", "regenerate it with python scripts/gen_sglang_flags.py")
+def release_note(cmd: SGLangCommand, note: str) -> None:
+    """SGL005 (info) naming the release checked when the version asked for or found is not in the history."""
+    if note:
+        cmd.add("SGL005", "info", "$", note, "name the release you run with --sglang-version (specctl validate "
+                "--list-sglang-versions), or add it: python scripts/gen_sglang_flags.py --add VERSION")

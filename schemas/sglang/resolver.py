@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-GPUS = ("H100", "H200", "B200")
+from specctl.schemas.sglang.startup import GPUS
+
 CHILD = Path(__file__).resolve().with_name("resolve_child.py")
 MAX_LINE = 8 << 20  # one answer line: every ServerArgs field of one command
 
