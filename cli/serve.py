@@ -210,7 +210,8 @@ def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: flo
     try:
         err.print(f"starting {', '.join(launcher.roles)} of {deployment.name!r} (logs: {launcher.log_dir})")
         if "router" in launcher.roles:
-            from specctl.engine.serve.router import router_kind, slow_client_warning
+            from specctl.engine.serve.router import slow_client_warning
+            from specctl.schemas.sglang.router import router_kind
 
             warning = slow_client_warning(router_kind(deployment))
             if warning:

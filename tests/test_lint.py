@@ -157,7 +157,8 @@ STRICT = (
     "engine/pd/transfer.py",
     "engine/pd/wire.py",
     "engine/pd/outbox.py",
-    "engine/serve/budget.py",
+    "schemas/budget.py",
+    "schemas/sglang/router.py",
     "engine/model.py",
 )
 

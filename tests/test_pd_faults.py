@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from specctl.engine.serve.budget import budget_for
 from specctl.engine.serve.ports import free_ports
+from specctl.schemas.budget import budget_for
 
 from test_serve_pd import (  # isort: skip
     START_TIMEOUT,

@@ -13,14 +13,10 @@ from typing import Any
 import pytest
 from validate_helpers import run_cli
 
-from specctl.engine.serve.router import (
-    DEFAULT_ROUTER_KIND,
-    SLOW_CLIENT_BOUND_S,
-    router_argv,
-    router_command,
-)
+from specctl.engine.serve.router import router_argv
 from specctl.errors import UsageError
 from specctl.schemas.deployment import load_deployment
+from specctl.schemas.sglang.router import DEFAULT_ROUTER_KIND, SLOW_CLIENT_BOUND_S, router_command
 
 PREFILLS: list[tuple[str, int | None]] = [("http://10.0.0.1:30001", 8998), ("http://10.0.0.2:30001", None)]
 DECODES = ["http://10.0.0.3:30002", "http://10.0.0.4:30002"]

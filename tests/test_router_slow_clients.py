@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from specctl.engine.serve.ports import free_ports
-from specctl.engine.serve.router import SLOW_CLIENT_BOUND_S, router_argv, router_env
+from specctl.engine.serve.router import router_argv, router_env
 from specctl.schemas.deployment import load_deployment
+from specctl.schemas.sglang.router import SLOW_CLIENT_BOUND_S
 
 pytestmark = pytest.mark.slow
 WAIT_S = SLOW_CLIENT_BOUND_S + 15  # how long a client waits before calling its connection "still open"

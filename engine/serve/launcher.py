@@ -52,8 +52,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv, router_kind
+from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv
 from specctl.errors import RuntimeFailure
+from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
     from specctl.preflight.check import PreflightReport

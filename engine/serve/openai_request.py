@@ -27,8 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# The model name SGLang's clients send when they name none in particular (SGLang's servers accept it).
-DEFAULT_MODEL_NAME = "default"
+from specctl.schemas.sglang.router import DEFAULT_MODEL_NAME  # what SGLang's clients send when naming no model
 
 MAX_JSON_DEPTH = 32  # OpenAI bodies nest 4-5 levels (messages -> parts -> fields); 32 leaves room for extras
 MIN_INT, MAX_INT = -(1 << 63), (1 << 64) - 1  # what torch seeds and any C integer can hold

@@ -1,17 +1,8 @@
 """The router of a disaggregated deployment, run as a child process: the Shepherd Model Gateway (`smg`, the
-default) or SGLang's `sglang-router` (Rust, both), each in PD mode in front of every prefill and decode.
+default) or `sglang-router`, in PD mode in front of every prefill and decode.
 
 Contract:
-- `router_command(prefills, decodes, *, kind, host, port, python, request_timeout_s, extra)` is THE command
-  line of a router, for `specctl up`, `serve --role router` and every export alike: `smg launch
-  --pd-disaggregation ...` (or `python -m smg launch ...` when `python` is given) or `python -m
-  sglang_router.launch_router --pd-disaggregation ...`, then `--prefill URL BOOTSTRAP_PORT` per prefill,
-  `--decode URL` per decode, `--host`, `--port`, `--request-timeout-secs` when given, and for smg
-  `--model-alias default=SERVED_MODEL` (smg routes by model id; SGLang's clients send `default`) and the
-  slow-client bounds (`--header-read-timeout-secs`, `--idle-connection-timeout-secs`,
-  `--stream-body-stall-timeout-secs`, each under `SLOW_CLIENT_BOUND_S`): a connection that never completes
-  its request head, sits idle between requests, or stalls mid-body is closed. sglang-router has no such
-  setting. Pure (no I/O), torch-free; an unknown `kind` is a UsageError naming `ROUTER_KINDS`.
+- The command line itself is `schemas.sglang.router.router_command` (torch-free, shared with the exports).
 - `router_argv(deployment)` is the deployment's router as `up` runs it (`roles.router.kind`, host, port,
   round-robin balancing over every instance, a short shutdown grace, fast health checks, its own Prometheus
   port on the router's host) and `router_env()` its environment: `HF_HUB_OFFLINE=1` /
@@ -31,80 +22,26 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from specctl.engine.serve.budget import request_budget_s
-from specctl.engine.serve.openai_request import DEFAULT_MODEL_NAME
 from specctl.engine.serve.ports import free_port
-from specctl.errors import RuntimeFailure, UsageError
+from specctl.errors import RuntimeFailure
+from specctl.schemas.budget import request_budget_s
+from specctl.schemas.sglang.router import (
+    DEFAULT_ROUTER_KIND,
+    ROUTER_MODULES,
+    ROUTER_PACKAGES,
+    SLOW_CLIENT_BOUND_S,
+    router_command,
+    router_kind,
+)
 
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment
 
-ROUTER_KINDS = ("smg", "sglang-router")
-DEFAULT_ROUTER_KIND = "smg"
-# How to install each kind, and the module that must import for it to run.
-ROUTER_PACKAGES = {"smg": "smg==1.13.0 (a dependency of specctl)",
-                   "sglang-router": '"specctl[sglang-router]" (sglang-router==0.3.2)'}
-ROUTER_MODULES = {"smg": "smg", "sglang-router": "sglang_router"}
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-# A client connection the router holds with no request in progress closes within this bound.
-SLOW_CLIENT_BOUND_S = 30
-# smg: a request head must arrive whole this soon after the connection opens (or after its first byte).
-HEADER_READ_TIMEOUT_S = 10
-# smg: a keep-alive connection with no request in flight closes after this long (an open stream counts as
-# in flight); under SLOW_CLIENT_BOUND_S, above the few seconds a client's pool waits between requests.
-IDLE_CONNECTION_TIMEOUT_S = 20
-# smg: a streamed request body the router has waited on for this long is cut with 408.
-BODY_STALL_TIMEOUT_S = 10
-
-
-def router_command(
-    prefills: Sequence[tuple[str, int | None]],
-    decodes: Sequence[str],
-    *,
-    kind: str = DEFAULT_ROUTER_KIND,
-    host: str = "127.0.0.1",
-    port: int = 30000,
-    python: str | None = None,
-    request_timeout_s: int | None = None,
-    served_model: str | None = None,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """One router's argv (see the module contract). `prefills`: (URL, bootstrap port or None) per prefill
-    instance; `decodes`: one URL per decode instance; `python`: run the router as that interpreter's module
-    (what `up` does) instead of the `smg` console script; `served_model`: the model id the workers serve,
-    which smg then also answers to as SGLang's default name `default`; `extra`: appended as given."""
-    if kind not in ROUTER_KINDS:
-        raise UsageError(f"unknown router kind {kind!r}: the router is one of {', '.join(ROUTER_KINDS)}",
-                         hint="set roles.router.kind (or --router) to smg (the default) or sglang-router")
-    if not prefills or not decodes:
-        raise UsageError("a PD router needs at least one prefill and one decode URL",
-                         hint="declare roles.prefill and roles.decode in the deployment")
-    if kind == "smg":
-        argv = ["smg", "launch"] if python is None else [python, "-m", "smg", "launch"]
-    else:
-        argv = [python or "python", "-m", "sglang_router.launch_router"]
-    argv.append("--pd-disaggregation")
-    for url, bootstrap in prefills:
-        argv += ["--prefill", url, "none" if bootstrap is None else str(bootstrap)]
-    for url in decodes:
-        argv += ["--decode", url]
-    argv += ["--host", host, "--port", str(port)]
-    if request_timeout_s is not None:
-        argv += ["--request-timeout-secs", str(int(request_timeout_s))]
-    if kind == "smg" and served_model and served_model != DEFAULT_MODEL_NAME:
-        argv += ["--model-alias", f"{DEFAULT_MODEL_NAME}={served_model}"]
-    if kind == "smg":
-        argv += ["--header-read-timeout-secs", str(HEADER_READ_TIMEOUT_S),
-                 "--idle-connection-timeout-secs", str(IDLE_CONNECTION_TIMEOUT_S),
-                 "--stream-body-stall-timeout-secs", str(BODY_STALL_TIMEOUT_S)]
-    return [*argv, *extra]
-
-
 def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
     return deployment.instances(name)
@@ -118,14 +55,6 @@ def connect_host(role: dict[str, Any]) -> str:
 
 def http_url(role: dict[str, Any]) -> str:
     return f"http://{connect_host(role)}:{role['port']}"
-
-
-def router_kind(deployment: Deployment) -> str:
-    """The deployment's router kind: `roles.router.kind`, smg when unset."""
-    roles = deployment.raw.get("roles") if isinstance(deployment.raw, dict) else None
-    router = roles.get("router") if isinstance(roles, dict) else None
-    kind = router.get("kind") if isinstance(router, dict) else None
-    return str(kind or DEFAULT_ROUTER_KIND)
 
 
 def served_model(deployment: Deployment) -> str:

@@ -104,7 +104,7 @@ class Plan:
     @property
     def router_kind(self) -> str:
         """`--router`, else the deployment's `roles.router.kind` (smg when unset)."""
-        from specctl.engine.serve.router import router_kind
+        from specctl.schemas.sglang.router import router_kind
 
         return self.options.router or router_kind(self.deployment)
 
@@ -205,8 +205,8 @@ def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str],
     """The router (`--router`: smg or sglang-router) in front of the given prefill (URL, bootstrap port) and
     decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
     addresses."""
-    from specctl.engine.serve.router import router_command
     from specctl.schemas.sglang.export import model_path
+    from specctl.schemas.sglang.router import router_command
 
     target = str(plan.deployment.role("decode")["model"]["target"])
     return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,

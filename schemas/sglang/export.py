@@ -135,9 +135,9 @@ def export_router(deployment: Deployment, *, kind: str | None = None) -> list[st
     """The router's command in front of every prefill and decode instance (engine/serve/router.py builds it:
     the same command line `specctl up` runs, without its local-only settings). `kind`: smg or sglang-router,
     the deployment's `roles.router.kind` when None."""
-    from specctl.engine.serve.budget import request_budget_s
-    from specctl.engine.serve.router import router_command
-    from specctl.engine.serve.router import router_kind as deployment_router_kind
+    from specctl.schemas.budget import request_budget_s
+    from specctl.schemas.sglang.router import router_command
+    from specctl.schemas.sglang.router import router_kind as deployment_router_kind
 
     r: dict[str, Any] = dict(deployment.role("router")) if "router" in deployment.roles else {}
     prefills = [(f"http://{p['host']}:{p['port']}", p.get("bootstrap_port") or 8998)
