@@ -556,6 +556,118 @@ def _iquest(r: _Run) -> None:
         r.set("attention_backend", "fa3")
 
 
+
+def _minimax_m3_quantization(r: _Run) -> str | None:
+    """model_overrides/minimax_m3.py: the quantization SGLang serves a MiniMax-M3 checkpoint with; an mxfp8
+    declaration whose MoE fields name NVFP4 packed experts is served as minimax_m3_nvfp4."""
+    given = r.v("quantization")
+    if given is not None:
+        return None if given == "unquant" else str(given)
+    raw = (r.target_cfg or {}).get("quantization_config")
+    qc: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    method = qc.get("quant_method") if isinstance(raw, Mapping) else None
+    if method == "mxfp8" and str(qc.get("moe_quant_algo", "")).upper() == "NVFP4" \
+            and qc.get("moe_quant_format") == "nvfp4-pack-quantized":
+        return "minimax_m3_nvfp4"
+    return method if isinstance(method, str) else None
+
+
+def _minimax_m3(r: _Run) -> None:
+    """model_overrides/minimax_m3.py: M3.1 NVFP4 (packed NVFP4 experts) serves only DSPARK/DFLASH speculation on
+    Blackwell, with page size 128, fp8_e4m3 KV cache and the megamoe all-to-all there."""
+    if r.arch not in ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration") \
+            or _minimax_m3_quantization(r) != "minimax_m3_nvfp4":
+        return
+    blackwell, before = r.sm >= 100, len(r.errors)
+    algo = str(r.v("speculative_algorithm") or "").upper()
+    if algo and algo not in ("DSPARK", "DFLASH"):
+        r.error("SGL300", "speculative_algorithm", "M3.1 NVFP4 only supports DSPARK or DFLASH speculation",
+                "use --speculative-algorithm DSPARK (or DFLASH), or drop speculative decoding")
+        return
+    if algo:
+        archs = architectures(r.target_cfg)
+        first = archs[0] if archs else r.arch
+        mode = r.env.get("SGLANG_RAGGED_VERIFY_MODE", "static")
+        if first != "MiniMaxM3SparseForConditionalGeneration":
+            r.error("SGL300", "model_path", f"M3.1 NVFP4 {algo} requires MiniMaxM3SparseForConditionalGeneration, "
+                    f"got {first}", "serve the vision-language checkpoint (MiniMaxM3SparseForConditionalGeneration), "
+                    "or drop --speculative-algorithm")
+        elif not blackwell:
+            r.error("SGL300", "speculative_algorithm", f"M3.1 NVFP4 {algo} requires Blackwell",
+                    f"serve {algo} on a Blackwell GPU (B200), or drop --speculative-algorithm")
+        elif mode != "static":
+            r.env_finding("SGL300", "SGLANG_RAGGED_VERIFY_MODE", f"SGLANG_RAGGED_VERIFY_MODE={mode} with "
+                          f"--speculative-algorithm {algo} on MiniMax-M3 NVFP4: SGLang {r.release} refuses it at "
+                          f"start-up: 'M3.1 NVFP4 {algo} requires SGLANG_RAGGED_VERIFY_MODE=static'",
+                          "set SGLANG_RAGGED_VERIFY_MODE=static (the default)")
+        elif r.v("pp_size") != 1:
+            r.error("SGL300", "pp_size", f"M3.1 NVFP4 {algo} requires PP=1", "use --pp-size 1")
+        elif algo == "DFLASH" and r.v("disaggregation_mode") not in (None, "null"):
+            r.error("SGL300", "disaggregation_mode", "M3.1 NVFP4 DFLASH currently requires colocated serving",
+                    "drop --disaggregation-mode, or use --speculative-algorithm DSPARK")
+        if len(r.errors) > before:
+            return
+    page = r.v("page_size")
+    if page not in (None, 128):
+        r.error("SGL300", "page_size", "M3.1 NVFP4 requires --page-size 128", "use --page-size 128, or drop it")
+        return
+    runner, a2a = r.v("moe_runner_backend"), r.v("moe_a2a_backend")
+    if runner == "megamoe":  # mega_moe_hook: --moe-runner-backend megamoe is --moe-a2a-backend megamoe
+        runner, a2a = "auto", "megamoe"
+    no_backend = all(r.v(d) is None for d in ("attention_backend", "prefill_attention_backend",
+                                              "decode_attention_backend"))
+    if not blackwell:
+        r.set("page_size", 128)
+        if runner == "auto":
+            r.set("moe_runner_backend", "marlin")
+        if no_backend:
+            r.set("attention_backend", "fa3")
+        return
+    if a2a not in ("none", "megamoe"):
+        if runner == "flashinfer_trtllm_routed":
+            r.error("SGL300", "moe_a2a_backend", "M3.1 NVFP4 flashinfer_trtllm_routed requires --moe-a2a-backend "
+                    "none or megamoe", "use --moe-a2a-backend megamoe (or none)")
+        else:
+            r.error("SGL300", "moe_a2a_backend", "M3.1 NVFP4 requires --moe-a2a-backend megamoe",
+                    "use --moe-a2a-backend megamoe, or drop it")
+        return
+    if runner != "flashinfer_trtllm_routed":
+        r.set("moe_a2a_backend", "megamoe")
+        if runner == "auto":
+            r.set("moe_runner_backend", "deep_gemm")
+    kv = r.v("kv_cache_dtype")
+    if kv not in ("auto", "fp8_e4m3"):
+        r.error("SGL300", "kv_cache_dtype", "M3.1 NVFP4 requires --kv-cache-dtype fp8_e4m3",
+                "use --kv-cache-dtype fp8_e4m3, or drop it")
+        return
+    r.set("page_size", 128)
+    r.set("kv_cache_dtype", "fp8_e4m3")
+    if no_backend:
+        r.set("attention_backend", "trtllm_mha")
+
+
+def _qwen4_exp(r: _Run) -> None:
+    """model_overrides/qwen4_exp.py: MORI PD with pipeline stages, unified memory and the fp8 QSA indexer."""
+    if r.arch != "Qwen4ExpForConditionalGeneration":
+        return
+    pp = r.v("pp_size")
+    if r.v("disaggregation_mode") not in (None, "null") and r.v("disaggregation_transfer_backend") == "mori" \
+            and isinstance(pp, int) and pp > 1:
+        r.error("SGL300", "pp_size", "Qwen4-Exp PD with MORI requires --pp-size 1; MORI does not yet exchange the "
+                "global QSA layer metadata needed to pair compact state descriptors across pipeline stages.",
+                "use --pp-size 1, or another --disaggregation-transfer-backend (mooncake, nixl)")
+        return
+    if r.v("enable_unified_memory"):
+        r.error("SGL300", "enable_unified_memory", "Qwen4-Exp does not support --enable-unified-memory yet",
+                "drop --enable-unified-memory")
+        return
+    cfg = r.target_cfg or {}
+    sub = cfg.get("text_config")
+    tc: Mapping[str, Any] = sub if isinstance(sub, Mapping) else cfg
+    if r.v("qsa_indexer_dtype") == "fp8_e4m3" and r.target_cfg is not None and tc.get("indexer_n_heads") is None:
+        r.error("SGL300", "qsa_indexer_dtype", "--qsa-indexer-dtype fp8_e4m3 requires the compressed QSA indexer",
+                "drop --qsa-indexer-dtype (this checkpoint has no compressed QSA indexer: no indexer_n_heads)")
+
 # configs/iquest_q1.py: the config classes' defaults (a config.json may leave them out)
 _IQUEST_DEFAULTS = {"hidden_size": 3072, "vocab_size": 160000, "num_hidden_layers": 88}
 
@@ -1257,8 +1369,8 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
     _model_type(r)
     try:
-        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _minicpm, _iquest, _attention, _speculative,
-                     _encoder):
+        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _minicpm, _iquest, _minimax_m3, _qwen4_exp,
+                     _attention, _speculative, _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
