@@ -141,7 +141,7 @@ _OWN_BACKEND_ARCHS = frozenset({
     "DeepseekV4ForCausalLM", "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "FalconH1ForCausalLM",
     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3nForCausalLM",
     "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "GlmMoeDsaForCausalLM", "GptOssForCausalLM",
-    "GraniteMoeHybridForCausalLM", "IQuestQ1ForCausalLM", "KimiK25ForConditionalGeneration",
+    "GraniteMoeHybridForCausalLM", "HYV4ForCausalLM", "IQuestQ1ForCausalLM", "KimiK25ForConditionalGeneration",
     "KimiK3ForConditionalGeneration", "Lfm2ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
     "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiniCPMForCausalLM", "MiniCPMSALAForCausalLM",
     "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM", "MistralLarge3ForCausalLM", "NemotronHForCausalLM",
@@ -420,7 +420,8 @@ def _pd(r: _Run) -> None:
 
 
 def _kimi_k3(r: _Run) -> None:
-    """model_overrides/kimi_k3.py: DCP + DSPARK needs the static ragged-verify mode."""
+    """model_overrides/kimi_k3.py: DCP + DSPARK needs the static ragged-verify mode; DCP decodes on cutedsl_mla
+    or aiter only."""
     if r.arch != "KimiK3ForConditionalGeneration":
         return
     dcp = r.v("dcp_size")
@@ -433,6 +434,13 @@ def _kimi_k3(r: _Run) -> None:
                           f"on Kimi-K3: SGLang {r.release} refuses it at start-up: 'Kimi-K3 DCP + DSPARK currently "
                           "requires SGLANG_RAGGED_VERIFY_MODE=static; compact/cap-accept are not validated under DCP "
                           f"(got {mode!r}).'", "set SGLANG_RAGGED_VERIFY_MODE=static (the default), or --dcp-size 1")
+            return
+    if isinstance(dcp, int) and dcp > 1:
+        decode = r.v("decode_attention_backend") or r.v("attention_backend")
+        if decode not in (None, "cutedsl_mla", "aiter"):
+            dest = "decode_attention_backend" if r.v("decode_attention_backend") else "attention_backend"
+            r.error("SGL300", dest, "Decode attention backend for Kimi-K3 DCP must be 'cutedsl_mla' or 'aiter', got "
+                    f"{decode!r}.", "use --decode-attention-backend cutedsl_mla (or drop it: SGLang picks it)")
 
 
 # pd_disaggregation_hook.handle_encoder_disaggregation: the architectures encoder disaggregation serves
@@ -474,13 +482,27 @@ _DSA_ARCHS = frozenset({
 
 
 def _deepseek_dsa(r: _Run) -> None:
-    """model_overrides/deepseek_v2.py: DSA with decode context parallelism or prefill CP."""
+    """model_overrides/deepseek_v2.py: HYV4 without context parallelism; DSA with decode context parallelism
+    (and a pooled index key) or prefill CP."""
     cfg: Mapping[str, Any] = r.target_cfg or {}
     sub = cfg.get("text_config")
     tc: Mapping[str, Any] = sub if isinstance(sub, Mapping) else cfg
+    dcp = r.v("dcp_size")
+    if r.arch in ("HYV4ForCausalLM", "HYV4ForCausalLMNextN"):
+        if r.v("enable_prefill_cp"):
+            r.error("SGL300", "enable_prefill_cp", "--enable-prefill-cp is not supported for HYV4 because its "
+                    "attention path does not implement DSA context-parallel metadata and sharding. Got "
+                    f"architecture={r.arch!r} and enable_prefill_cp=True.", "drop --enable-prefill-cp")
+            return
+        if isinstance(dcp, int) and dcp > 1:
+            r.error("SGL300", "dcp_size", "--dcp-size > 1 is not supported for HYV4 because decode context "
+                    "parallelism gathers query heads across DCP ranks but does not provide single-owner semantics "
+                    f"for learnable attention sinks. Got architecture={r.arch!r} and dcp_size={dcp!r}.",
+                    "use --dcp-size 1")
+            return
     if r.arch not in _DSA_ARCHS or (cfg.get("index_topk") is None and tc.get("index_topk") is None):
         return
-    dcp = r.v("dcp_size")
+    before = len(r.errors)
     if isinstance(dcp, int) and dcp > 1:
         topk = r.v("speculative_eagle_topk")
         if r.v("enable_hisparse") or r.v("enable_hierarchical_cache"):
@@ -496,6 +518,19 @@ def _deepseek_dsa(r: _Run) -> None:
         if isinstance(tp, int) and tp > 8:
             r.error("SGL300", "tp_size", "Context parallel only supports single machine (tp_size <= 8). "
                     "Cross-machine CP has precision issues.", "use --tp-size 8 or less with --enable-prefill-cp")
+    kpool = cfg.get("index_kpool", 1)
+    if len(r.errors) == before and r.device == "cuda" and isinstance(kpool, int) and kpool > 1 \
+            and isinstance(dcp, int) and dcp > 1:
+        r.error("SGL300", "dcp_size", f"--dcp-size > 1 is not supported for DSA with index_kpool={kpool}: a pooled "
+                "index key spans positions owned by different DCP ranks.", "use --dcp-size 1")
+
+
+def _ernie45_vl(r: _Run) -> None:
+    """model_overrides/ernie45_vl.py: attention heads split over the full TP group, so no attention DP."""
+    if r.arch == "Ernie4_5_VLMoeForConditionalGeneration" and r.attn_dp > 1:
+        r.error("SGL300", "enable_dp_attention" if r.cmd.given("enable_dp_attention") else "attn_dp_size",
+                "ERNIE 4.5 VL MoE does not support DP attention: its attention heads are split over the full TP "
+                "group.", "drop attention DP (--enable-dp-attention / --attn-dp-size)")
 
 
 def _minicpm(r: _Run) -> None:
@@ -1369,8 +1404,8 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
     _model_type(r)
     try:
-        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _minicpm, _iquest, _minimax_m3, _qwen4_exp,
-                     _attention, _speculative, _encoder):
+        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _ernie45_vl, _minicpm, _iquest, _minimax_m3,
+                     _qwen4_exp, _attention, _speculative, _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
