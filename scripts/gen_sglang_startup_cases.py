@@ -62,6 +62,7 @@ PD_P = ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend",
 NGRAM = ["--speculative-algorithm", "NGRAM"]
 MM3 = M + "minimax-m3-nvfp4"
 M3ENV = {"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK": "16384"}
+QW4 = M + "qwen3-moe-w4a16"  # ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts
 
 
 def case(cid: str, argv: list[str], *, model: str = LLAMA, env: dict[str, str] | None = None, gpu: str = "H100",
@@ -402,6 +403,21 @@ def hand_cases() -> list[dict[str, Any]]:
         c("ok/ernie45-vl", ["--tp-size", "2"], model=M + "ernie45-vl"),
         c("fault/ernie45-vl-dp-attention", ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
           model=M + "ernie45-vl"),
+        c("ok/qwen3-moe-w4a16", ["--quantization", "modelopt_mixed"], model=QW4, gpu="B200"),
+        c("ok/qwen3-moe-w4a16-auto", [], model=QW4, gpu="B200"),
+        c("fault/qwen3-moe-w4a16-runner", ["--moe-runner-backend", "flashinfer_trtllm"], model=QW4, gpu="B200"),
+        c("fault/qwen3-moe-w4a16-cutedsl", ["--quantization", "modelopt_mixed", "--moe-runner-backend",
+                                            "flashinfer_cutedsl"], model=QW4, gpu="B200"),
+        c("ok/qwen3-moe-w4a16-cutedsl", ["--quantization", "modelopt_mixed", "--moe-runner-backend",
+                                         "flashinfer_cutedsl"], model=QW4, gpu="B200",
+          env={"SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16": "1"}),
+        c("ok/nemotron-h-eplb", ["--tp-size", "2", "--ep-size", "2", "--enable-eplb"], model=M + "nemotron-h",
+          gpu="B200"),
+        c("fault/nemotron-h-eplb-trtllm", ["--tp-size", "2", "--ep-size", "2", "--enable-eplb", "--moe-runner-backend",
+                                           "flashinfer_trtllm"], model=M + "nemotron-h", gpu="B200"),
+        c("fault/nemotron-h-eplb-cutedsl", ["--tp-size", "2", "--ep-size", "2", "--enable-eplb",
+                                            "--moe-runner-backend", "flashinfer_cutedsl"], model=M + "nemotron-h",
+          gpu="B200"),
         c("fault/usage-unknown-flag", ["--no-such-flag"]),
         c("fault/usage-bad-choice", ["--speculative-algorithm", "MEDUSA"]),
     ]

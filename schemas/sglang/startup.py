@@ -681,6 +681,75 @@ def _minimax_m3(r: _Run) -> None:
         r.set("attention_backend", "trtllm_mha")
 
 
+# model_overrides/qwen3_moe.py: the architectures its family override serves
+_QWEN3_MOE_FAMILY = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+    "Qwen4ExpForConditionalGeneration",
+})
+
+
+def _modelopt_quantization(r: _Run) -> str | None:
+    """The quantization SGLang serves a ModelOpt checkpoint with: the flag, else the config's quant_method (a
+    ModelOpt MIXED_PRECISION declaration is modelopt_mixed)."""
+    given = r.v("quantization")
+    if given is not None:
+        return None if given == "unquant" else str(given)
+    raw = (r.target_cfg or {}).get("quantization_config")
+    if not isinstance(raw, Mapping):
+        return None
+    method = raw.get("quant_method")
+    if method == "modelopt" and str(raw.get("quant_algo", "")).upper() == "MIXED_PRECISION":
+        return "modelopt_mixed"
+    return method if isinstance(method, str) else None
+
+
+def _w4a16_moe_layers(r: _Run) -> bool:
+    """ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts (quantization_config.quantized_layers)."""
+    raw = (r.target_cfg or {}).get("quantization_config")
+    layers = raw.get("quantized_layers") if isinstance(raw, Mapping) else None
+    return isinstance(layers, Mapping) and any(
+        ".experts" in name and isinstance(info, Mapping) and str(info.get("quant_algo", "")).upper() == "W4A16_NVFP4"
+        for name, info in layers.items())
+
+
+def _qwen3_moe(r: _Run) -> None:
+    """model_overrides/qwen3_moe.py: on SM100, W4A16 NVFP4 experts run on marlin (or on flashinfer_cutedsl when
+    opted in); trtllm-gen has only the W4A4 path."""
+    if r.arch not in _QWEN3_MOE_FAMILY or r.sm != 100:
+        return
+    if _modelopt_quantization(r) != "modelopt_mixed" or not _w4a16_moe_layers(r):
+        return
+    runner = r.v("moe_runner_backend")
+    cutedsl = runner == "flashinfer_cutedsl" and r.v("moe_a2a_backend") in ("none", "flashinfer") \
+        and _env_true(r.env.get("SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16"))
+    if runner not in ("auto", "marlin") and not cutedsl:
+        r.error("SGL300", "moe_runner_backend", "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin, or "
+                "flashinfer_cutedsl with --moe-a2a-backend=none/flashinfer and "
+                "SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16=1.",
+                "use --moe-runner-backend marlin (or drop it: SGLang picks marlin)")
+
+
+def _nemotron_h(r: _Run) -> None:
+    """model_overrides/nemotron_h.py: expert remapping (EPLB, redundant experts, a non-trivial initial expert
+    location) needs a MoE runner that takes the remap."""
+    if r.arch not in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"):
+        return
+    redundant = r.v("ep_num_redundant_experts")
+    eplb = bool(r.v("enable_eplb"))
+    if not (eplb or (isinstance(redundant, int) and redundant > 0)
+            or r.v("init_expert_location") not in (None, "trivial")):
+        return
+    runner = r.v("moe_runner_backend")
+    if runner == "flashinfer_trtllm":
+        r.error("SGL300", "moe_runner_backend", "flashinfer_trtllm routes inside the kernel and does not support EPLB "
+                "or redundant experts on Nemotron-H; use --moe-runner-backend flashinfer_trtllm_routed.",
+                "use --moe-runner-backend flashinfer_trtllm_routed")
+    elif eplb and runner == "flashinfer_cutedsl" and r.v("moe_a2a_backend") == "none":
+        r.error("SGL300", "moe_runner_backend", "flashinfer_cutedsl without an a2a backend does not migrate its expert "
+                "scales on EPLB rebalance; use --moe-runner-backend flashinfer_trtllm_routed or set --moe-a2a-backend.",
+                "use --moe-runner-backend flashinfer_trtllm_routed, or set --moe-a2a-backend")
+
 def _qwen4_exp(r: _Run) -> None:
     """model_overrides/qwen4_exp.py: MORI PD with pipeline stages, unified memory and the fp8 QSA indexer."""
     if r.arch != "Qwen4ExpForConditionalGeneration":
@@ -1405,7 +1474,7 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
     _model_type(r)
     try:
         for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _ernie45_vl, _minicpm, _iquest, _minimax_m3,
-                     _qwen4_exp, _attention, _speculative, _encoder):
+                     _nemotron_h, _qwen4_exp, _qwen3_moe, _attention, _speculative, _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
