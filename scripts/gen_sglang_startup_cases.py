@@ -63,6 +63,7 @@ NGRAM = ["--speculative-algorithm", "NGRAM"]
 MM3 = M + "minimax-m3-nvfp4"
 M3ENV = {"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK": "16384"}
 QW4 = M + "qwen3-moe-w4a16"  # ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts
+NW4 = M + "nemotron-h-w4a16"  # the same quantization on a Nemotron-H MoE hybrid
 
 
 def case(cid: str, argv: list[str], *, model: str = LLAMA, env: dict[str, str] | None = None, gpu: str = "H100",
@@ -418,6 +419,14 @@ def hand_cases() -> list[dict[str, Any]]:
         c("fault/nemotron-h-eplb-cutedsl", ["--tp-size", "2", "--ep-size", "2", "--enable-eplb",
                                             "--moe-runner-backend", "flashinfer_cutedsl"], model=M + "nemotron-h",
           gpu="B200"),
+        c("ok/muse-spark-language-only", ["--tp-size", "8", "--language-only"], model=M + "muse-spark", gpu="B200"),
+        c("fault/muse-spark-language-only-dispatch", ["--tp-size", "8", "--language-only",
+                                                      "--enable-adaptive-dispatch-to-encoder"], model=M + "muse-spark",
+          gpu="B200"),
+        c("ok/nemotron-h-w4a16", [], model=NW4),
+        c("ok/nemotron-h-w4a16-b200", [], model=NW4, gpu="B200"),
+        c("fault/nemotron-h-w4a16-a2a", ["--tp-size", "4", "--ep-size", "4", "--moe-a2a-backend", "deepep"], model=NW4),
+        c("fault/nemotron-h-w4a16-runner", ["--moe-runner-backend", "flashinfer_cutlass"], model=NW4),
         c("fault/usage-unknown-flag", ["--no-such-flag"]),
         c("fault/usage-bad-choice", ["--speculative-algorithm", "MEDUSA"]),
     ]

@@ -471,6 +471,10 @@ def _encoder(r: _Run) -> None:
         r.error("SGL300", "encoder_only" if enc else "language_only", f"Model type {r.arch} is not supported for "
                 "encoder disaggregation.", "serve a supported multimodal model (Qwen2-VL, Qwen3-VL, Qwen3.5, Kimi "
                 "...), or drop --encoder-only / --language-only")
+    elif lang and r.arch == "MuseSparkForConditionalGeneration" and r.v("enable_adaptive_dispatch_to_encoder"):
+        r.error("SGL300", "enable_adaptive_dispatch_to_encoder", "Muse language-only servers do not load local "
+                "encoders; --enable-adaptive-dispatch-to-encoder is not supported.",
+                "drop --enable-adaptive-dispatch-to-encoder")
 
 
 # configs/model_config.is_deepseek_dsa: these architectures with index_topk in config.json run DSA attention
@@ -704,12 +708,15 @@ def _modelopt_quantization(r: _Run) -> str | None:
     return method if isinstance(method, str) else None
 
 
-def _w4a16_moe_layers(r: _Run) -> bool:
-    """ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts (quantization_config.quantized_layers)."""
+def _w4a16_moe_layers(r: _Run, marker: str = ".experts", *, fold: bool = True) -> bool:
+    """ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts: a layer of quantization_config.quantized_layers whose
+    name holds `marker` (qwen3_moe.py matches ".experts" case-folding quant_algo, nemotron_h.py ".experts."
+    exactly)."""
     raw = (r.target_cfg or {}).get("quantization_config")
     layers = raw.get("quantized_layers") if isinstance(raw, Mapping) else None
     return isinstance(layers, Mapping) and any(
-        ".experts" in name and isinstance(info, Mapping) and str(info.get("quant_algo", "")).upper() == "W4A16_NVFP4"
+        marker in name and isinstance(info, Mapping)
+        and (str(info.get("quant_algo", "")).upper() if fold else info.get("quant_algo")) == "W4A16_NVFP4"
         for name, info in layers.items())
 
 
@@ -732,16 +739,16 @@ def _qwen3_moe(r: _Run) -> None:
 
 def _nemotron_h(r: _Run) -> None:
     """model_overrides/nemotron_h.py: expert remapping (EPLB, redundant experts, a non-trivial initial expert
-    location) needs a MoE runner that takes the remap."""
+    location) needs a MoE runner that takes the remap; then the W4A16 NVFP4 expert checks."""
     if r.arch not in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"):
         return
     redundant = r.v("ep_num_redundant_experts")
     eplb = bool(r.v("enable_eplb"))
+    runner = r.v("moe_runner_backend")
     if not (eplb or (isinstance(redundant, int) and redundant > 0)
             or r.v("init_expert_location") not in (None, "trivial")):
-        return
-    runner = r.v("moe_runner_backend")
-    if runner == "flashinfer_trtllm":
+        _nemotron_h_w4a16(r)
+    elif runner == "flashinfer_trtllm":
         r.error("SGL300", "moe_runner_backend", "flashinfer_trtllm routes inside the kernel and does not support EPLB "
                 "or redundant experts on Nemotron-H; use --moe-runner-backend flashinfer_trtllm_routed.",
                 "use --moe-runner-backend flashinfer_trtllm_routed")
@@ -749,6 +756,25 @@ def _nemotron_h(r: _Run) -> None:
         r.error("SGL300", "moe_runner_backend", "flashinfer_cutedsl without an a2a backend does not migrate its expert "
                 "scales on EPLB rebalance; use --moe-runner-backend flashinfer_trtllm_routed or set --moe-a2a-backend.",
                 "use --moe-runner-backend flashinfer_trtllm_routed, or set --moe-a2a-backend")
+    else:
+        _nemotron_h_w4a16(r)
+
+
+def _nemotron_h_w4a16(r: _Run) -> None:
+    """nemotron_h.py: ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts runs on marlin without an all-to-all."""
+    quant = _modelopt_quantization(r)
+    if quant == "modelopt":
+        raw = (r.target_cfg or {}).get("quantization_config")
+        algo = raw.get("quant_algo") if isinstance(raw, Mapping) else None
+        quant = "modelopt_mixed" if algo == "MIXED_PRECISION" else "modelopt_fp4" if algo == "NVFP4" else "modelopt_fp8"
+    if quant != "modelopt_mixed" or not _w4a16_moe_layers(r, ".experts.", fold=False):
+        return
+    if r.v("moe_a2a_backend") != "none":
+        r.error("SGL300", "moe_a2a_backend", "W4A16_NVFP4 MoE layers require --moe-a2a-backend=none.",
+                "use --moe-a2a-backend none (or drop it)")
+    elif r.v("moe_runner_backend") not in ("auto", "marlin"):
+        r.error("SGL300", "moe_runner_backend", "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin.",
+                "use --moe-runner-backend marlin (or drop it: SGLang picks marlin)")
 
 def _qwen4_exp(r: _Run) -> None:
     """model_overrides/qwen4_exp.py: MORI PD with pipeline stages, unified memory and the fp8 QSA indexer."""
