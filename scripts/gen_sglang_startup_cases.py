@@ -427,6 +427,9 @@ def hand_cases() -> list[dict[str, Any]]:
         c("ok/nemotron-h-w4a16-b200", [], model=NW4, gpu="B200"),
         c("fault/nemotron-h-w4a16-a2a", ["--tp-size", "4", "--ep-size", "4", "--moe-a2a-backend", "deepep"], model=NW4),
         c("fault/nemotron-h-w4a16-runner", ["--moe-runner-backend", "flashinfer_cutlass"], model=NW4),
+        c("ok/nemotron-h-puzzle", ["--tp-size", "2"], model=M + "nemotron-h-puzzle", gpu="B200"),
+        c("fault/nemotron-h-puzzle-eplb", ["--tp-size", "2", "--ep-size", "2", "--enable-eplb"],
+          model=M + "nemotron-h-puzzle", gpu="B200"),
         c("fault/usage-unknown-flag", ["--no-such-flag"]),
         c("fault/usage-bad-choice", ["--speculative-algorithm", "MEDUSA"]),
     ]

@@ -756,8 +756,21 @@ def _nemotron_h(r: _Run) -> None:
         r.error("SGL300", "moe_runner_backend", "flashinfer_cutedsl without an a2a backend does not migrate its expert "
                 "scales on EPLB rebalance; use --moe-runner-backend flashinfer_trtllm_routed or set --moe-a2a-backend.",
                 "use --moe-runner-backend flashinfer_trtllm_routed, or set --moe-a2a-backend")
+    elif r.arch == "NemotronHPuzzleForCausalLM" and len(counts := _puzzle_expert_counts(r)) > 1:
+        r.error("SGL300", "enable_eplb" if eplb else "ep_num_redundant_experts" if redundant else
+                "init_expert_location", "EPLB and redundant experts need the same routed expert count on every MoE "
+                f"layer, got {sorted(counts)}.", "drop --enable-eplb / --ep-num-redundant-experts / "
+                "--init-expert-location for this checkpoint")
     else:
         _nemotron_h_w4a16(r)
+
+
+def _puzzle_expert_counts(r: _Run) -> set[Any]:
+    """The routed expert counts of a Nemotron-H Puzzle checkpoint's MoE blocks (config.json block_configs)."""
+    blocks = (r.target_cfg or {}).get("block_configs")
+    if not isinstance(blocks, list):
+        return set()
+    return {b.get("n_routed_experts") for b in blocks if isinstance(b, Mapping) and b.get("block_type") == "moe"}
 
 
 def _nemotron_h_w4a16(r: _Run) -> None:
