@@ -141,7 +141,7 @@ _OWN_BACKEND_ARCHS = frozenset({
     "DeepseekV4ForCausalLM", "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "FalconH1ForCausalLM",
     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3nForCausalLM",
     "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "GlmMoeDsaForCausalLM", "GptOssForCausalLM",
-    "GraniteMoeHybridForCausalLM", "IQuestQ1ForCausalLM", "KimiK25ForConditionalGeneration",
+    "GraniteMoeHybridForCausalLM", "HYV4ForCausalLM", "IQuestQ1ForCausalLM", "KimiK25ForConditionalGeneration",
     "KimiK3ForConditionalGeneration", "Lfm2ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
     "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiniCPMForCausalLM", "MiniCPMSALAForCausalLM",
     "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM", "MistralLarge3ForCausalLM", "NemotronHForCausalLM",
@@ -420,7 +420,8 @@ def _pd(r: _Run) -> None:
 
 
 def _kimi_k3(r: _Run) -> None:
-    """model_overrides/kimi_k3.py: DCP + DSPARK needs the static ragged-verify mode."""
+    """model_overrides/kimi_k3.py: DCP + DSPARK needs the static ragged-verify mode; DCP decodes on cutedsl_mla
+    or aiter only."""
     if r.arch != "KimiK3ForConditionalGeneration":
         return
     dcp = r.v("dcp_size")
@@ -433,6 +434,13 @@ def _kimi_k3(r: _Run) -> None:
                           f"on Kimi-K3: SGLang {r.release} refuses it at start-up: 'Kimi-K3 DCP + DSPARK currently "
                           "requires SGLANG_RAGGED_VERIFY_MODE=static; compact/cap-accept are not validated under DCP "
                           f"(got {mode!r}).'", "set SGLANG_RAGGED_VERIFY_MODE=static (the default), or --dcp-size 1")
+            return
+    if isinstance(dcp, int) and dcp > 1:
+        decode = r.v("decode_attention_backend") or r.v("attention_backend")
+        if decode not in (None, "cutedsl_mla", "aiter"):
+            dest = "decode_attention_backend" if r.v("decode_attention_backend") else "attention_backend"
+            r.error("SGL300", dest, "Decode attention backend for Kimi-K3 DCP must be 'cutedsl_mla' or 'aiter', got "
+                    f"{decode!r}.", "use --decode-attention-backend cutedsl_mla (or drop it: SGLang picks it)")
 
 
 # pd_disaggregation_hook.handle_encoder_disaggregation: the architectures encoder disaggregation serves
@@ -463,6 +471,10 @@ def _encoder(r: _Run) -> None:
         r.error("SGL300", "encoder_only" if enc else "language_only", f"Model type {r.arch} is not supported for "
                 "encoder disaggregation.", "serve a supported multimodal model (Qwen2-VL, Qwen3-VL, Qwen3.5, Kimi "
                 "...), or drop --encoder-only / --language-only")
+    elif lang and r.arch == "MuseSparkForConditionalGeneration" and r.v("enable_adaptive_dispatch_to_encoder"):
+        r.error("SGL300", "enable_adaptive_dispatch_to_encoder", "Muse language-only servers do not load local "
+                "encoders; --enable-adaptive-dispatch-to-encoder is not supported.",
+                "drop --enable-adaptive-dispatch-to-encoder")
 
 
 # configs/model_config.is_deepseek_dsa: these architectures with index_topk in config.json run DSA attention
@@ -474,13 +486,27 @@ _DSA_ARCHS = frozenset({
 
 
 def _deepseek_dsa(r: _Run) -> None:
-    """model_overrides/deepseek_v2.py: DSA with decode context parallelism or prefill CP."""
+    """model_overrides/deepseek_v2.py: HYV4 without context parallelism; DSA with decode context parallelism
+    (and a pooled index key) or prefill CP."""
     cfg: Mapping[str, Any] = r.target_cfg or {}
     sub = cfg.get("text_config")
     tc: Mapping[str, Any] = sub if isinstance(sub, Mapping) else cfg
+    dcp = r.v("dcp_size")
+    if r.arch in ("HYV4ForCausalLM", "HYV4ForCausalLMNextN"):
+        if r.v("enable_prefill_cp"):
+            r.error("SGL300", "enable_prefill_cp", "--enable-prefill-cp is not supported for HYV4 because its "
+                    "attention path does not implement DSA context-parallel metadata and sharding. Got "
+                    f"architecture={r.arch!r} and enable_prefill_cp=True.", "drop --enable-prefill-cp")
+            return
+        if isinstance(dcp, int) and dcp > 1:
+            r.error("SGL300", "dcp_size", "--dcp-size > 1 is not supported for HYV4 because decode context "
+                    "parallelism gathers query heads across DCP ranks but does not provide single-owner semantics "
+                    f"for learnable attention sinks. Got architecture={r.arch!r} and dcp_size={dcp!r}.",
+                    "use --dcp-size 1")
+            return
     if r.arch not in _DSA_ARCHS or (cfg.get("index_topk") is None and tc.get("index_topk") is None):
         return
-    dcp = r.v("dcp_size")
+    before = len(r.errors)
     if isinstance(dcp, int) and dcp > 1:
         topk = r.v("speculative_eagle_topk")
         if r.v("enable_hisparse") or r.v("enable_hierarchical_cache"):
@@ -496,6 +522,19 @@ def _deepseek_dsa(r: _Run) -> None:
         if isinstance(tp, int) and tp > 8:
             r.error("SGL300", "tp_size", "Context parallel only supports single machine (tp_size <= 8). "
                     "Cross-machine CP has precision issues.", "use --tp-size 8 or less with --enable-prefill-cp")
+    kpool = cfg.get("index_kpool", 1)
+    if len(r.errors) == before and r.device == "cuda" and isinstance(kpool, int) and kpool > 1 \
+            and isinstance(dcp, int) and dcp > 1:
+        r.error("SGL300", "dcp_size", f"--dcp-size > 1 is not supported for DSA with index_kpool={kpool}: a pooled "
+                "index key spans positions owned by different DCP ranks.", "use --dcp-size 1")
+
+
+def _ernie45_vl(r: _Run) -> None:
+    """model_overrides/ernie45_vl.py: attention heads split over the full TP group, so no attention DP."""
+    if r.arch == "Ernie4_5_VLMoeForConditionalGeneration" and r.attn_dp > 1:
+        r.error("SGL300", "enable_dp_attention" if r.cmd.given("enable_dp_attention") else "attn_dp_size",
+                "ERNIE 4.5 VL MoE does not support DP attention: its attention heads are split over the full TP "
+                "group.", "drop attention DP (--enable-dp-attention / --attn-dp-size)")
 
 
 def _minicpm(r: _Run) -> None:
@@ -555,6 +594,222 @@ def _iquest(r: _Run) -> None:
     if not any(r.v(d) for d in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")):
         r.set("attention_backend", "fa3")
 
+
+
+def _minimax_m3_quantization(r: _Run) -> str | None:
+    """model_overrides/minimax_m3.py: the quantization SGLang serves a MiniMax-M3 checkpoint with; an mxfp8
+    declaration whose MoE fields name NVFP4 packed experts is served as minimax_m3_nvfp4."""
+    given = r.v("quantization")
+    if given is not None:
+        return None if given == "unquant" else str(given)
+    raw = (r.target_cfg or {}).get("quantization_config")
+    qc: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    method = qc.get("quant_method") if isinstance(raw, Mapping) else None
+    if method == "mxfp8" and str(qc.get("moe_quant_algo", "")).upper() == "NVFP4" \
+            and qc.get("moe_quant_format") == "nvfp4-pack-quantized":
+        return "minimax_m3_nvfp4"
+    return method if isinstance(method, str) else None
+
+
+def _minimax_m3(r: _Run) -> None:
+    """model_overrides/minimax_m3.py: M3.1 NVFP4 (packed NVFP4 experts) serves only DSPARK/DFLASH speculation on
+    Blackwell, with page size 128, fp8_e4m3 KV cache and the megamoe all-to-all there."""
+    if r.arch not in ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration") \
+            or _minimax_m3_quantization(r) != "minimax_m3_nvfp4":
+        return
+    blackwell, before = r.sm >= 100, len(r.errors)
+    algo = str(r.v("speculative_algorithm") or "").upper()
+    if algo and algo not in ("DSPARK", "DFLASH"):
+        r.error("SGL300", "speculative_algorithm", "M3.1 NVFP4 only supports DSPARK or DFLASH speculation",
+                "use --speculative-algorithm DSPARK (or DFLASH), or drop speculative decoding")
+        return
+    if algo:
+        archs = architectures(r.target_cfg)
+        first = archs[0] if archs else r.arch
+        mode = r.env.get("SGLANG_RAGGED_VERIFY_MODE", "static")
+        if first != "MiniMaxM3SparseForConditionalGeneration":
+            r.error("SGL300", "model_path", f"M3.1 NVFP4 {algo} requires MiniMaxM3SparseForConditionalGeneration, "
+                    f"got {first}", "serve the vision-language checkpoint (MiniMaxM3SparseForConditionalGeneration), "
+                    "or drop --speculative-algorithm")
+        elif not blackwell:
+            r.error("SGL300", "speculative_algorithm", f"M3.1 NVFP4 {algo} requires Blackwell",
+                    f"serve {algo} on a Blackwell GPU (B200), or drop --speculative-algorithm")
+        elif mode != "static":
+            r.env_finding("SGL300", "SGLANG_RAGGED_VERIFY_MODE", f"SGLANG_RAGGED_VERIFY_MODE={mode} with "
+                          f"--speculative-algorithm {algo} on MiniMax-M3 NVFP4: SGLang {r.release} refuses it at "
+                          f"start-up: 'M3.1 NVFP4 {algo} requires SGLANG_RAGGED_VERIFY_MODE=static'",
+                          "set SGLANG_RAGGED_VERIFY_MODE=static (the default)")
+        elif r.v("pp_size") != 1:
+            r.error("SGL300", "pp_size", f"M3.1 NVFP4 {algo} requires PP=1", "use --pp-size 1")
+        elif algo == "DFLASH" and r.v("disaggregation_mode") not in (None, "null"):
+            r.error("SGL300", "disaggregation_mode", "M3.1 NVFP4 DFLASH currently requires colocated serving",
+                    "drop --disaggregation-mode, or use --speculative-algorithm DSPARK")
+        if len(r.errors) > before:
+            return
+    page = r.v("page_size")
+    if page not in (None, 128):
+        r.error("SGL300", "page_size", "M3.1 NVFP4 requires --page-size 128", "use --page-size 128, or drop it")
+        return
+    runner, a2a = r.v("moe_runner_backend"), r.v("moe_a2a_backend")
+    if runner == "megamoe":  # mega_moe_hook: --moe-runner-backend megamoe is --moe-a2a-backend megamoe
+        runner, a2a = "auto", "megamoe"
+    no_backend = all(r.v(d) is None for d in ("attention_backend", "prefill_attention_backend",
+                                              "decode_attention_backend"))
+    if not blackwell:
+        r.set("page_size", 128)
+        if runner == "auto":
+            r.set("moe_runner_backend", "marlin")
+        if no_backend:
+            r.set("attention_backend", "fa3")
+        return
+    if a2a not in ("none", "megamoe"):
+        if runner == "flashinfer_trtllm_routed":
+            r.error("SGL300", "moe_a2a_backend", "M3.1 NVFP4 flashinfer_trtllm_routed requires --moe-a2a-backend "
+                    "none or megamoe", "use --moe-a2a-backend megamoe (or none)")
+        else:
+            r.error("SGL300", "moe_a2a_backend", "M3.1 NVFP4 requires --moe-a2a-backend megamoe",
+                    "use --moe-a2a-backend megamoe, or drop it")
+        return
+    if runner != "flashinfer_trtllm_routed":
+        r.set("moe_a2a_backend", "megamoe")
+        if runner == "auto":
+            r.set("moe_runner_backend", "deep_gemm")
+    kv = r.v("kv_cache_dtype")
+    if kv not in ("auto", "fp8_e4m3"):
+        r.error("SGL300", "kv_cache_dtype", "M3.1 NVFP4 requires --kv-cache-dtype fp8_e4m3",
+                "use --kv-cache-dtype fp8_e4m3, or drop it")
+        return
+    r.set("page_size", 128)
+    r.set("kv_cache_dtype", "fp8_e4m3")
+    if no_backend:
+        r.set("attention_backend", "trtllm_mha")
+
+
+# model_overrides/qwen3_moe.py: the architectures its family override serves
+_QWEN3_MOE_FAMILY = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+    "Qwen4ExpForConditionalGeneration",
+})
+
+
+def _modelopt_quantization(r: _Run) -> str | None:
+    """The quantization SGLang serves a ModelOpt checkpoint with: the flag, else the config's quant_method (a
+    ModelOpt MIXED_PRECISION declaration is modelopt_mixed)."""
+    given = r.v("quantization")
+    if given is not None:
+        return None if given == "unquant" else str(given)
+    raw = (r.target_cfg or {}).get("quantization_config")
+    if not isinstance(raw, Mapping):
+        return None
+    method = raw.get("quant_method")
+    if method == "modelopt" and str(raw.get("quant_algo", "")).upper() == "MIXED_PRECISION":
+        return "modelopt_mixed"
+    return method if isinstance(method, str) else None
+
+
+def _w4a16_moe_layers(r: _Run, marker: str = ".experts", *, fold: bool = True) -> bool:
+    """ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts: a layer of quantization_config.quantized_layers whose
+    name holds `marker` (qwen3_moe.py matches ".experts" case-folding quant_algo, nemotron_h.py ".experts."
+    exactly)."""
+    raw = (r.target_cfg or {}).get("quantization_config")
+    layers = raw.get("quantized_layers") if isinstance(raw, Mapping) else None
+    return isinstance(layers, Mapping) and any(
+        marker in name and isinstance(info, Mapping)
+        and (str(info.get("quant_algo", "")).upper() if fold else info.get("quant_algo")) == "W4A16_NVFP4"
+        for name, info in layers.items())
+
+
+def _qwen3_moe(r: _Run) -> None:
+    """model_overrides/qwen3_moe.py: on SM100, W4A16 NVFP4 experts run on marlin (or on flashinfer_cutedsl when
+    opted in); trtllm-gen has only the W4A4 path."""
+    if r.arch not in _QWEN3_MOE_FAMILY or r.sm != 100:
+        return
+    if _modelopt_quantization(r) != "modelopt_mixed" or not _w4a16_moe_layers(r):
+        return
+    runner = r.v("moe_runner_backend")
+    cutedsl = runner == "flashinfer_cutedsl" and r.v("moe_a2a_backend") in ("none", "flashinfer") \
+        and _env_true(r.env.get("SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16"))
+    if runner not in ("auto", "marlin") and not cutedsl:
+        r.error("SGL300", "moe_runner_backend", "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin, or "
+                "flashinfer_cutedsl with --moe-a2a-backend=none/flashinfer and "
+                "SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16=1.",
+                "use --moe-runner-backend marlin (or drop it: SGLang picks marlin)")
+
+
+def _nemotron_h(r: _Run) -> None:
+    """model_overrides/nemotron_h.py: expert remapping (EPLB, redundant experts, a non-trivial initial expert
+    location) needs a MoE runner that takes the remap; then the W4A16 NVFP4 expert checks."""
+    if r.arch not in ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"):
+        return
+    redundant = r.v("ep_num_redundant_experts")
+    eplb = bool(r.v("enable_eplb"))
+    runner = r.v("moe_runner_backend")
+    if not (eplb or (isinstance(redundant, int) and redundant > 0)
+            or r.v("init_expert_location") not in (None, "trivial")):
+        _nemotron_h_w4a16(r)
+    elif runner == "flashinfer_trtllm":
+        r.error("SGL300", "moe_runner_backend", "flashinfer_trtllm routes inside the kernel and does not support EPLB "
+                "or redundant experts on Nemotron-H; use --moe-runner-backend flashinfer_trtllm_routed.",
+                "use --moe-runner-backend flashinfer_trtllm_routed")
+    elif eplb and runner == "flashinfer_cutedsl" and r.v("moe_a2a_backend") == "none":
+        r.error("SGL300", "moe_runner_backend", "flashinfer_cutedsl without an a2a backend does not migrate its expert "
+                "scales on EPLB rebalance; use --moe-runner-backend flashinfer_trtllm_routed or set --moe-a2a-backend.",
+                "use --moe-runner-backend flashinfer_trtllm_routed, or set --moe-a2a-backend")
+    elif r.arch == "NemotronHPuzzleForCausalLM" and len(counts := _puzzle_expert_counts(r)) > 1:
+        r.error("SGL300", "enable_eplb" if eplb else "ep_num_redundant_experts" if redundant else
+                "init_expert_location", "EPLB and redundant experts need the same routed expert count on every MoE "
+                f"layer, got {sorted(counts)}.", "drop --enable-eplb / --ep-num-redundant-experts / "
+                "--init-expert-location for this checkpoint")
+    else:
+        _nemotron_h_w4a16(r)
+
+
+def _puzzle_expert_counts(r: _Run) -> set[Any]:
+    """The routed expert counts of a Nemotron-H Puzzle checkpoint's MoE blocks (config.json block_configs)."""
+    blocks = (r.target_cfg or {}).get("block_configs")
+    if not isinstance(blocks, list):
+        return set()
+    return {b.get("n_routed_experts") for b in blocks if isinstance(b, Mapping) and b.get("block_type") == "moe"}
+
+
+def _nemotron_h_w4a16(r: _Run) -> None:
+    """nemotron_h.py: ModelOpt MIXED_PRECISION with W4A16 NVFP4 experts runs on marlin without an all-to-all."""
+    quant = _modelopt_quantization(r)
+    if quant == "modelopt":
+        raw = (r.target_cfg or {}).get("quantization_config")
+        algo = raw.get("quant_algo") if isinstance(raw, Mapping) else None
+        quant = "modelopt_mixed" if algo == "MIXED_PRECISION" else "modelopt_fp4" if algo == "NVFP4" else "modelopt_fp8"
+    if quant != "modelopt_mixed" or not _w4a16_moe_layers(r, ".experts.", fold=False):
+        return
+    if r.v("moe_a2a_backend") != "none":
+        r.error("SGL300", "moe_a2a_backend", "W4A16_NVFP4 MoE layers require --moe-a2a-backend=none.",
+                "use --moe-a2a-backend none (or drop it)")
+    elif r.v("moe_runner_backend") not in ("auto", "marlin"):
+        r.error("SGL300", "moe_runner_backend", "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin.",
+                "use --moe-runner-backend marlin (or drop it: SGLang picks marlin)")
+
+def _qwen4_exp(r: _Run) -> None:
+    """model_overrides/qwen4_exp.py: MORI PD with pipeline stages, unified memory and the fp8 QSA indexer."""
+    if r.arch != "Qwen4ExpForConditionalGeneration":
+        return
+    pp = r.v("pp_size")
+    if r.v("disaggregation_mode") not in (None, "null") and r.v("disaggregation_transfer_backend") == "mori" \
+            and isinstance(pp, int) and pp > 1:
+        r.error("SGL300", "pp_size", "Qwen4-Exp PD with MORI requires --pp-size 1; MORI does not yet exchange the "
+                "global QSA layer metadata needed to pair compact state descriptors across pipeline stages.",
+                "use --pp-size 1, or another --disaggregation-transfer-backend (mooncake, nixl)")
+        return
+    if r.v("enable_unified_memory"):
+        r.error("SGL300", "enable_unified_memory", "Qwen4-Exp does not support --enable-unified-memory yet",
+                "drop --enable-unified-memory")
+        return
+    cfg = r.target_cfg or {}
+    sub = cfg.get("text_config")
+    tc: Mapping[str, Any] = sub if isinstance(sub, Mapping) else cfg
+    if r.v("qsa_indexer_dtype") == "fp8_e4m3" and r.target_cfg is not None and tc.get("indexer_n_heads") is None:
+        r.error("SGL300", "qsa_indexer_dtype", "--qsa-indexer-dtype fp8_e4m3 requires the compressed QSA indexer",
+                "drop --qsa-indexer-dtype (this checkpoint has no compressed QSA indexer: no indexer_n_heads)")
 
 # configs/iquest_q1.py: the config classes' defaults (a config.json may leave them out)
 _IQUEST_DEFAULTS = {"hidden_size": 3072, "vocab_size": 160000, "num_hidden_layers": 88}
@@ -1257,8 +1512,8 @@ def predict_startup(cmd: SGLangCommand, model: SGLangModel | None, *, gpu: str =
                       "set SGLANG_RAGGED_VERIFY_MODE to static, cap-accept or compact", severity="warning")
     _model_type(r)
     try:
-        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _minicpm, _iquest, _attention, _speculative,
-                     _encoder):
+        for step in (_dp_attention, _pd, _kimi_k3, _deepseek_dsa, _ernie45_vl, _minicpm, _iquest, _minimax_m3,
+                     _nemotron_h, _qwen4_exp, _qwen3_moe, _attention, _speculative, _encoder):
             step(r)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no check expects
         r.warnings.append(Finding("SGL300", "warning", "$", f"SGLang's start-up verdict could not be predicted "
