@@ -4,7 +4,8 @@ Schemas: Kubernetes' own (the `kubernetes-validate` package's JSON schemas of Ku
 unknown field) for every built-in object (ConfigMap, Service, Deployment) and for the pod templates and
 containers embedded in the custom resources (core/v1 PodTemplateSpec and Container, the types RBG, LWS and
 Dynamo embed). The custom resources themselves are checked against their CRDs' OpenAPI schemas when
-SPECCTL_CRD_DIR holds them (rbg.yaml, lws.yaml, dgd.yaml: the projects' CRD files); the tree ships none.
+SPECCTL_CRD_DIR holds them (rbg.yaml, lws.yaml, dgd.yaml: the projects' CRD files), else `shared/k8s-crds/` beside
+the checkout (where the steering repository may keep such data); the tree itself ships none.
 SGLang 0.5.23's own parser (tests/sglang_oracle.py, a child process) must accept every engine container's
 args. Round trip: a manifest validates to the same findings as the `export sglang` commands of the same
 deployment, on the manifest's lines.
@@ -111,9 +112,18 @@ def embedded(doc: dict[str, Any]) -> list[tuple[str, Any, str]]:
     return out
 
 
+def crd_dir() -> str | None:
+    """SPECCTL_CRD_DIR, else shared/k8s-crds beside the checkout, when either exists."""
+    folder = os.environ.get("SPECCTL_CRD_DIR")
+    if folder:
+        return folder
+    shared = Path(__file__).resolve().parents[2] / "shared" / "k8s-crds"
+    return str(shared) if shared.is_dir() else None
+
+
 @cache
 def crd_schema(api_version: str, kind: str) -> dict[str, Any] | None:
-    folder = os.environ.get("SPECCTL_CRD_DIR")
+    folder = crd_dir()
     if not folder:
         return None
     for f in Path(folder).glob("*.yaml"):
@@ -152,8 +162,8 @@ def test_every_object_validates_against_kubernetes_schemas(kind: str, tmp_path: 
                 assert not errors, f"{where} fails its CRD schema: {errors[:5]}"
 
 
-@pytest.mark.skipif(not os.environ.get("SPECCTL_CRD_DIR"), reason="SPECCTL_CRD_DIR (the CRD files of RBG, LWS and "
-                    "Dynamo) is not set: the tree may not ship files of other projects")
+@pytest.mark.skipif(crd_dir() is None, reason="no CRD files of RBG, LWS and Dynamo (SPECCTL_CRD_DIR, or "
+                    "shared/k8s-crds beside the checkout): the tree may not ship files of other projects")
 @pytest.mark.parametrize("kind", KINDS)
 def test_custom_resources_have_their_crd_schema(kind: str) -> None:
     docs = [d for d in yaml.safe_load_all(export(kind, "llama-3.1-8b-pd")) if d]
@@ -161,7 +171,7 @@ def test_custom_resources_have_their_crd_schema(kind: str) -> None:
     assert custom
     missing = [d["kind"] for d in custom if crd_schema(d["apiVersion"], d["kind"]) is None]
     if missing:
-        pytest.skip(f"SPECCTL_CRD_DIR has no CRD of {', '.join(missing)}")
+        pytest.skip(f"{crd_dir()} has no CRD of {', '.join(missing)}")
 
 
 def test_multi_node_roles_use_each_platforms_group_variables() -> None:
