@@ -10,6 +10,7 @@ deployment selects it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -106,3 +107,24 @@ def test_smg_closes_idle_partial_header_and_partial_body_connections_within_the_
     for name in ("partial body", "partial chunked body"):
         assert out[name][1].startswith(b"HTTP/1.1 408"), out[name][1][:200]  # the client is told why
     assert out["idle keep-alive"][1].startswith(b"HTTP/1.1 "), out["idle keep-alive"][1][:200]
+
+
+def test_smg_answers_a_body_the_engines_would_refuse_with_413(router_port: int) -> None:
+    """A body over the engines' MAX_REQUEST_BYTES is the client's fault at the front door too: the router refuses
+    it itself (413), instead of passing prefill's 413 on as its own 500."""
+    from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
+
+    body = b'{"model": "default", "prompt": "' + b"x" * MAX_REQUEST_BYTES + b'", "max_tokens": 4}'
+    with socket.create_connection(("127.0.0.1", router_port), timeout=30) as s:
+        s.sendall(HEAD + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        with contextlib.suppress(OSError):  # the router may answer and close before reading it all
+            s.sendall(body)
+        s.settimeout(30)
+        reply = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n" not in reply:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]

@@ -66,6 +66,7 @@ from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.serve.metrics import ServingMetrics, TokenClock
 from specctl.engine.serve.openai_request import (
     DEFAULT_MAX_TOKENS,
+    MAX_REQUEST_BYTES,
     GenerationRequest,
     RequestError,
     _sampling,
@@ -85,7 +86,6 @@ __all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "cha
 
 log = logging.getLogger("specctl.http")
 
-MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the builtin models can take
 # A connection must finish its headers, and an idle keep-alive connection is closed, within this (slowloris).
 # Longer than the 15 s idle keep-alive of common clients (aiohttp, httpx), so they close first and never
 # send on a connection the server is closing.

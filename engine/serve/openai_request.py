@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from specctl.schemas.sglang.router import DEFAULT_MODEL_NAME  # what SGLang's clients send when naming no model
 
+# The largest request body the engines read (413 beyond it); the router of `up` refuses the same bodies itself.
+MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the builtin models can take
 MAX_JSON_DEPTH = 32  # OpenAI bodies nest 4-5 levels (messages -> parts -> fields); 32 leaves room for extras
 MIN_INT, MAX_INT = -(1 << 63), (1 << 64) - 1  # what torch seeds and any C integer can hold
 MAX_TOP_K = 1 << 31

@@ -25,6 +25,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
 from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
 from specctl.schemas.budget import request_budget_s
@@ -85,6 +86,10 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         "--prometheus-host", host,
         "--prometheus-port", str(router.get("metrics_port") or free_port(host)),
     ]
+    if deployment.engine != "sglang":
+        # A body specctl's engines would refuse is the client's fault: the router answers 413 itself rather
+        # than passing prefill's 413 on as its own 500.
+        extra += ["--max-payload-size", str(MAX_REQUEST_BYTES)]
     # The request's end-to-end budget (serve/budget.py): a stopped worker fails its requests within it.
     return router_command(prefills, decodes, kind=kind or router_kind(deployment), host=host,
                           port=int(router["port"]), python=python,
