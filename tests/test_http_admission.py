@@ -67,7 +67,10 @@ def test_a_stranger_holding_more_idle_sockets_than_the_budget_costs_no_request(m
         time.sleep(0.3)
         results = burst(s.port, 40)
         assert [r[0] for r in results] == [200] * 40
-        assert s.server.app[CONNECTIONS].evicted >= 40  # the stranger's sockets made room, nobody's request
+        # 60 - 48 of the stranger's sockets were evicted as they opened; the burst's first connection met a
+        # budget full of the stranger's idle sockets and made room by evicting one (later ones may find room
+        # a finished request left, however the machine schedules them), never by refusing a request
+        assert s.server.app[CONNECTIONS].evicted > 60 - 48
     finally:
         for sock in stranger:
             sock.close()

@@ -24,7 +24,6 @@ from typing import Any
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.sglang.resolver import (
-    GPUS,
     Release,
     ResolveCase,
     ResolverUnavailable,
@@ -32,6 +31,7 @@ from specctl.schemas.sglang.resolver import (
     has_sglang,
     resolve,
 )
+from specctl.schemas.sglang.startup import GPUS
 
 _WHEN = "specctl validate --resolve: SGLang's own prepare_server_args + ServerArgs.resolve_once() on a declared GPU"
 for _doc in (
