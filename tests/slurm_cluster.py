@@ -109,7 +109,7 @@ def _conf(root: Path, node: str) -> Path:
     conf = root / "slurm.conf"
     conf.write_text("\n".join([
         "ClusterName=specctl-test",
-        f"SlurmctldHost={node}",
+        f"SlurmctldHost={node}(127.0.0.1)",  # the daemons talk over loopback, whatever the hostname resolves to
         "SlurmUser=root",
         "AuthType=auth/munge",
         f"StateSaveLocation={root}/state",
@@ -132,7 +132,7 @@ def _conf(root: Path, node: str) -> Path:
         "SlurmdTimeout=30",
         "InactiveLimit=0",
         "KillWait=5",
-        f"NodeName={node} CPUs={cpus} State=UNKNOWN",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         f"PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
         "",
     ]))
