@@ -41,7 +41,7 @@ class Answer:
     body: bytes
 
 
-class _Unreachable(Exception):
+class Unreachable(Exception):
     """No HTTP answer at all (refused, reset, timed out, not HTTP)."""
 
 
@@ -61,7 +61,8 @@ def normalise_url(url: str, *, what: str) -> str:
     return text
 
 
-def _get(url: str, timeout_s: float) -> Answer:
+def http_get(url: str, timeout_s: float) -> Answer:
+    """One bounded GET (at most MAX_BODY + 1 bytes read): any HTTP answer, or Unreachable when none came."""
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only, checked above
@@ -72,7 +73,7 @@ def _get(url: str, timeout_s: float) -> Answer:
             return Answer(exc.code, exc.headers.get("Content-Type", "") if exc.headers else "", body)
     except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise _Unreachable(_reason(reason)) from None
+        raise Unreachable(_reason(reason)) from None
 
 
 def _reason(reason: object) -> str:
@@ -123,8 +124,8 @@ class ServerReader:
     def _fetch(self, path: str) -> Answer:
         url = self.url + path
         try:
-            return _get(url, self.request_timeout_s)
-        except _Unreachable as exc:
+            return http_get(url, self.request_timeout_s)
+        except Unreachable as exc:
             raise RuntimeFailure(f"{self.who} server {self.url} is not reachable: {exc}",
                                  hint=f"is the {self.who} server running and listening on that address?") from None
 
@@ -164,8 +165,8 @@ class ServerReader:
             attempts += 1
             left = deadline - time.monotonic()
             try:
-                answer = _get(url, max(0.05, min(self.request_timeout_s, left)))
-            except _Unreachable as exc:
+                answer = http_get(url, max(0.05, min(self.request_timeout_s, left)))
+            except Unreachable as exc:
                 last = str(exc)
             else:
                 if answer.status == 200:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +33,8 @@ from typing import Any
 from specctl.bench.prometheus import parse_metrics
 from specctl.errors import RuntimeFailure, UsageError
 from specctl.preflight.check import run_preflight
+from specctl.preflight.reader import MAX_BODY, Unreachable, http_get
 
-MAX_BODY = 8 << 20
 MIN_VERIFIES = 20  # verifies in a tick below which its accept length is too noisy to alert on
 COLLAPSE_RATIO = 0.5
 ALERTS = ("server_unreachable", "transfer_stall", "transfer_errors", "pair_mismatch", "deployment_drift",
@@ -83,12 +81,12 @@ class RoleSample:
         return (self.running or 0.0) + (self.waiting or 0.0)
 
 
-def _get(url: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - an operator's http(s) URL
-        body = r.read(MAX_BODY + 1)
-    if len(body) > MAX_BODY:
+def _get(url: str, timeout_s: float) -> str | None:
+    """The body of a 2xx answer, None for any other HTTP answer; Unreachable, or ValueError past MAX_BODY."""
+    answer = http_get(url, timeout_s)
+    if len(answer.body) > MAX_BODY:
         raise ValueError(f"{url}: more than {MAX_BODY >> 20} MiB")
-    return str(body.decode("utf-8", errors="replace"))
+    return answer.body.decode("utf-8", errors="replace") if 200 <= answer.status < 300 else None
 
 
 def _sum(samples: Mapping[str, float], *names: str) -> float | None:
@@ -111,21 +109,19 @@ def _label(key: str, label: str) -> str:
 def read_role(role: str, url: str, *, timeout_s: float = 5.0) -> RoleSample:
     """Scrape one server; a server that does not answer is a sample with `error` set, never an exception."""
     try:
-        text = _get(url + "/metrics", timeout_s)
-    except urllib.error.HTTPError:
-        text = ""  # it answers, without metrics here (sglang-router serves them on a port of their own)
-    except (OSError, ValueError, urllib.error.URLError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return RoleSample(role, url, error=f"{url}/metrics: {reason}")
+        # None: it answers, without metrics here (sglang-router serves them on a port of their own)
+        text = _get(url + "/metrics", timeout_s) or ""
+    except (Unreachable, ValueError) as exc:
+        return RoleSample(role, url, error=f"{url}/metrics: {exc}")
     s, _ = parse_metrics(text)
     family = "sglang" if any(k.startswith("sglang:") for k in s) else "specctl" if any(
         k.startswith("specctl_") for k in s) else None
     load: dict[str, Any] = {}
     try:
-        got = json.loads(_get(url + "/get_load", timeout_s))
+        got = json.loads(_get(url + "/get_load", timeout_s) or "null")
         if isinstance(got, list) and got and isinstance(got[0], dict):
             load = got[0]
-    except (OSError, ValueError, urllib.error.URLError):
+    except (Unreachable, ValueError):
         pass
     running = _sum(s, "specctl_requests_running", "sglang:num_running_reqs")
     waiting = _sum(s, "specctl_requests_waiting", "sglang:num_queue_reqs")

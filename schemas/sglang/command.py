@@ -32,7 +32,6 @@ from typing import Any
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.sglang.flags import Flag, FlagTable, convert, table
-from specctl.schemas.sglang.release import installed_sglang_version  # noqa: F401 - re-exported for callers
 from specctl.schemas.sglang.sniff import looks_like_command  # noqa: F401 - re-exported for callers
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
