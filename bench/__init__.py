@@ -3,7 +3,7 @@
 Works against any OpenAI-compatible server. The pieces, one noun per module:
 `config` (BenchConfig, option parsers) -> `workload` (prompts) -> `arrivals` + `pacer` + `load`
 (open/closed-loop load) -> `request` (one timed SSE request) -> `metrics` / `acceptance` /
-`server_info` / `prometheus` (what was measured) -> `record` (the JSON record) -> `report` /
+`prometheus` (what was measured) -> `record` (the JSON record) -> `report` /
 `plot` / `compare` (how it is shown). `runner.run_bench(config)` ties them together; `target`
 launches a deployment for `specctl bench -c`; `stub_server` is a controllable fake server for
 tests and benchmarks.

@@ -34,8 +34,8 @@ from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult
 from specctl.bench.record import json_safe
 from specctl.bench.runner import PointRun, ProgressSink, Provenance, build_record, run_bench
-from specctl.engine.serve.ports import free_port
 from specctl.errors import UsageError
+from specctl.orchestrate.ports import free_port
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -80,7 +80,7 @@ def port_overrides(raw: object) -> list[str]:
             continue
         for key, value in body.items():
             if (key == "port" or key.endswith("_port")) and isinstance(value, int) and not isinstance(value, bool):
-                port = free_port(taken=taken)  # below the ephemeral range: see engine/serve/ports.py
+                port = free_port(taken=taken)  # below the ephemeral range: see orchestrate/ports.py
                 taken.add(port)
                 out.append(f"roles.{role}.{key}={port}")
     return out

@@ -79,7 +79,7 @@ class BenchConfig:
     tag: str | None = None
     output_details: bool = False
     # Append each request's speculative statistics (asked for with `return_spec_tokens_details`) to this
-    # file as trace request lines (bench/spec_trace.py), for `specctl adaptive tune`.
+    # file as trace request lines (adaptive/sglang_trace.py), for `specctl adaptive tune`.
     spec_trace_out: str | None = None
     spec_trace_steps: int | None = None  # the launched engines' --trace-steps: every verify drafted it
 

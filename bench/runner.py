@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import aiohttp
 
 import specctl
+from specctl.adaptive.sglang_trace import append_lines, bench_request_lines
 from specctl.bench import record as bench_record
-from specctl.bench import server_info as si
 from specctl.bench.acceptance import summarize_acceptance
 from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult, run_load
@@ -30,9 +30,9 @@ from specctl.bench.probe import DeploymentProbe, ServerProbe, ServerSnapshot
 from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
-from specctl.bench.spec_trace import append_lines, bench_request_lines
 from specctl.bench.workload import Prompt, build_workload
 from specctl.errors import RuntimeFailure
+from specctl.schemas import server_info as si
 
 
 class ProgressSink(Protocol):

@@ -15,12 +15,12 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from specctl.bench import server_info as si
 from specctl.bench.probe import merge_server_info
 from specctl.bench.runner import Provenance
+from specctl.schemas import server_info as si
 
 if TYPE_CHECKING:
-    from specctl.engine.serve.launcher import Launcher, ProcessStatus
+    from specctl.orchestrate.launcher import Launcher, ProcessStatus
     from specctl.schemas.deployment import Deployment
 
 
@@ -69,7 +69,7 @@ def _launch(deployment: Deployment, overrides: Sequence[str],
             ) -> Iterator[tuple[str, dict[str, Any] | None, tuple[tuple[str, str], ...]]]:
     """(router URL, its /server_info or None, the engine roles behind a router as (name, URL)) while the
     deployment runs; torn down on exit."""
-    from specctl.engine.serve.launcher import Launcher
+    from specctl.orchestrate.launcher import Launcher
 
     # The process-level launcher (the one `specctl up` drives): start, wait until every role is
     # paired and ready, and stop everything on the way out (errors and Ctrl-C included).
@@ -90,7 +90,7 @@ def engine_roles(launcher: Launcher) -> tuple[tuple[str, str], ...]:
 def _get_info(url: str) -> dict[str, Any] | None:
     """The server's /server_info, or None when it did not answer one (the launcher's `_get_json`: no server,
     an error status, or an answer that is not HTTP or not a JSON object)."""
-    from specctl.engine.serve.launcher import _get_json
+    from specctl.orchestrate.launcher import _get_json
 
     body, code = _get_json(url.rstrip("/") + "/server_info", timeout=5)
     return body if code == 200 and body else None

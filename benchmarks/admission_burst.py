@@ -28,8 +28,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from specctl.engine.serve.launcher import Launcher
-from specctl.engine.serve.router import OFFLINE_ENV, router_env
+from specctl.orchestrate.launcher import Launcher
+from specctl.orchestrate.router import OFFLINE_ENV, router_env
 from specctl.schemas.deployment import load_deployment
 
 

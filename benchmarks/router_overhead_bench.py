@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from specctl.engine.serve.launcher import Launcher
-from specctl.engine.serve.router import OFFLINE_ENV, router_env
+from specctl.orchestrate.launcher import Launcher
+from specctl.orchestrate.router import OFFLINE_ENV, router_env
 from specctl.schemas.deployment import load_deployment
 
 

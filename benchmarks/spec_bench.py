@@ -99,7 +99,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling import SamplingParams
-from specctl.engine.spec.decoder import SpeculativeDecoder
+from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.schemas.model_facts import resolve_model_dir
 
 # the batch sizes every engine here pads to (its graph sizes); adaptive buckets route by them

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from specctl.engine.serve.launcher import Launcher
+from specctl.orchestrate.launcher import Launcher
 from specctl.schemas.deployment import load_deployment
 
 

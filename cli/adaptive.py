@@ -2,16 +2,16 @@
 
 - `simulate CONFIG --trace FILE`: replay recorded verify results through the policy (below).
 - `profile -c DEPLOY`: measure one decode step's cost per (batch size, steps) -> cost model JSON
-  (`specctl.engine.spec.profile`; this one imports torch, the others do not).
+  (`specctl.engine.speculative.profile`; this one imports torch, the others do not).
 - `tune CONFIG --trace FILE --cost FILE`: counterfactual replay of an engine trace (recorded with
   `serve|bench --trace-out FILE [--trace-steps K]`) through the same policy, searching candidate sets
-  and knobs per bucket for the best predicted tokens/s (`specctl.engine.spec.tune`).
+  and knobs per bucket for the best predicted tokens/s (`specctl.adaptive.tune`).
 
 CONFIG is an SGLang `--speculative-adaptive-config` JSON, or a deployment file / preset (its decode
 or colocated role's `speculative.adaptive`). TRACE is JSON Lines, one verify per line:
 `{"batch_size": 4, "accepted": [2, 3, 0, 1]}` (accepted draft tokens per request; the engine's
-extra keys -- steps, drafted, rids, times -- are described in `specctl.engine.spec.trace`; blank lines
-skipped). The policy is the engine's own (`specctl.engine.spec.adaptive`), so what
+extra keys -- steps, drafted, rids, times -- are described in `specctl.adaptive.trace`; blank lines
+skipped). The policy is the engine's own (`specctl.adaptive.policy`), so what
 this prints is what the engine would do. `--format json` prints one object per trace record:
 `{"index", "batch_size", "steps", "ema", "switched"}`: the 0-based record number (blank lines are
 skipped), then the routed bucket's steps and EMA after that update and whether it switched. Text
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from specctl.adaptive.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
-from specctl.engine.spec.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
 
 if TYPE_CHECKING:
-    from specctl.engine.spec.adaptive import AdaptivePolicy
-    from specctl.engine.spec.tune import TuneResult
+    from specctl.adaptive.policy import AdaptivePolicy
+    from specctl.adaptive.tune import TuneResult
     from specctl.schemas.loader import Document
 
 adaptive_app = typer.Typer(
@@ -196,7 +196,7 @@ def load_setup(
 
 def simulate(setup: SimulationSetup, records: Sequence[TraceRecord]) -> tuple[list[SimStep], Any]:
     """Replay `records` through a fresh policy; the steps after each record and the final policy."""
-    from specctl.engine.spec.adaptive import AdaptivePolicy
+    from specctl.adaptive.policy import AdaptivePolicy
 
     index = 0
     policy = AdaptivePolicy(
@@ -373,7 +373,7 @@ def profile_command(
         sizes = parse_int_list(batch_sizes, option="--batch-sizes")
         step_list = _parse_steps(steps)
         cfg, role = _engine_config(config, set_values or ())
-        from specctl.engine.spec.profile import profile_costs
+        from specctl.engine.speculative.profile import profile_costs
 
         if threads is not None:
             import torch
@@ -458,7 +458,7 @@ def tune_command(
     one workload's trace for a config for that workload. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
-        from specctl.engine.spec.tune import TuneSetup, read_cost, tune
+        from specctl.adaptive.tune import TuneSetup, read_cost, tune
 
         setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
@@ -471,7 +471,7 @@ def tune_command(
         def progress(line: str) -> None:
             sys.stderr.write(f"tune: {line}\n")
 
-        from specctl.engine.spec.trace import read_requests
+        from specctl.adaptive.trace import read_requests
 
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
                                 sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress,
@@ -613,8 +613,8 @@ def trace_command(
     --trace-out FILE` writes the same lines from the responses themselves.
     """
     with handle_errors():
-        from specctl.bench.spec_trace import append_lines, read_sglang_output
-        from specctl.engine.spec.trace import RequestRecord, request_form
+        from specctl.adaptive.sglang_trace import append_lines, read_sglang_output
+        from specctl.adaptive.trace import RequestRecord, request_form
 
         if (from_sglang_metrics is None) == (from_trace is None):
             raise UsageError("give exactly one of --from-sglang-metrics FILE or --from-trace FILE")

@@ -1,7 +1,7 @@
 """`specctl serve --role R -c DEPLOY` (one process) and `specctl up -c DEPLOY` (the whole local topology).
 
 Thin wrappers: load + validate the deployment (with `--set` overrides), then hand off to
-`specctl.engine.serve.roles.serve_role` (one process) or `specctl.engine.serve.launcher.Launcher` (all of them).
+`specctl.engine.serve.roles.serve_role` (one process) or `specctl.orchestrate.launcher.Launcher` (all of them).
 Exit codes: 0 stopped cleanly (Ctrl-C / SIGTERM); 1 invalid deployment; 2 usage error or unreadable
 file; 3 launch, handshake or runtime failure (a refused decode, a process that died).
 torch is imported only inside the serving process, never by `specctl --help`.
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
 
-    from specctl.engine.serve.launcher import ProcessStatus
+    from specctl.orchestrate.launcher import ProcessStatus
     from specctl.schemas.deployment import Deployment
 
 UP_TIMEOUT_S = 300.0
@@ -121,8 +121,8 @@ def serve(
 
 def _serve_sglang(deployment: Deployment, role: str, instance: int, *, print_command: bool) -> None:
     """engine: sglang: exec SGLang's server for the role (or print the command)."""
-    from specctl.engine.serve import sglang_process as sp
-    from specctl.engine.serve.router import OFFLINE_ENV
+    from specctl.orchestrate import sglang_process as sp
+    from specctl.orchestrate.router import OFFLINE_ENV
 
     if print_command:
         argv, files = sp.role_command(deployment, role, instance, python=sp.sglang_python(deployment),
@@ -137,7 +137,7 @@ def set_trace_env(trace_out: str | None, trace_steps: int | None) -> None:
     import os
     from pathlib import Path
 
-    from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
+    from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
 
     if trace_steps is not None and trace_out is None:
         raise UsageError("--trace-steps needs --trace-out FILE", hint="add --trace-out verify_trace.jsonl")
@@ -197,7 +197,7 @@ class _Stop(Exception):
 
 def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: float, log_dir: str | None,
            fmt: OutputFormat = OutputFormat.text) -> int:
-    from specctl.engine.serve.launcher import Launcher
+    from specctl.orchestrate.launcher import Launcher
 
     err = stderr_console()
     launcher = Launcher(deployment, overrides=overrides, log_dir=log_dir)
@@ -210,7 +210,7 @@ def run_up(deployment: Deployment, *, overrides: tuple[str, ...], timeout_s: flo
     try:
         err.print(f"starting {', '.join(launcher.roles)} of {deployment.name!r} (logs: {launcher.log_dir})")
         if "router" in launcher.roles:
-            from specctl.engine.serve.router import slow_client_warning
+            from specctl.orchestrate.router import slow_client_warning
             from specctl.schemas.sglang.router import router_kind
 
             warning = slow_client_warning(router_kind(deployment))

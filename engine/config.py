@@ -30,7 +30,7 @@ class EngineConfig:
     # Prompt tokens prefilled per step across all requests (long prompts are chunked).
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     name: str = ""
-    # Verify traces (engine/spec/trace.py): set by `serve --trace-out/--trace-steps` through the environment
+    # Verify traces (adaptive/trace.py): set by `serve --trace-out/--trace-steps` through the environment
     # (SPECCTL_TRACE_OUT / SPECCTL_TRACE_STEPS), so `up` and `bench` reach the launched engine processes.
     trace_out: str | None = None
     trace_steps: int | None = None  # draft this many every step (a counterfactual-complete trace)
@@ -85,7 +85,7 @@ def _trace_settings() -> dict[str, Any]:
     """`trace_out` / `trace_steps` from the environment `serve --trace-out/--trace-steps` sets."""
     import os
 
-    from specctl.engine.spec.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
+    from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
 
     out = os.environ.get(TRACE_OUT_ENV) or None
     raw = os.environ.get(TRACE_STEPS_ENV) or None

@@ -3,7 +3,7 @@
 Contract:
 - `Engine(config)` builds the ModelRunner, a Scheduler over its cache verbs, and a Decoder chosen by
   `config.speculative` (`PlainDecoder` for `algorithm: none`, else
-  `specctl.engine.spec.decoder.SpeculativeDecoder(runner, config)`).
+  `specctl.engine.speculative.decoder.SpeculativeDecoder(runner, config)`).
 - `add_request(prompt | ids, params) -> rid`; `step() -> [Sequence]` runs one scheduling step and
   returns the sequences that got tokens or finished in it; `generate(prompts, params)` runs to
   completion and returns `GenerationResult`s in prompt order; `abort(rid)`; `stats()`.
@@ -138,7 +138,7 @@ def make_decoder(config: EngineConfig, runner: ModelRunner) -> Decoder:
     if config.algorithm == "none":
         return PlainDecoder(runner)
     try:
-        from specctl.engine.spec.decoder import SpeculativeDecoder
+        from specctl.engine.speculative.decoder import SpeculativeDecoder
     except ImportError as exc:
         raise RuntimeFailure(
             f"speculative.algorithm {config.algorithm!r} is not available in this build ({exc})",

@@ -6,7 +6,7 @@ Contract:
   distribution): so greedy and sampled requests, plain and speculative decoding all report the same
   numbers for the same context.
 - With speculation, row j of the target's verify logits is the target's distribution for the token
-  that follows x_0, d_1..d_j (`engine/spec/verify.py`), whichever drafter proposed: accepted drafts and the
+  that follows x_0, d_1..d_j (`engine/speculative/verify.py`), whichever drafter proposed: accepted drafts and the
   target's own token take their log-probs from those rows, never from the drafter.
 - A decoder hands the engine `seq.pending_logprobs`, one `TokenLogprob` per token it returns; the engine
   keeps the ones whose token enters the output (`Sequence.append`). Requests that did not ask pay nothing.

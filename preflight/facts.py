@@ -27,9 +27,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from specctl.bench.server_info import sglang_accept_lengths
 from specctl.errors import UsageError
 from specctl.schemas.loader import read_text
+from specctl.schemas.server_info import sglang_accept_lengths
 
 JsonDoc = Mapping[str, object]
 

@@ -193,7 +193,7 @@ def policy_tier(adaptive: Mapping[str, Any] | None, initial_steps: int) -> TierM
     acceptance (min(accepted, steps) each verify) until it settles. None without adaptive."""
     if not adaptive:
         return None
-    from specctl.engine.spec.adaptive import AdaptivePolicy
+    from specctl.adaptive.policy import AdaptivePolicy
     from specctl.schemas.adaptive import parse_deployment_adaptive
 
     cfg, findings = parse_deployment_adaptive(dict(adaptive))

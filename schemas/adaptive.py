@@ -7,7 +7,7 @@ Parsing never raises on bad content: it returns the config SGLang would run (or 
 usable is left) plus every `Finding`, ADP2xx for bucket sanity. `step_coverage` proves step coverage:
 which steps the runtime can select at each reachable (padded) batch size, hence which runtime states
 must be prebuilt, with ADP1xx findings. The EMA policy that walks these buckets lives in
-`specctl.engine.spec.adaptive`. Torch-free: `specctl validate` imports this module.
+`specctl.adaptive.policy`. Torch-free: `specctl validate` imports this module.
 
 Layout: this module is the stable import point and re-exports the public names of its parts, one noun
 each: `adaptive_config` (the config model, routing, SGLang's defaults), `adaptive_parser` (both input

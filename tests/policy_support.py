@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from specctl.adaptive.policy import AdaptivePolicy
 from specctl.cli.main import app
-from specctl.engine.spec.adaptive import AdaptivePolicy
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 Scripted drafters know the target's plain greedy continuation of each prompt (computed first by a plain
 engine: the oracle) and propose it exactly, never, or corrupted on a deterministic schedule. They
-implement the `Drafter` protocol of specctl.engine.spec.drafter and make acceptance lengths controllable,
+implement the `Drafter` protocol of specctl.engine.speculative.drafter and make acceptance lengths controllable,
 which is what the adaptive-policy and rollback tests need.
 """
 
@@ -20,8 +20,8 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling import SamplingParams
-from specctl.engine.spec.decoder import SpeculativeDecoder
-from specctl.engine.spec.drafter import DraftBuffers
+from specctl.engine.speculative.decoder import SpeculativeDecoder
+from specctl.engine.speculative.drafter import DraftBuffers
 
 VOCAB = 260
 ALPHA = 0.001  # the stated significance level of every goodness-of-fit test (test_spec_verify/_sampling)

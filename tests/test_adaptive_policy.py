@@ -1,4 +1,4 @@
-"""The adaptive-steps EMA policy (specctl.engine.spec.adaptive): SGLang's semantics, exact thresholds.
+"""The adaptive-steps EMA policy (specctl.adaptive.policy): SGLang's semantics, exact thresholds.
 
 Most tests use ema_alpha = 1, so the EMA equals the last batch mean and a threshold can be hit exactly;
 a differential test compares the policy with a reference written independently from the documented
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specctl.engine.spec.adaptive import AdaptivePolicy, Switch
+from specctl.adaptive.policy import AdaptivePolicy, Switch
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
 
@@ -200,7 +200,7 @@ def test_throughput_aware_is_refused() -> None:
 
 
 def test_policy_module_is_torch_free() -> None:
-    code = "import sys, specctl.engine.spec.adaptive, specctl.schemas.adaptive; sys.exit('torch' in sys.modules)"
+    code = "import sys, specctl.adaptive.policy, specctl.schemas.adaptive; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

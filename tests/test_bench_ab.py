@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from specctl.bench.ab import FILLED_WARN, bootstrap_ratio, parse_ab, port_overrides
 from specctl.bench.stub_server import StubBehaviour, StubServer
 from specctl.cli.main import app
-from specctl.engine.serve.ports import free_port
 from specctl.errors import UsageError
+from specctl.orchestrate.ports import free_port
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.serve.ports import free_port
+from specctl.orchestrate.ports import free_port
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from specctl.bench.load import LoadResult
 from specctl.bench.metrics import stats_ms, summarize_load
 from specctl.bench.prometheus import metrics_delta, parse_metrics
 from specctl.bench.request import RequestResult
-from specctl.bench.server_info import (
+from specctl.schemas.server_info import (
     adaptive_state,
     adaptive_switches,
     batches_per_steps,

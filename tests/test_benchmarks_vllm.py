@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from specctl.engine.serve.ports import ephemeral_start, free_port
+from specctl.orchestrate.ports import ephemeral_start, free_port
 
 from script_support import load_script  # isort: skip
 
@@ -166,7 +166,7 @@ def test_a_server_that_dies_at_start_is_exit_3_with_a_hint_and_nothing_is_left_r
 def _free_port_pair() -> int:
     """A port p with p and p + 1 free on 127.0.0.1 just now (vLLM on p, specctl on p + 1)."""
     for _ in range(50):
-        p = free_port()  # below the ephemeral range (engine/serve/ports.py); so must p + 1 be
+        p = free_port()  # below the ephemeral range (orchestrate/ports.py); so must p + 1 be
         if p + 1 >= ephemeral_start():
             continue
         with socket.socket() as b:

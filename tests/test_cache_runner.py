@@ -8,7 +8,7 @@ import torch
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model import LONE_SHORT
 from specctl.engine.model_runner import ForwardItem, ModelRunner
-from specctl.engine.spec.drafter import ModelDrafter
+from specctl.engine.speculative.drafter import ModelDrafter
 from specctl.errors import RuntimeFailure
 
 from spec_support import spy_chain_draws  # isort: skip

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from slurm_cluster import Cluster, ClusterUnavailable, slurm_cluster
 
-from specctl.engine.serve.ports import free_ports
+from specctl.orchestrate.ports import free_ports
 
 BIN = Path(sys.executable).parent
 JOB_TIMEOUT_S = 300.0

@@ -24,7 +24,7 @@ from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import HandshakeRejected, register, seal
 from specctl.engine.pd.messages import PdClaim
 from specctl.engine.pd.registration import build_registration
-from specctl.engine.serve.ports import free_ports
+from specctl.orchestrate.ports import free_ports
 
 from test_serve_pd import (  # isort: skip
     PROMPTS,

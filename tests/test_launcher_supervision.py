@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specctl.engine.serve.launcher import Launcher
-from specctl.engine.serve.ports import free_ports
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.launcher import Launcher
+from specctl.orchestrate.ports import free_ports
 from specctl.schemas.deployment import load_deployment
 
 pytestmark = pytest.mark.slow
@@ -257,7 +257,7 @@ def test_an_answer_that_is_not_http_reads_as_not_up_yet() -> None:
     import threading
 
     from specctl.bench.target import _get_info
-    from specctl.engine.serve.launcher import _get_json
+    from specctl.orchestrate.launcher import _get_json
 
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]

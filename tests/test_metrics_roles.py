@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.ports import free_ports
+from specctl.orchestrate.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from specctl.engine.serve.ports import free_ports
+from specctl.orchestrate.ports import free_ports
 from specctl.schemas.budget import budget_for
 
 from test_serve_pd import (  # isort: skip

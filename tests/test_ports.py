@@ -1,4 +1,4 @@
-"""Free ports for launched servers come from below the kernel's ephemeral range (engine/serve/ports.py), where
+"""Free ports for launched servers come from below the kernel's ephemeral range (orchestrate/ports.py), where
 no outgoing connection's source port can take them between the choice and the server's bind."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from specctl.bench.ab import port_overrides
-from specctl.engine.serve import ports
+from specctl.orchestrate import ports
 
 
 def test_a_free_port_is_below_the_ephemeral_range_and_bindable():

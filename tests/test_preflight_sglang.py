@@ -21,8 +21,8 @@ from sglang_fixture_server import FixtureServer, fixture, json_answer, text_answ
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
-from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.ports import free_port
 from specctl.preflight.check import run_preflight
 from specctl.preflight.facts import normalise
 from specctl.schemas.model_facts import builtin_dir

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from specctl.cli.main import app
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.ports import free_port, free_ports
+from specctl.orchestrate.ports import free_port, free_ports
 from specctl.preflight.check import run_preflight
 
 from test_serve_pd import Proc  # isort: skip  (one `specctl serve` process helper for the PD tests)

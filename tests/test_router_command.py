@@ -1,4 +1,4 @@
-"""The one router command line (engine/serve/router.py `router_command`) for both kinds, checked by each
+"""The one router command line (orchestrate/router.py `router_command`) for both kinds, checked by each
 router's own argument parser (smg's and sglang-router's `parse_router_args`, the code their binaries run):
 every prefill with its bootstrap port, every decode, host, port, the request timeout, and for smg the
 slow-client bounds under SLOW_CLIENT_BOUND_S. `up` (router_argv) and `export sglang` use the same builder."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from validate_helpers import run_cli
 
-from specctl.engine.serve.router import router_argv
 from specctl.errors import UsageError
+from specctl.orchestrate.router import router_argv
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.router import DEFAULT_ROUTER_KIND, SLOW_CLIENT_BOUND_S, router_command
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.serve.launcher import Launcher
-from specctl.engine.serve.router import router_argv
+from specctl.orchestrate.launcher import Launcher
+from specctl.orchestrate.router import router_argv
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.validator import Validator
 

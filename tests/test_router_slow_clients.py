@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from specctl.engine.serve.ports import free_ports
-from specctl.engine.serve.router import router_argv, router_env
+from specctl.orchestrate.ports import free_ports
+from specctl.orchestrate.router import router_argv, router_env
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.router import SLOW_CLIENT_BOUND_S
 

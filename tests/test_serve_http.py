@@ -369,8 +369,8 @@ def test_prometheus_histogram_is_cumulative_and_labelled() -> None:
 
 
 def test_launcher_plans_roles_in_pairing_order() -> None:
-    from specctl.engine.serve.launcher import roles_to_launch
     from specctl.errors import RuntimeFailure
+    from specctl.orchestrate.launcher import roles_to_launch
 
     assert roles_to_launch(("router", "decode", "prefill")) == ("prefill", "decode", "router")
     assert roles_to_launch(("colocated",)) == ("colocated",)

@@ -33,7 +33,7 @@ from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
-from specctl.engine.serve.ports import free_port, free_ports
+from specctl.orchestrate.ports import free_port, free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
-from specctl.engine.serve.sglang_process import adaptive_file_for, default_workdir
+from specctl.orchestrate.sglang_process import adaptive_file_for, default_workdir
 from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.export import export_commands
 

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from specctl.engine.spec.decoder import RuntimeState
+from specctl.engine.speculative.decoder import RuntimeState
 from specctl.errors import RuntimeFailure
 from specctl.schemas.adaptive import check_deployment_steps
 
@@ -147,7 +147,7 @@ def test_startup_refuses_uncovered_initial_steps_with_validate_finding(target: s
 
 def test_startup_refuses_runner_too_small_for_largest_step(target: str) -> None:
     from specctl.engine.model_runner import ModelRunner
-    from specctl.engine.spec.decoder import SpeculativeDecoder
+    from specctl.engine.speculative.decoder import SpeculativeDecoder
 
     cfg = engine_config(target, {"algorithm": "ngram", "num_steps": 3, "adaptive": ADAPTIVE})
     runner = ModelRunner(target, max_requests=8, max_draft_tokens=5)  # steps 7 needs 7 drafts' rollback

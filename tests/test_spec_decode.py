@@ -148,7 +148,7 @@ def test_draft_cache_handover_matches_rebuilding_from_tokens(models: dict[str, s
     """PD: prefill exports the (hybrid) draft model's cache, decode imports it, and drafts exactly what a
     decoder that rebuilt the draft cache from the tokens drafts."""
     from specctl.engine.sequence import Sequence
-    from specctl.engine.spec.drafter import DraftBuffers
+    from specctl.engine.speculative.drafter import DraftBuffers
 
     spec = {"algorithm": "draft", "draft": models["draft_hybrid"], "num_steps": 4}
     cfg = engine_config(models["target"], spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specctl.engine.spec.drafter import NgramDrafter
+from specctl.engine.speculative.drafter import NgramDrafter
 
 
 def brute_force(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
@@ -73,7 +73,7 @@ def test_incremental_index_follows_a_growing_request(seed: int) -> None:
 
     from specctl.engine.sampling import SamplingParams
     from specctl.engine.sequence import Sequence
-    from specctl.engine.spec.drafter import DraftBuffers
+    from specctl.engine.speculative.drafter import DraftBuffers
 
     rng = random.Random(seed)
     lo = rng.randrange(1, 3)

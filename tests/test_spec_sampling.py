@@ -20,8 +20,8 @@ import torch
 from specctl.engine.model_runner import ForwardItem, ModelRunner
 from specctl.engine.sampling import SamplingParams, make_generator, probs_from_logits
 from specctl.engine.sequence import Sequence
-from specctl.engine.spec.decoder import SpeculativeDecoder
-from specctl.engine.spec.drafter import DraftBuffers
+from specctl.engine.speculative.decoder import SpeculativeDecoder
+from specctl.engine.speculative.drafter import DraftBuffers
 
 from spec_support import ALPHA, chi_square_pvalue, engine_config, spy_chain_draws, write_models  # isort: skip
 

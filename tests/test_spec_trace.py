@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specctl.bench.spec_trace import concurrency, from_meta_info, from_sglext, read_sglang_output
-from specctl.engine.spec.trace import (
+from specctl.adaptive.sglang_trace import concurrency, from_meta_info, from_sglext, read_sglang_output
+from specctl.adaptive.trace import (
     RequestRecord,
     TraceRecord,
     assumed_order,
@@ -29,7 +29,7 @@ from specctl.engine.spec.trace import (
     read_trace,
     request_form,
 )
-from specctl.engine.spec.tune import (
+from specctl.adaptive.tune import (
     CostModel,
     Prediction,
     TuneSetup,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from specctl.bench.spec_trace import from_meta_info, from_sglext, read_sglang_output
-from specctl.engine.serve.ports import free_ports
-from specctl.engine.spec.trace import read_trace
+from specctl.adaptive.sglang_trace import from_meta_info, from_sglext, read_sglang_output
+from specctl.adaptive.trace import read_trace
+from specctl.orchestrate.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

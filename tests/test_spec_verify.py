@@ -1,4 +1,4 @@
-"""The verification maths alone (engine/spec/verify.py), on synthetic distributions.
+"""The verification maths alone (engine/speculative/verify.py), on synthetic distributions.
 
 Greedy: checked against a straightforward per-request loop. Sampling: chi-square goodness-of-fit of the
 emitted tokens against the target distribution at significance level ALPHA = 0.001 with fixed seeds, for a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specctl.engine.spec.verify import greedy_accept, rejection_accept
+from specctl.engine.speculative.verify import greedy_accept, rejection_accept
 
 from spec_support import ALPHA, chi_square_pvalue  # isort: skip
 

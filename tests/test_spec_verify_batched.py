@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specctl.engine.sampling import sample_from_probs
-from specctl.engine.spec.verify import rejection_accept
+from specctl.engine.speculative.verify import rejection_accept
 
 
 def reference(draft_tokens, num_drafts, p, q, generators):  # type: ignore[no-untyped-def]
@@ -85,7 +85,7 @@ def test_kernel_rejection_from_logits_equals_the_loop(seed):
     accepted counts and tokens the per-request loop gets from p = softmax(logits / T), for sampling and
     deterministic drafters, any mix of draft lengths (0 included), temperatures per request."""
     from specctl.engine import smallgemm
-    from specctl.engine.spec.verify import rejection_accept_logits
+    from specctl.engine.speculative.verify import rejection_accept_logits
 
     if smallgemm.kernel() is None:
         pytest.skip("no small-row kernel here (no C compiler, or SPECCTL_SMALL_GEMM=0)")

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from specctl.engine.spec.trace import TraceRecord, parse_record, read_trace
-from specctl.engine.spec.tune import (
+from specctl.adaptive.trace import TraceRecord, parse_record, read_trace
+from specctl.adaptive.tune import (
     GUARD_COST,
     GUARD_RATIO,
     CostModel,
@@ -96,7 +96,7 @@ def test_a_run_whose_traffic_wants_another_step_keeps_the_set(monkeypatch: pytes
     a long one of text it gets 1-3 of right (best: 2). A set that follows each predicts under SET_MARGIN above
     the long run's step alone, so the margin alone picks steps 2 and leaves the short run at 0.59x its best
     fixed step; a run below REGRET_RATIO x its own best, kept above it by the set, keeps the set."""
-    import specctl.engine.spec.tune as tune_module
+    import specctl.adaptive.tune as tune_module
 
     rng = random.Random(0)
     deep = [replace(r, run="code") for r in records([K] * 20, batch=8)]
@@ -388,7 +388,7 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
 
 
 def test_tune_and_trace_modules_do_not_import_torch():
-    code = ("import sys; import specctl.engine.spec.tune, specctl.engine.spec.trace, specctl.cli.adaptive; "
+    code = ("import sys; import specctl.adaptive.tune, specctl.adaptive.trace, specctl.cli.adaptive; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
@@ -453,8 +453,8 @@ def test_profile_rounds_interleave_batch_sizes_and_steps(monkeypatch: pytest.Mon
     steps each point pins and the requests it adds (a PD decode role: no turnover, so b requests a point)."""
     from specctl.cli.adaptive import _engine_config
     from specctl.engine.engine import Engine
-    from specctl.engine.spec.decoder import SpeculativeDecoder
-    from specctl.engine.spec.profile import profile_costs
+    from specctl.engine.speculative.decoder import SpeculativeDecoder
+    from specctl.engine.speculative.profile import profile_costs
 
     points: list[list[int]] = []  # [steps, requests added]
     pin, add = SpeculativeDecoder.pin_steps, Engine.add_request
@@ -483,8 +483,8 @@ def test_profile_rounds_interleave_the_greedy_and_sampled_tables(monkeypatch: py
     temperature."""
     from specctl.cli.adaptive import _engine_config
     from specctl.engine.engine import Engine
-    from specctl.engine.spec.decoder import SpeculativeDecoder
-    from specctl.engine.spec.profile import profile_costs
+    from specctl.engine.speculative.decoder import SpeculativeDecoder
+    from specctl.engine.speculative.profile import profile_costs
 
     points: list[tuple[int, float]] = []  # (steps, temperature of the point's requests)
     pin, add = SpeculativeDecoder.pin_steps, Engine.add_request
@@ -629,7 +629,7 @@ def test_a_phase_of_useless_drafts_is_kept_within_5pct_of_no_speculation(monkeyp
     guarded = tune(cfg, recs, cost_model())
     assert guarded.recommended.bucket(1).knobs.zero_backoff > 1
     assert worst(guarded) >= GUARD_RATIO
-    monkeypatch.setattr("specctl.engine.spec.tune.GUARD_RATIO", 0.0)
+    monkeypatch.setattr("specctl.adaptive.tune.GUARD_RATIO", 0.0)
     unguarded = tune(cfg, recs, cost_model())
     assert unguarded.recommended.bucket(1).knobs.zero_backoff == 1 and worst(unguarded) < 0.95
     assert guarded.predicted.tokens_per_s >= unguarded.predicted.tokens_per_s * (1 - GUARD_COST)
@@ -641,7 +641,7 @@ def test_a_set_must_beat_the_best_single_step_by_the_margin(monkeypatch):
     that, the bucket is the best fixed step; a never-right run the single step would lose is still kept."""
     phases = records(([K] * 150 + [0] * 150) * 3)
     assert len(tune(setup(), phases, cost_model()).recommended.bucket(1).candidate_steps) >= 2
-    monkeypatch.setattr("specctl.engine.spec.tune.SET_MARGIN", 0.5)
+    monkeypatch.setattr("specctl.adaptive.tune.SET_MARGIN", 0.5)
     res = tune(setup({"1": {"candidate_steps": [1]}}), phases, cost_model())
     assert res.recommended.bucket(1).candidate_steps == (res.best_fixed_steps,), res.recommended
     assert res.speedups()["vs_best_fixed"] == pytest.approx(1.0)

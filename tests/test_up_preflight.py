@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.launcher import Launcher, Planner, PreflightRefused, ProcessStatus
-from specctl.engine.serve.ports import free_ports
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.launcher import Launcher, Planner, PreflightRefused, ProcessStatus
+from specctl.orchestrate.ports import free_ports
 from specctl.schemas.deployment import load_deployment
 
 pytestmark = pytest.mark.slow

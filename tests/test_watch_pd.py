@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from specctl.engine.checkpoint import write_random_model
-from specctl.engine.serve.ports import free_ports
+from specctl.orchestrate.ports import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -23,10 +23,10 @@ from policy_support import policy_steps as run
 from policy_support import validate_tiny_pd as _validate
 from typer.testing import CliRunner
 
+from specctl.adaptive.policy import AdaptivePolicy
+from specctl.adaptive.trace import TraceRecord
+from specctl.adaptive.tune import CostModel, TuneResult, TuneSetup, fixed_config, replay, sglang_json, tune
 from specctl.cli.main import app
-from specctl.engine.spec.adaptive import AdaptivePolicy
-from specctl.engine.spec.trace import TraceRecord
-from specctl.engine.spec.tune import CostModel, TuneResult, TuneSetup, fixed_config, replay, sglang_json, tune
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
 
 runner = CliRunner()

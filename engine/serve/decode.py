@@ -54,9 +54,9 @@ from specctl.engine.serve.backend import (
     warn_unauthenticated,
 )
 from specctl.engine.serve.metrics import ServingMetrics
-from specctl.engine.serve.router import connect_host, role_instances
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.router import connect_host, role_instances
 
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine

@@ -1,5 +1,5 @@
 """One serving process per role: colocated, prefill or decode behind the same HTTP front; the router is
-smg, or SGLang's sglang-router (engine/serve/router.py).
+smg, or SGLang's sglang-router (orchestrate/router.py).
 
 Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
 (exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from specctl.engine.serve.backend import EngineBackend, RoleContext
 from specctl.engine.serve.faults import FaultPlan
-from specctl.engine.serve.router import role_instances
 from specctl.errors import RuntimeFailure, SpecctlError
+from specctl.orchestrate.router import role_instances
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -116,7 +116,7 @@ def serve_role(deployment: Deployment, role_name: str, instance: int = 0, *, fau
     """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
     `instance` picks one of several prefill or decode instances; `faults` is a test's FaultPlan."""
     if role_name == "router":
-        from specctl.engine.serve.router import run_router
+        from specctl.orchestrate.router import run_router
 
         return run_router(deployment)
     instances = role_instances(deployment, role_name)

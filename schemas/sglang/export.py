@@ -132,7 +132,7 @@ def role_argv(cfg: dict[str, Any], role: str, *, adaptive_file: str) -> tuple[li
 
 
 def export_router(deployment: Deployment, *, kind: str | None = None) -> list[str]:
-    """The router's command in front of every prefill and decode instance (engine/serve/router.py builds it:
+    """The router's command in front of every prefill and decode instance (orchestrate/router.py builds it:
     the same command line `specctl up` runs, without its local-only settings). `kind`: smg or sglang-router,
     the deployment's `roles.router.kind` when None."""
     from specctl.schemas.budget import request_budget_s

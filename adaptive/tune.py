@@ -7,7 +7,7 @@ Contract:
   prefill), and what the steps after a request joins pay beyond that (`refill_time`). `step_time(b, k)`
   interpolates linearly between measured batch sizes (and extrapolates from the last two).
 - `replay(cfg, records, cost, ...)` runs the trace through the engine's own policy
-  (`specctl.engine.spec.adaptive.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
+  (`specctl.adaptive.policy.AdaptivePolicy`, SGLang's EMA semantics), with the counterfactual rule:
   a verify that drafted K tokens and accepted a of them would have accepted min(a, k) with any k <= K
   (greedy acceptance is a prefix test). An engine trace (with rids) is replayed per request, position by
   position, as closed-loop streams (`_replay_streams`): each replayed step verifies every active request
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from specctl.engine.spec.adaptive import AdaptivePolicy
-from specctl.engine.spec.trace import RequestRecord, TraceRecord
+from specctl.adaptive.policy import AdaptivePolicy
+from specctl.adaptive.trace import RequestRecord, TraceRecord
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import (
     AdaptiveConfig,

@@ -26,8 +26,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
-from specctl.engine.serve.ports import free_port
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.ports import free_port
 from specctl.schemas.budget import request_budget_s
 from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,

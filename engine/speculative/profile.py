@@ -31,7 +31,7 @@ predicted speed-up at 0.87x and 0.86x what `bench --ab` measured, 0.94x and 0.92
 
 `clock="cpu"` times with this process's CPU time instead of wall time: on a shared machine other jobs
 barely disturb it, and with one torch thread on a CPU device it equals wall time on an idle machine.
-The result is a `specctl.engine.spec.tune.CostModel`.
+The result is a `specctl.adaptive.tune.CostModel`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from specctl.adaptive.tune import CostModel
 from specctl.engine.config import EngineConfig
-from specctl.engine.spec.tune import CostModel
 from specctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def _measure(
     plain step below a greedy one, though a sampled step does more (it draws), and `tune` weighed sampled traces
     at flatter prices (benchmarks/RESULTS.md)."""
     from specctl.engine.sampling import SamplingParams
-    from specctl.engine.spec.decoder import SpeculativeDecoder
+    from specctl.engine.speculative.decoder import SpeculativeDecoder
 
     decoder = engine.decoder
     assert isinstance(decoder, SpeculativeDecoder)  # profile_costs refused a deployment that does not speculate

@@ -40,21 +40,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specctl.adaptive.trace import TraceWriter
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import greedy_ids, probs_from_logits, sample, temperature_only
 from specctl.engine.sequence import Sequence
-from specctl.engine.spec.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
-from specctl.engine.spec.trace import TraceWriter
-from specctl.engine.spec.verify import greedy_accept, rejection_accept, rejection_accept_logits
+from specctl.engine.speculative.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
+from specctl.engine.speculative.verify import greedy_accept, rejection_accept, rejection_accept_logits
 from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:
+    from specctl.adaptive.policy import AdaptivePolicy
     from specctl.engine.config import EngineConfig
     from specctl.engine.model_runner import ModelRunner
-    from specctl.engine.spec.adaptive import AdaptivePolicy
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class SpeculativeDecoder:
         self.initial_steps = coverage.initial_steps
         self.policy: AdaptivePolicy | None = None
         if spec.get("adaptive") is not None:
-            from specctl.engine.spec.adaptive import AdaptivePolicy
+            from specctl.adaptive.policy import AdaptivePolicy
 
             cfg, _ = parse_deployment_adaptive(spec["adaptive"])
             assert cfg is not None  # check_deployment_steps returned a coverage, so it parsed
@@ -165,7 +165,7 @@ class SpeculativeDecoder:
         vocab = int(runner.facts.vocab_size)
         device = torch.device(runner.device)
         # `--trace-steps K` drafts K every step whatever the policy says (a counterfactual-complete
-        # trace, engine/spec/trace.py); K gets its runtime state like any selectable step.
+        # trace, adaptive/trace.py); K gets its runtime state like any selectable step.
         self.trace_steps: int | None = config.trace_steps
         selectable = set(coverage.required_states) | ({self.trace_steps} if self.trace_steps else set())
         self.states: dict[int, RuntimeState] = {

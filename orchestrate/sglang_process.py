@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specctl.engine.serve.router import OFFLINE_ENV, role_instances
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.router import OFFLINE_ENV, role_instances
 from specctl.schemas.deployment import Deployment
 
 ENGINE_ROLES = ("prefill", "decode", "colocated")

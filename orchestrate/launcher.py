@@ -3,7 +3,7 @@
 Contract (mini-sglang style: the launcher blocks on every worker's readiness before reporting ready):
 - `Launcher(deployment, overrides=...)` plans one `specctl serve --role R --instance I` subprocess per
   engine instance (every prefill, every decode; or colocated) and, for a disaggregated deployment, the router
-  in front of them (engine/serve/router.py: `python -m smg launch --pd-disaggregation ...`, or sglang-router
+  in front of them (orchestrate/router.py: `python -m smg launch --pd-disaggregation ...`, or sglang-router
   with `roles.router.kind`), each logging to `<log_dir>/<name>.log` (names: `prefill`, `prefill.1`, ...).
   Every child's environment has HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1.
 - `start()` first checks that every port the topology binds (each role's HTTP port, prefill's bootstrap
@@ -20,7 +20,7 @@ Contract (mini-sglang style: the launcher blocks on every worker's readiness bef
   `grace_s`, then SIGKILL; it is idempotent and safe from signal handlers' aftermath.
 - The command of each engine instance comes from a planner, `planner(role, index) -> argv`, the one seam
   between the engines: `engine: builtin` runs `specctl serve`, `engine: sglang` runs the exported
-  `python -m sglang.launch_server ...` (engine/serve/sglang_process.py; `start()` first checks that
+  `python -m sglang.launch_server ...` (orchestrate/sglang_process.py; `start()` first checks that
   `sglang.python` imports SGLang, and writes the adaptive files under the log dir). Waiting, status,
   preflight, router and shutdown are the same code for both. A `/health` body that names a pid (specctl's)
   must name the started child's; SGLang's names none (the port was checked free before the start).
@@ -52,8 +52,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specctl.engine.serve.router import OFFLINE_ENV, http_url, role_instances, router_argv
 from specctl.errors import RuntimeFailure
+from specctl.orchestrate.router import OFFLINE_ENV, http_url, role_instances, router_argv
 from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ class Launcher:
 
     def sglang_command(self, role: str, index: int) -> list[str]:
         """engine: sglang: the exported SGLang command of the instance (its adaptive file in the log dir)."""
-        from specctl.engine.serve import sglang_process as sp
+        from specctl.orchestrate import sglang_process as sp
 
         argv, files = sp.role_command(self.deployment, role, index, python=sp.sglang_python(self.deployment),
                                       workdir=self.log_dir)
@@ -314,11 +314,11 @@ class Launcher:
         """Check the ports and start every engine process; the router starts once they are ready."""
         self.check_ports()
         if "router" in self.roles:
-            from specctl.engine.serve.router import check_installed
+            from specctl.orchestrate.router import check_installed
 
             check_installed(self.python, router_kind(self.deployment))
         if self.engine == "sglang" and not self._custom_planner:
-            from specctl.engine.serve import sglang_process as sp
+            from specctl.orchestrate import sglang_process as sp
 
             sp.check_sglang(sp.sglang_python(self.deployment))
         elif not self._custom_planner and self.python == sys.executable:
