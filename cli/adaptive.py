@@ -5,7 +5,7 @@
   (`specctl.engine.speculative.profile`; this one imports torch, the others do not).
 - `tune CONFIG --trace FILE --cost FILE`: counterfactual replay of an engine trace (recorded with
   `serve|bench --trace-out FILE [--trace-steps K]`) through the same policy, searching candidate sets
-  and knobs per bucket for the best predicted tokens/s (`specctl.adaptive.tune`).
+  and knobs per bucket for the best predicted tokens/s (`specctl.adaptive.search`).
 
 CONFIG is an SGLang `--speculative-adaptive-config` JSON, or a deployment file / preset (its decode
 or colocated role's `speculative.adaptive`). TRACE is JSON Lines, one verify per line:
@@ -25,230 +25,27 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from specctl.adaptive.trace import MAX_TRACE_LINE, TraceRecord, read_trace  # noqa: F401 - re-exported
+from specctl.adaptive.trace import TraceRecord, read_trace
 from specctl.cli.common import OutputFormat, handle_errors
 from specctl.cli.main import app
 from specctl.cli.options import SetOption
 from specctl.errors import InvalidInput, UsageError
-from specctl.schemas.adaptive import AdaptiveConfig, StepCoverage
 from specctl.schemas.findings import Finding
 
 if TYPE_CHECKING:
-    from specctl.adaptive.policy import AdaptivePolicy
-    from specctl.adaptive.tune import TuneResult
-    from specctl.schemas.loader import Document
+    from specctl.adaptive.setup import SimulationSetup
 
 adaptive_app = typer.Typer(
     help="Adaptive speculative steps: replay traces through the step policy (simulate), measure step costs "
     "(profile), recommend a config from a trace and a cost model (tune).", no_args_is_help=True
 )
 app.add_typer(adaptive_app, name="adaptive")
-
-@dataclass(frozen=True)
-class SimulationSetup:
-    """What to replay: the config, the initial steps and graph sizes in force, and its findings."""
-
-    source: str
-    kind: str  # "sglang" | "deployment"
-    cfg: AdaptiveConfig
-    initial_steps: int
-    graph_batch_sizes: tuple[int, ...]
-    coverage: StepCoverage
-    findings: tuple[Finding, ...]  # warnings and infos (errors raise)
-    engine: str | None = None  # a deployment's `engine` (builtin | sglang); None for an SGLang JSON
-
-
-@dataclass(frozen=True)
-class SimStep:
-    """The policy's state after one trace record."""
-
-    index: int
-    batch_size: int
-    bucket: int
-    ran_steps: int  # the steps this batch was verified with (before the update)
-    steps: int  # the routed bucket's steps after the update
-    ema: float
-    switched: bool
-    mean_accepted: float | None  # None for an empty batch
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "batch_size": self.batch_size,
-            "steps": self.steps,
-            "ema": self.ema,
-            "switched": self.switched,
-        }
-
-
-def _with_positions(findings: Sequence[Finding], doc: Document) -> list[Finding]:
-    from dataclasses import replace
-
-    out = []
-    for f in findings:
-        pos = doc.position(f.path) if f.line is None else None
-        out.append(replace(f, line=pos[0], column=pos[1]) if pos else f)
-    return out
-
-
-def load_setup(
-    config: str,
-    *,
-    initial_steps: int | None = None,
-    graph_batch_sizes: Sequence[int] | None = None,
-    overrides: Sequence[str] = (),
-) -> SimulationSetup:
-    """Read CONFIG (SGLang JSON, deployment file or preset) into what the simulator replays.
-
-    Raises UsageError (unreadable, nothing adaptive to simulate) or InvalidInput whose `.findings`
-    are the error findings (with line numbers)."""
-    from specctl.schemas.adaptive import (
-        looks_like_sglang_adaptive,
-        parse_deployment_adaptive,
-        parse_sglang_config,
-        step_coverage,
-    )
-    from specctl.schemas.loader import load_document
-
-    path = Path(config)
-    doc = load_document(path) if path.exists() else None
-    if doc is not None and looks_like_sglang_adaptive(doc.data):
-        if overrides:
-            raise UsageError("--set applies to deployment files, not to an SGLang adaptive JSON")
-        kind = "sglang"
-        engine = None
-        cfg, findings = parse_sglang_config(doc.data)
-        graphs = tuple(graph_batch_sizes or ())
-        max_bs = None
-        init_path, base = "$", "$"
-    else:
-        from specctl.schemas.deployment import load_deployment, override_path
-
-        kind = "deployment"
-        dep = load_deployment(config, overrides=overrides)
-        engine = dep.engine
-        role_name = next((r for r in ("decode", "colocated") if r in dep.roles), None)
-        if role_name is None:
-            raise UsageError(
-                f"{config}: no decode or colocated role (roles: {', '.join(dep.roles)}); nothing decodes here",
-            )
-        role = dep.role(role_name)
-        spec, serve = role["speculative"], role["serve"]
-        if not spec.get("adaptive") or spec.get("algorithm") == "none":
-            raise UsageError(
-                f"{config}: the {role_name} role has no adaptive steps (algorithm {spec.get('algorithm')}, "
-                f"fixed num_steps {spec.get('num_steps')}); nothing to simulate",
-                hint="add speculative.adaptive with buckets, or pass an SGLang adaptive JSON",
-            )
-        base = override_path(dep.raw, role_name, "speculative", "adaptive")
-        init_path = override_path(dep.raw, role_name, "speculative", "num_steps")
-        cfg, findings = parse_deployment_adaptive(spec["adaptive"], base_path=base)
-        if initial_steps is None:
-            initial_steps = spec.get("num_steps")
-        graphs = tuple(serve.get("graph_batch_sizes") or ()) if graph_batch_sizes is None else tuple(graph_batch_sizes)
-        max_bs = serve.get("max_batch_size")
-        if doc is None:
-            doc = load_document(dep.path) if dep.path else None
-    coverage = None
-    if cfg is not None:
-        coverage, more = step_coverage(
-            cfg, initial_steps=initial_steps, graph_batch_sizes=graphs, max_batch_size=max_bs,
-            base_path=base, initial_steps_path=init_path,
-        )
-        findings = findings + more
-    if doc is not None:
-        findings = _with_positions(findings, doc)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors or cfg is None or coverage is None:
-        first = errors[0] if errors else None
-        exc = InvalidInput(
-            f"{config}: {len(errors)} error finding(s); the policy cannot run this config"
-            + (f" (first: {first.code} {first.path})" if first else ""),
-            hint=f"run `specctl validate {config}` for every finding",
-        )
-        exc.findings = errors  # type: ignore[attr-defined]
-        raise exc
-    if cfg.strategy != "ema":
-        raise UsageError(
-            f"{config}: strategy {cfg.strategy!r} cannot be simulated; specctl replays only the 'ema' policy "
-            "(throughput_aware decides from SGLang's start-up cost profiling)",
-            hint='set "strategy": "ema" to replay this trace with the EMA policy',
-        )
-    return SimulationSetup(
-        source=str(config),
-        kind=kind,
-        cfg=cfg,
-        initial_steps=coverage.initial_steps,
-        graph_batch_sizes=tuple(sorted(set(graphs))),
-        coverage=coverage,
-        findings=tuple(findings),
-        engine=engine,
-    )
-
-
-def simulate(setup: SimulationSetup, records: Sequence[TraceRecord]) -> tuple[list[SimStep], Any]:
-    """Replay `records` through a fresh policy; the steps after each record and the final policy."""
-    from specctl.adaptive.policy import AdaptivePolicy
-
-    index = 0
-    policy = AdaptivePolicy(
-        setup.cfg, initial_steps=setup.initial_steps, graph_batch_sizes=setup.graph_batch_sizes,
-        clock=lambda: float(index),  # switches are stamped with the trace index
-    )
-    out: list[SimStep] = []
-    for index, rec in enumerate(records):
-        state = policy.bucket_for_batch(rec.batch_size)
-        ran = state.steps
-        new = policy.on_verify_complete(rec.accepted, rec.batch_size)
-        mean = sum(rec.accepted) / len(rec.accepted) if rec.accepted else None
-        out.append(SimStep(
-            index, rec.batch_size, state.bucket.min_batch_size, ran, state.steps, state.ema, new is not None, mean,
-        ))
-    return out, policy
-
-
-def render_text(setup: SimulationSetup, steps: Sequence[SimStep], policy: AdaptivePolicy) -> str:
-    """The per-record table and a summary: switches, batches run at each step, final bucket states."""
-    head = ("index", "batch", "bucket", "ran", "accepted", "ema", "steps", "")
-    rows = [
-        (
-            str(s.index), str(s.batch_size), str(s.bucket), str(s.ran_steps),
-            "-" if s.mean_accepted is None else f"{s.mean_accepted:.2f}",
-            f"{s.ema:.3f}", str(s.steps), f"switch {s.ran_steps} -> {s.steps}" if s.switched else "",
-        )
-        for s in steps
-    ]
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
-    run = [s for s in steps if s.mean_accepted is not None]
-    empty = len(steps) - len(run)
-    lines.append("")
-    graphs = ", ".join(map(str, setup.graph_batch_sizes)) or "none"
-    lines.append(
-        f"{setup.source}: {len(steps)} verify records ({empty} empty), initial steps {setup.initial_steps}, "
-        f"graph batch sizes: {graphs}"
-    )
-    lines.append(f"switches: {len(policy.switches)}")
-    for sw in policy.switches:
-        lines.append(f"  at {int(sw.time)}: bucket {sw.bucket}: {sw.from_steps} -> {sw.to_steps} (ema {sw.ema:.3f})")
-    lines.append("batches run at each step:")
-    counts = Counter(s.ran_steps for s in run)
-    for step in sorted(counts):
-        lines.append(f"  steps {step}: {counts[step]} ({100.0 * counts[step] / len(run):.1f}%)")
-    if not run:
-        lines.append("  (no non-empty batches)")
-    lines.append("final state per bucket:")
-    for key, st in policy.buckets.items():
-        lines.append(f"  bucket {key}: steps {st.steps}, ema {st.ema:.3f}, batches {st.batches}")
-    return "\n".join(lines) + "\n"
 
 
 def parse_int_list(text: str, *, option: str) -> list[int]:
@@ -266,6 +63,8 @@ def parse_int_list(text: str, *, option: str) -> list[int]:
 def _setup(config: str, initial_steps: int | None, graph_batch_sizes: str | None,
            set_values: Sequence[str] | None) -> SimulationSetup:
     """The adaptive config of CONFIG (SGLang JSON or deployment), with its findings printed if it is invalid."""
+    from specctl.adaptive.setup import load_setup
+
     graphs = parse_int_list(graph_batch_sizes, option="--graph-batch-sizes") if graph_batch_sizes else None
     try:
         return load_setup(config, initial_steps=initial_steps, graph_batch_sizes=graphs, overrides=set_values or ())
@@ -302,6 +101,8 @@ def simulate_command(
 ) -> None:
     """Replay recorded verify results through the adaptive step policy and print each decision."""
     with handle_errors():
+        from specctl.adaptive.simulate import render_text, simulate
+
         setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
         _print_findings([f for f in setup.findings if f.severity != "info"], config)
@@ -458,7 +259,10 @@ def tune_command(
     one workload's trace for a config for that workload. Confirm it with `specctl bench --ab`.
     """
     with handle_errors():
-        from specctl.adaptive.tune import TuneSetup, read_cost, tune
+        from specctl.adaptive.cost import read_cost
+        from specctl.adaptive.report import render_tune
+        from specctl.adaptive.search import TuneSetup, tune
+        from specctl.adaptive.trace import read_requests
 
         setup = _setup(config, initial_steps, graph_batch_sizes, set_values)
         records = read_trace(trace)
@@ -471,8 +275,6 @@ def tune_command(
         def progress(line: str) -> None:
             sys.stderr.write(f"tune: {line}\n")
 
-        from specctl.adaptive.trace import read_requests
-
         result = tune(TuneSetup(setup.cfg, setup.initial_steps, setup.graph_batch_sizes, max_bs, allowed,
                                 sglang=sglang_only, decode_only=decode_only), records, cost_model, progress=progress,
                       requests=read_requests(trace))
@@ -481,98 +283,6 @@ def tune_command(
         else:
             sys.stdout.write(render_tune(result))
 
-
-RUNS_SHOWN = 12
-
-
-def _render_runs(runs: Sequence[Any]) -> list[str]:
-    """Each recorded run alone (the ones the recommendation serves worst first): one config serves them all."""
-    if len(runs) < 2:
-        return []
-    lines = ["per recorded run (one engine each), the recommendation vs the fixed step best for that run alone:"]
-    for r in sorted(runs, key=lambda r: r.vs_best_fixed)[:RUNS_SHOWN]:
-        lines.append(f"  run {r.run or '-'}  batch <= {r.max_batch_size:<3d} {r.verifies:6d} verifies  "
-                     f"{r.recommended.tokens_per_s:10.1f} tok/s  best fixed {r.best_fixed_steps}: "
-                     f"{r.best_fixed.tokens_per_s:10.1f} tok/s  ({r.vs_best_fixed:.2f}x)")
-    if len(runs) > RUNS_SHOWN:
-        lines.append(f"  ... {len(runs) - RUNS_SHOWN} more runs in --format json (runs)")
-    return lines
-
-
-def render_tune(result: TuneResult) -> str:
-    sp = result.speedups()
-    sglang_json = result.sglang_json()
-    lines: list[str] = []
-    if sglang_json is not None:
-        lines += ["recommended adaptive config (SGLang --speculative-adaptive-config JSON):",
-                  json.dumps(sglang_json, indent=2), "",
-                  f"as a deployment snippet (initial steps {result.initial_steps}):"]
-    else:
-        knobs = ", ".join(result.specctl_only)
-        lines += [f"recommended adaptive config: a specctl deployment (engine: builtin), initial steps "
-                  f"{result.initial_steps}; it uses {knobs}, which SGLang cannot express (its loader ignores the key):"]
-    lines += [result.deployment_snippet().rstrip(), "", "predicted on the trace (tokens/s under the cost model):"]
-    rows = [("recommended", result.predicted), ("current", result.current),
-            (f"best fixed (steps {result.best_fixed_steps})", result.best_fixed), ("no speculation", result.none)]
-    if result.sglang is not None:
-        rows.insert(1, ("best SGLang can run", result.sglang.predicted))
-    width = max(len(n) for n, _ in rows)
-    for name, p in rows:
-        used = ", ".join(f"{k}: {v}" for k, v in sorted(p.batches_per_steps.items()))
-        lines.append(f"  {name.ljust(width)}  {p.tokens_per_s:10.1f} tok/s   batches per steps {{{used}}}")
-    ci = result.intervals or {}
-
-    def band(key: str) -> str:
-        return f" [{ci[key][0]:.2f}, {ci[key][1]:.2f}]" if key in ci else ""
-
-    lines.append(f"speed-up: {sp['vs_current']:.2f}x current, {sp['vs_best_fixed']:.2f}x best fixed"
-                 f"{band('vs_best_fixed')}, {sp['vs_none']:.2f}x no speculation{band('vs_none')}"
-                 + (" (95% intervals over resamples of the trace's requests)" if ci else ""))
-    if ci:
-        flo, fhi = ci["vs_best_fixed"]
-        if flo < 1.0 < fhi:
-            lines.append(f"(the trace cannot tell the recommendation from fixed steps {result.best_fixed_steps}: "
-                         "either may serve this traffic better; a longer trace narrows the interval)")
-    if result.overhead is not None and result.overhead.source == "requests":
-        lines.append(f"(includes the time the requests waited for their first token (prefill, transfer, "
-                     f"queueing), which no config shortens: {result.overhead.per_token * 1e3:.3f} ms per token; "
-                     "the decode itself is priced at profiled speed: a trace of per-request histograms has no "
-                     "verify timings to measure the serving loop's turn; --decode-only leaves it out)")
-    elif result.overhead is not None:
-        o = result.overhead
-        settled = f"those no request joined {o.settled_scale:.2f}x; " if o.settled_scale is not None else ""
-        join = (f", the draft's pass over a joining request's prompt ({o.join_draft_s * 1e3:.2f} ms a join, at "
-                "steps > 0 only: plain decoding never runs it)" if o.join_draft_s > 0 else "")
-        lines.append(f"(includes the serving time the trace measured beyond the cost model: verifies at "
-                     f"{o.scale:.2f}x their profiled price ({settled}{o.excess * 1e3:+.3f} ms per token){join}, the "
-                     f"serving loop's turn between verifies at {o.turn * 100:.0f}% of a verify's time, and "
-                     f"{o.per_token * 1e3:.3f} ms per token more where requests joined; every config is priced "
-                     "at the settled verifies' speed with the pass, its decode time scaled by the turn, and pays "
-                     "the last per token; --decode-only leaves them out)")
-    else:
-        lines.append("(decode only: --decode-only, or the trace has no verify timings to measure serving time)")
-    lines += _render_runs(result.runs)
-    lines += [f"({note})" for note in result.notes]
-    lines.append(f"(cost model: {result.cost_model})")
-    searched = f"steps searched: {', '.join(map(str, result.allowed_steps))}; {result.evaluated} configs replayed"
-    if result.sglang_only:
-        searched += "; only what SGLang can run (--sglang or engine: sglang)"
-    lines.append(f"({searched})")
-    if result.sglang is not None:
-        s = result.sglang.to_json(result.none)
-        lines += ["", f"for SGLang (which cannot run {', '.join(result.specctl_only)}), the best config it can run, "
-                  f"initial steps {s['initial_steps']}, predicted {s['speedup_vs_none']:.2f}x no speculation "
-                  "(`--sglang` searches only these):", json.dumps(s["sglang_adaptive_config"], indent=2)]
-    lines.append("")
-    lines.append("validation of the recommendation (specctl validate's step coverage):")
-    lines.append(result.coverage.render_text())
-    errors = [f for f in result.findings if f.severity == "error"]
-    for f in result.findings:
-        if f.severity != "info":
-            lines.append(f"  {f.code} {f.path}: {f.severity}: {f.message}")
-    lines.append("valid: no error findings" if not errors else f"INVALID: {len(errors)} error finding(s)")
-    lines.append("confirm with: specctl bench -c DEPLOY --ab speculative.adaptive=... (see `specctl bench --help`)")
-    return "\n".join(lines) + "\n"
 
 
 @adaptive_app.command("trace")

@@ -163,7 +163,9 @@ def test_simulation_never_imports_torch() -> None:
 
     code = (
         "import sys\n"
-        "from specctl.cli.adaptive import load_setup, read_trace, simulate\n"
+        "from specctl.adaptive.setup import load_setup\n"
+        "from specctl.adaptive.simulate import simulate\n"
+        "from specctl.adaptive.trace import read_trace\n"
         f"setup = load_setup({str(DEPLOY)!r})\n"
         f"steps, _ = simulate(setup, read_trace({str(PHASES)!r}))\n"
         "assert steps and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:3]\n"

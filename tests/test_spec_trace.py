@@ -17,6 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specctl.adaptive.cost import CostModel
+from specctl.adaptive.overhead import request_overhead
+from specctl.adaptive.replay import Prediction, fixed_config, replay
+from specctl.adaptive.search import TuneSetup, tune
 from specctl.adaptive.sglang_trace import concurrency, from_meta_info, from_sglext, read_sglang_output
 from specctl.adaptive.trace import (
     RequestRecord,
@@ -28,15 +32,6 @@ from specctl.adaptive.trace import (
     read_requests,
     read_trace,
     request_form,
-)
-from specctl.adaptive.tune import (
-    CostModel,
-    Prediction,
-    TuneSetup,
-    fixed_config,
-    replay,
-    request_overhead,
-    tune,
 )
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, Bucket, Knobs

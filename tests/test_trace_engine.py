@@ -4,7 +4,7 @@
   one line per verify the decoder counted, and `adaptive simulate` still reads the file;
 - `--trace-steps K` drafts K every step whatever the policy says;
 - counterfactual exactness: a trace recorded at K = 7 replayed positionally at k = 1, 2, 3
-  (`specctl.adaptive.tune.replay_positions`) gives exactly the accepted drafts per verify of a real run at
+  (`specctl.adaptive.replay.replay_positions`) gives exactly the accepted drafts per verify of a real run at
   fixed steps k, request by request, on builtin:tiny-hybrid drafted by builtin:tiny-draft (greedy);
 - `serve --trace-out` reaches the engine config (through the environment, so launched roles get it).
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from specctl.adaptive.cost import CostModel
+from specctl.adaptive.replay import Runs, Unanswerable, fixed_config, replay, replay_positions
 from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV, read_trace
-from specctl.adaptive.tune import CostModel, Runs, Unanswerable, fixed_config, replay, replay_positions
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams

@@ -21,25 +21,20 @@ from typing import Any
 
 import pytest
 
-from specctl.adaptive.trace import TraceRecord, parse_record, read_trace
-from specctl.adaptive.tune import (
-    GUARD_COST,
-    GUARD_RATIO,
-    CostModel,
+from specctl.adaptive.cost import CostModel
+from specctl.adaptive.overhead import serving_overhead
+from specctl.adaptive.replay import (
     Runs,
-    TuneResult,
-    TuneSetup,
     Unanswerable,
-    _worst_run_ratio,
     fixed_config,
     replay,
     replay_positions,
     resample_requests,
-    serving_overhead,
-    sglang_json,
     trace_depth,
-    tune,
 )
+from specctl.adaptive.report import TuneResult, sglang_json
+from specctl.adaptive.search import GUARD_COST, GUARD_RATIO, TuneSetup, _worst_run_ratio, tune
+from specctl.adaptive.trace import TraceRecord, parse_record, read_trace
 from specctl.errors import UsageError
 from specctl.schemas.adaptive import AdaptiveConfig, parse_sglang_config
 
@@ -96,7 +91,7 @@ def test_a_run_whose_traffic_wants_another_step_keeps_the_set(monkeypatch: pytes
     a long one of text it gets 1-3 of right (best: 2). A set that follows each predicts under SET_MARGIN above
     the long run's step alone, so the margin alone picks steps 2 and leaves the short run at 0.59x its best
     fixed step; a run below REGRET_RATIO x its own best, kept above it by the set, keeps the set."""
-    import specctl.adaptive.tune as tune_module
+    import specctl.adaptive.search as search_module
 
     rng = random.Random(0)
     deep = [replace(r, run="code") for r in records([K] * 20, batch=8)]
@@ -106,7 +101,7 @@ def test_a_run_whose_traffic_wants_another_step_keeps_the_set(monkeypatch: pytes
     res = tune(s, deep + text, cost_model())
     assert len(res.recommended.bucket(8).candidate_steps) > 1
     assert min(r.vs_best_fixed for r in res.runs) >= 0.95, [r.to_json() for r in res.runs]
-    monkeypatch.setattr(tune_module, "REGRET_RATIO", 0.0)  # the margin alone
+    monkeypatch.setattr(search_module, "REGRET_RATIO", 0.0)  # the margin alone
     alone = tune(s, deep + text, cost_model())
     assert alone.recommended.bucket(8).candidate_steps == (2,)
     assert min(r.vs_best_fixed for r in alone.runs) < 0.6
@@ -388,7 +383,7 @@ def test_tune_cli_prints_json_and_text(tmp_path: Path):
 
 
 def test_tune_and_trace_modules_do_not_import_torch():
-    code = ("import sys; import specctl.adaptive.tune, specctl.adaptive.trace, specctl.cli.adaptive; "
+    code = ("import sys; import specctl.adaptive.search, specctl.adaptive.trace, specctl.cli.adaptive; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
@@ -629,7 +624,7 @@ def test_a_phase_of_useless_drafts_is_kept_within_5pct_of_no_speculation(monkeyp
     guarded = tune(cfg, recs, cost_model())
     assert guarded.recommended.bucket(1).knobs.zero_backoff > 1
     assert worst(guarded) >= GUARD_RATIO
-    monkeypatch.setattr("specctl.adaptive.tune.GUARD_RATIO", 0.0)
+    monkeypatch.setattr("specctl.adaptive.search.GUARD_RATIO", 0.0)
     unguarded = tune(cfg, recs, cost_model())
     assert unguarded.recommended.bucket(1).knobs.zero_backoff == 1 and worst(unguarded) < 0.95
     assert guarded.predicted.tokens_per_s >= unguarded.predicted.tokens_per_s * (1 - GUARD_COST)
@@ -641,7 +636,7 @@ def test_a_set_must_beat_the_best_single_step_by_the_margin(monkeypatch):
     that, the bucket is the best fixed step; a never-right run the single step would lose is still kept."""
     phases = records(([K] * 150 + [0] * 150) * 3)
     assert len(tune(setup(), phases, cost_model()).recommended.bucket(1).candidate_steps) >= 2
-    monkeypatch.setattr("specctl.adaptive.tune.SET_MARGIN", 0.5)
+    monkeypatch.setattr("specctl.adaptive.search.SET_MARGIN", 0.5)
     res = tune(setup({"1": {"candidate_steps": [1]}}), phases, cost_model())
     assert res.recommended.bucket(1).candidate_steps == (res.best_fixed_steps,), res.recommended
     assert res.speedups()["vs_best_fixed"] == pytest.approx(1.0)
@@ -663,7 +658,7 @@ def test_a_set_must_beat_the_best_single_step_by_the_margin(monkeypatch):
 def test_each_recorded_run_is_reported_against_its_own_best_fixed_step():
     """One config serves every run of a trace; `runs` replays each alone under it and under every fixed step,
     so a workload that a fixed step serves better shows, with by how much."""
-    from specctl.cli.adaptive import render_tune
+    from specctl.adaptive.report import render_tune
 
     code = [replace(r, run="code") for r in records([K] * 300)]
     never = [replace(r, run="never", line=r.line + 300) for r in records([0] * 300)]
@@ -703,7 +698,7 @@ def test_speedup_intervals_come_from_resampling_the_requests():
     assert lo < res.speedups()["vs_none"] < hi and hi - lo > 0.05
     doc = res.to_json()
     assert doc["speedup_ci95"]["vs_none"] == [lo, hi]
-    from specctl.cli.adaptive import render_tune
+    from specctl.adaptive.report import render_tune
 
     assert f"no speculation [{lo:.2f}, {hi:.2f}] (95% intervals" in " ".join(render_tune(res).split())
     # a replicate draws as many requests per run, with replacement, from that run only

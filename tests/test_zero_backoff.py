@@ -23,9 +23,12 @@ from policy_support import policy_steps as run
 from policy_support import validate_tiny_pd as _validate
 from typer.testing import CliRunner
 
+from specctl.adaptive.cost import CostModel
 from specctl.adaptive.policy import AdaptivePolicy
+from specctl.adaptive.replay import fixed_config, replay
+from specctl.adaptive.report import TuneResult, sglang_json
+from specctl.adaptive.search import TuneSetup, tune
 from specctl.adaptive.trace import TraceRecord
-from specctl.adaptive.tune import CostModel, TuneResult, TuneSetup, fixed_config, replay, sglang_json, tune
 from specctl.cli.main import app
 from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
 

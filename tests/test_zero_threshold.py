@@ -23,9 +23,11 @@ from policy_support import ENV, FAST, deployment_cfg, needs_sglang, policy_steps
 from policy_support import validate_tiny_pd as _validate
 from typer.testing import CliRunner
 
+from specctl.adaptive.cost import CostModel
 from specctl.adaptive.policy import AdaptivePolicy
+from specctl.adaptive.report import TuneResult
+from specctl.adaptive.search import TuneSetup, tune
 from specctl.adaptive.trace import TraceRecord
-from specctl.adaptive.tune import CostModel, TuneResult, TuneSetup, tune
 from specctl.schemas.adaptive import parse_deployment_adaptive, parse_sglang_config
 
 runner = CliRunner()

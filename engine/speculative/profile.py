@@ -31,7 +31,7 @@ predicted speed-up at 0.87x and 0.86x what `bench --ab` measured, 0.94x and 0.92
 
 `clock="cpu"` times with this process's CPU time instead of wall time: on a shared machine other jobs
 barely disturb it, and with one torch thread on a CPU device it equals wall time on an idle machine.
-The result is a `specctl.adaptive.tune.CostModel`.
+The result is a `specctl.adaptive.cost.CostModel`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from specctl.adaptive.tune import CostModel
+from specctl.adaptive.cost import CostModel
 from specctl.engine.config import EngineConfig
 from specctl.errors import UsageError
 
