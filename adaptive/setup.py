@@ -17,9 +17,10 @@ from specctl.schemas.adaptive import (
     parse_sglang_config,
     step_coverage,
 )
-from specctl.schemas.deployment import load_deployment, override_path
+from specctl.schemas.deployment import override_path
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import Document, load_document
+from specctl.schemas.validator import load_deployment
 
 
 @dataclass(frozen=True)

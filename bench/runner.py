@@ -27,12 +27,12 @@ from specctl.bench.config import BenchConfig, LoadPoint
 from specctl.bench.load import LoadResult, run_load
 from specctl.bench.metrics import summarize_load
 from specctl.bench.probe import DeploymentProbe, ServerProbe, ServerSnapshot
-from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.record import json_safe, utc_now
 from specctl.bench.request import RequestResult, RequestSender
 from specctl.bench.workload import Prompt, build_workload
 from specctl.errors import RuntimeFailure
 from specctl.schemas import server_info as si
+from specctl.schemas.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 
 
 class ProgressSink(Protocol):

@@ -36,7 +36,7 @@ READY_TIMEOUT_S = 600.0
 @contextlib.contextmanager
 def launched(source: str, overrides: Sequence[str] = (), *,
              status_callback: Callable[[list[ProcessStatus]], None] | None = None) -> Iterator[Target]:
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     deployment = load_deployment(source, overrides=overrides)
     with _launch(deployment, overrides, status_callback) as (url, info, roles):

@@ -30,7 +30,7 @@ import yaml
 
 from specctl.orchestrate.launcher import Launcher
 from specctl.orchestrate.router import OFFLINE_ENV, router_env
-from specctl.schemas.deployment import load_deployment
+from specctl.schemas.validator import load_deployment
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], seen: collections.Counter[int]

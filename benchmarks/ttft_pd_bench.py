@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from specctl.orchestrate.launcher import Launcher
-from specctl.schemas.deployment import load_deployment
+from specctl.schemas.validator import load_deployment
 
 
 def corpus_slices(n: int, size: int) -> list[str]:

@@ -116,7 +116,7 @@ def simulate_command(
 def _engine_config(config: str, overrides: Sequence[str]) -> tuple[Any, str]:
     """(EngineConfig, role name) of the deployment's decoding role (decode, else colocated)."""
     from specctl.engine.config import EngineConfig
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     dep = load_deployment(config, overrides=overrides)
     role_name = next((r for r in ("decode", "colocated") if r in dep.roles), None)

@@ -209,7 +209,7 @@ def _run_ab(cfg: BenchConfig, deploy: str | None, overrides: list[str], variants
                 targets = [Variant("base", (), cfg.url)] + [Variant(u, (), u) for u in urls]
             else:
                 from specctl.bench.target import launched
-                from specctl.schemas.deployment import load_deployment
+                from specctl.schemas.validator import load_deployment
 
                 raw = load_deployment(deploy, overrides=overrides).raw
                 targets = []

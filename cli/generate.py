@@ -76,7 +76,7 @@ def run_generate(
     from specctl.engine.config import EngineConfig
     from specctl.engine.engine import Engine
     from specctl.engine.sampling import SamplingParams
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     params = SamplingParams(**sampling)  # InvalidInput (exit 1) on bad values, before loading a model
     deployment = load_deployment(source, overrides=overrides)

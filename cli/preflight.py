@@ -62,7 +62,7 @@ def preflight(
     with handle_errors():
         roles = None
         if config is not None:
-            from specctl.schemas.deployment import load_deployment
+            from specctl.schemas.validator import load_deployment
 
             deployment = load_deployment(config, overrides=tuple(set_ or ()))
             roles = deployment_roles_of(deployment)

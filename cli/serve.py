@@ -1,7 +1,8 @@
 """`specctl serve --role R -c DEPLOY` (one process) and `specctl up -c DEPLOY` (the whole local topology).
 
 Thin wrappers: load + validate the deployment (with `--set` overrides), then hand off to
-`specctl.engine.serve.roles.serve_role` (one process) or `specctl.orchestrate.launcher.Launcher` (all of them).
+`specctl.engine.serve.roles.serve_role` (one engine process), `specctl.orchestrate.router.run_router` (the
+router) or `specctl.orchestrate.launcher.Launcher` (all of them).
 Exit codes: 0 stopped cleanly (Ctrl-C / SIGTERM); 1 invalid deployment; 2 usage error or unreadable
 file; 3 launch, handshake or runtime failure (a refused decode, a process that died).
 torch is imported only inside the serving process, never by `specctl --help`.
@@ -45,7 +46,7 @@ class Role(str, enum.Enum):
 
 
 def _load(config: str, overrides: tuple[str, ...]) -> Deployment:
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     return load_deployment(config, overrides=overrides)
 
@@ -103,6 +104,7 @@ def serve(
                              hint="add --set engine=sglang (or engine: sglang in the deployment)")
         from specctl.engine.serve.faults import FaultPlan
         from specctl.engine.serve.roles import serve_role
+        from specctl.orchestrate.router import run_router
 
         if role is not Role.router:
             from specctl.engine.install import require_engine
@@ -110,7 +112,10 @@ def serve(
             require_engine(f"specctl serve --role {role.value}")
         faults = FaultPlan.from_file(fault_plan) if fault_plan is not None else None
         try:
-            code = serve_role(deployment, role.value, instance, faults=faults)
+            if role is Role.router:
+                code = run_router(deployment)
+            else:
+                code = serve_role(deployment, role.value, instance, faults=faults)
         except SpecctlError as exc:
             fail(exc)
             code = exc.exit_code

@@ -136,8 +136,8 @@ def export_sglang(
         import json
         from pathlib import Path
 
-        from specctl.schemas.deployment import load_deployment
         from specctl.schemas.sglang.export import export_commands, shell_script
+        from specctl.schemas.validator import load_deployment
 
         cmds = export_commands(load_deployment(config, overrides=set_values or ()))
         scripts = {name: argv for name, argv in (("prefill.sh", cmds.prefill), ("decode.sh", cmds.decode),
@@ -200,8 +200,8 @@ FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="text (YAML / 
 
 def _platform_plan(config: str, set_values: list[str] | None, **opts: object) -> object:
     from specctl.errors import UsageError
-    from specctl.schemas.deployment import load_deployment
     from specctl.schemas.platforms.plan import PlatformOptions, build_plan
+    from specctl.schemas.validator import load_deployment
 
     selectors: list[tuple[str, str]] = []
     for item in opts.pop("node_selector", None) or []:  # type: ignore[attr-defined]

@@ -100,7 +100,7 @@ def _build(prefill: str | None, decode: str | None, router: str | None, config: 
     boot = None
     tier = None
     if config is not None:
-        from specctl.schemas.deployment import load_deployment
+        from specctl.schemas.validator import load_deployment
 
         dep = load_deployment(config, overrides=sets)
         roles = deployment_roles_of(dep)

@@ -23,12 +23,12 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
-from specctl.schemas.budget import request_budget_s
+from specctl.schemas.budget import MAX_REQUEST_BYTES, request_budget_s
+from specctl.schemas.deployment import Deployment, connect_host
 from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,
     ROUTER_MODULES,
@@ -38,20 +38,11 @@ from specctl.schemas.sglang.router import (
     router_kind,
 )
 
-if TYPE_CHECKING:
-    from specctl.schemas.deployment import Deployment
-
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
     return deployment.instances(name)
-
-
-def connect_host(role: dict[str, Any]) -> str:
-    """The address a client on this host dials for a role: a wildcard bind is reached over loopback."""
-    host = str(role.get("host") or "127.0.0.1")
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
 def http_url(role: dict[str, Any]) -> str:

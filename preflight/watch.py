@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl.bench.prometheus import parse_metrics
 from specctl.errors import RuntimeFailure, UsageError
 from specctl.preflight.check import run_preflight
 from specctl.preflight.reader import MAX_BODY, Unreachable, http_get
+from specctl.schemas.prometheus import parse_metrics
 
 MIN_VERIFIES = 20  # verifies in a tick below which its accept length is too noisy to alert on
 COLLAPSE_RATIO = 0.5

@@ -38,6 +38,7 @@ from specctl.schemas.adaptive_parser import (
     looks_like_sglang_adaptive,
     parse_deployment_adaptive,
     parse_sglang_config,
+    sglang_default_config,
 )
 
 __all__ = [
@@ -45,5 +46,5 @@ __all__ = [
     "THROUGHPUT_KEYS", "AdaptiveConfig", "Bucket",
     "CoverageRow", "Knobs", "Mode", "StepCoverage", "check_deployment_steps", "child_path",
     "looks_like_sglang_adaptive", "pad_batch_size", "parse_deployment_adaptive", "parse_sglang_config",
-    "step_coverage",
+    "sglang_default_config", "step_coverage",
 ]

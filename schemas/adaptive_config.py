@@ -166,15 +166,6 @@ class AdaptiveConfig:
         union = self.union_steps
         return union[len(union) // 2]
 
-    @classmethod
-    def sglang_default(cls) -> AdaptiveConfig:
-        """SGLang's DEFAULT_ADAPTIVE_CONFIG (used when no config file is passed)."""
-        from specctl.schemas.adaptive_parser import parse_sglang_config
-
-        cfg, findings = parse_sglang_config(SGLANG_DEFAULT_CONFIG)
-        assert cfg is not None and not findings, findings
-        return cfg
-
 
 SGLANG_DEFAULT_CONFIG: dict[str, Any] = {
     "1": {"candidate_steps": [1, 3, 5, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0},

@@ -17,6 +17,7 @@ from specctl.schemas.adaptive_config import (
     _SIMPLE_KEY,
     EMA_KNOBS,
     KNOB_DEFAULTS,
+    SGLANG_DEFAULT_CONFIG,
     SPECCTL_KNOB_DEFAULTS,
     SPECCTL_KNOB_UNDER_SGLANG,
     SPECCTL_KNOBS,
@@ -476,6 +477,13 @@ def parse_sglang_config(obj: Any, *, base_path: str = "$") -> tuple[AdaptiveConf
             p.top_level_key(key)
     cfg = p.build(obj, entries, strategy)
     return cfg, p.findings
+
+
+def sglang_default_config() -> AdaptiveConfig:
+    """SGLang's DEFAULT_ADAPTIVE_CONFIG (what SGLang runs when no config file is passed), parsed."""
+    cfg, findings = parse_sglang_config(SGLANG_DEFAULT_CONFIG)
+    assert cfg is not None and not findings, findings
+    return cfg
 
 
 def parse_deployment_adaptive(

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 PD_STAGES = 3  # claim acknowledged, HTTP half paired with its claim, KV sent: each within transfer.timeout_s
 TOKEN_BOUND_S = 0.05  # the slowest a live decode may generate one token (one step of a full batch)
 DEFAULT_TIMEOUT_S = 30.0
+# The largest request body the front door (the router) and every engine's HTTP server accept.
+MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the builtin models can take
 
 
 def max_request_tokens(role: dict[str, Any]) -> int:

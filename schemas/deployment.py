@@ -1,6 +1,6 @@
 """The typed view of a validated deployment file: `Deployment` and the per-role merged config.
 
-Contract: `load_deployment(source, overrides=...)` reads a file path, or a preset name
+Contract: `specctl.schemas.validator.load_deployment(source, overrides=...)` reads a file path, or a preset name
 when no such file exists, applies `--set` overrides, validates it (schema + every semantic rule) and
 returns a frozen `Deployment`; unreadable input raises `UsageError` (exit 2), error findings raise
 `InvalidInput` (exit 1) with `.findings`. `Deployment.role(name)` is the fully merged config of one
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specctl.errors import InvalidInput, UsageError
+from specctl.errors import UsageError
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import child_path
 
@@ -225,6 +225,12 @@ class Deployment:
         return tuple(r for r in self.roles if r in ENGINE_ROLES)
 
 
+def connect_host(role: dict[str, Any]) -> str:
+    """The address a client on this host dials for a role: a wildcard bind is reached over loopback."""
+    host = str(role.get("host") or "127.0.0.1")
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
 def resolve_source(source: str | Path) -> Path:
     """A file path, or the file of a preset name; UsageError listing presets when neither."""
     p = Path(source)
@@ -237,34 +243,4 @@ def resolve_source(source: str | Path) -> Path:
     raise UsageError(
         f"{source}: no such file or preset",
         hint=f"presets: {', '.join(presets.names())} (specctl presets list)",
-    )
-
-
-def load_deployment(source: str | Path, *, overrides: Sequence[str] = ()) -> Deployment:
-    """Load, override and validate a deployment (see module contract)."""
-    from specctl.schemas.validator import Validator
-
-    path = resolve_source(source)
-    validator = Validator(overrides=overrides, kind="deployment")
-    result = validator.validate_file(path)
-    if result.load_error is not None:
-        raise result.load_error
-    errors = [f for f in result.findings if f.severity == "error"]
-    if errors:
-        first = errors[0]
-        where = f"{path}:{first.line}" if first.line else str(path)
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        exc = InvalidInput(
-            f"{where}: {first.code} {first.path}: {first.message}{more}",
-            hint=f"{first.fix}  Run `specctl validate {path}` for every finding.".strip(),
-        )
-        exc.findings = errors  # type: ignore[attr-defined]
-        raise exc
-    data = result.data or {}
-    return Deployment(
-        name=str(data.get("name") or path.stem),
-        path=str(path),
-        raw=data,
-        roles=declared_roles(data),
-        findings=tuple(result.findings),
     )

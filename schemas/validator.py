@@ -39,9 +39,16 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specctl.errors import UsageError
+from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.catalog import RuleDoc, register
-from specctl.schemas.deployment import ENGINE_ROLES, SECTIONS, declared_roles, merge_roles
+from specctl.schemas.deployment import (
+    ENGINE_ROLES,
+    SECTIONS,
+    Deployment,
+    declared_roles,
+    merge_roles,
+    resolve_source,
+)
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import Document, child_path, fast_data, parse_document, read_text
 from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
@@ -525,8 +532,8 @@ class Validator:
                     if s.kind == "sglang-command":
                         t = command_target(s.doc.name)
                         found = [t] if t is not None else []
-                    elif s.kind == "deployment":
-                        found = deployment_targets(s.doc.name, folder)
+                    elif s.kind == "deployment" and not any(f.severity == "error" for f in s.findings):
+                        found = deployment_targets(_deployment(s.doc.data, Path(s.doc.name)), folder)
                     else:
                         found = []
                 except Exception as exc:  # noqa: BLE001 - a bug here must not lose the report
@@ -815,3 +822,30 @@ def _json_type(v: Any) -> str:
     if isinstance(v, list):
         return "array"
     return "object"
+
+
+def load_deployment(source: str | Path, *, overrides: Sequence[str] = ()) -> Deployment:
+    """Load, override and validate a deployment (the contract is `specctl.schemas.deployment`'s)."""
+    path = resolve_source(source)
+    validator = Validator(overrides=overrides, kind="deployment")
+    result = validator.validate_file(path)
+    if result.load_error is not None:
+        raise result.load_error
+    errors = [f for f in result.findings if f.severity == "error"]
+    if errors:
+        first = errors[0]
+        where = f"{path}:{first.line}" if first.line else str(path)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        exc = InvalidInput(
+            f"{where}: {first.code} {first.path}: {first.message}{more}",
+            hint=f"{first.fix}  Run `specctl validate {path}` for every finding.".strip(),
+        )
+        exc.findings = errors  # type: ignore[attr-defined]
+        raise exc
+    return _deployment(result.data or {}, path, tuple(result.findings))
+
+
+def _deployment(data: dict[str, Any], path: Path, findings: tuple[Finding, ...] = ()) -> Deployment:
+    """The `Deployment` of a document that validated (`data`: after overrides)."""
+    return Deployment(name=str(data.get("name") or path.stem), path=str(path), raw=data,
+                      roles=declared_roles(data), findings=findings)

@@ -438,8 +438,8 @@ def hand_cases() -> list[dict[str, Any]]:
 
 def preset_cases(*, write: bool = True) -> list[dict[str, Any]]:
     """`specctl export sglang` of every preset, with model paths mapped to local config-only fixtures."""
-    from specctl.schemas.deployment import load_deployment
     from specctl.schemas.sglang.export import export_commands
+    from specctl.schemas.validator import load_deployment
 
     remap = {"/models/Meta-Llama-3.1-8B-Instruct": LLAMA, "/models/Llama-3.2-1B-Instruct": DRAFT,
              str(ROOT / "engine" / "builtin_models" / "tiny-hybrid"): "engine/builtin_models/tiny-hybrid",

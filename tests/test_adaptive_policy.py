@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 from specctl.adaptive.policy import AdaptivePolicy, Switch
 from specctl.errors import UsageError
-from specctl.schemas.adaptive import AdaptiveConfig, parse_deployment_adaptive, parse_sglang_config
+from specctl.schemas.adaptive import (
+    AdaptiveConfig,
+    parse_deployment_adaptive,
+    parse_sglang_config,
+    sglang_default_config,
+)
 
 
 def config(obj: dict) -> AdaptiveConfig:
@@ -45,20 +50,20 @@ def feed(p: AdaptivePolicy, mean: float, bs: int = 1) -> int | None:
 
 
 def test_slot_starts_at_initial_or_middle_with_neutral_ema() -> None:
-    p = AdaptivePolicy(AdaptiveConfig.sglang_default(), initial_steps=3)
+    p = AdaptivePolicy(sglang_default_config(), initial_steps=3)
     snap = p.snapshot()["buckets"]
     assert {k: (v["steps"], v["ema"]) for k, v in snap.items()} == {
         "1": (3, 2.0), "8": (3, 2.0), "32": (1, 0.0), "64": (0, -1.0),
     }
-    p = AdaptivePolicy(AdaptiveConfig.sglang_default(), initial_steps=5)
+    p = AdaptivePolicy(sglang_default_config(), initial_steps=5)
     assert [p.steps_for_batch(b) for b in (1, 8, 32, 64)] == [5, 1, 1, 0]  # [0,1,3] -> sorted[3//2] = 1
 
 
 def test_routing_with_graph_padding() -> None:
-    p = AdaptivePolicy(AdaptiveConfig.sglang_default(), initial_steps=5, graph_batch_sizes=(1, 2, 4, 16))
+    p = AdaptivePolicy(sglang_default_config(), initial_steps=5, graph_batch_sizes=(1, 2, 4, 16))
     assert p.steps_for_batch(4) == 5
     assert p.steps_for_batch(5) == 1  # padded to 16 -> bucket 8
-    q = AdaptivePolicy(AdaptiveConfig.sglang_default(), initial_steps=5)
+    q = AdaptivePolicy(sglang_default_config(), initial_steps=5)
     assert q.steps_for_batch(5) == 5  # unpadded: bucket 1
 
 

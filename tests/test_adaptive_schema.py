@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from specctl.schemas import catalog
 from specctl.schemas.adaptive import (
     KNOB_DEFAULTS,
-    AdaptiveConfig,
     Knobs,
     check_deployment_steps,
     looks_like_sglang_adaptive,
     pad_batch_size,
     parse_deployment_adaptive,
     parse_sglang_config,
+    sglang_default_config,
     step_coverage,
 )
 
@@ -132,7 +132,7 @@ def test_catalog_registers_every_rule_with_text() -> None:
 
 
 def test_initial_step_error_matches_sglang_and_names_the_fix() -> None:
-    cfg = AdaptiveConfig.sglang_default()
+    cfg = sglang_default_config()
     _, findings = step_coverage(cfg, initial_steps=2)
     (f,) = [f for f in findings if f.code == "ADP101"]
     assert "--speculative-num-steps=2 is not in the adaptive config candidate_steps [0, 1, 3, 5, 7]" in f.message
@@ -164,7 +164,7 @@ def test_bool_step_runs_as_one_like_sglang() -> None:
 
 
 def test_sglang_default_facts() -> None:
-    cfg = AdaptiveConfig.sglang_default()
+    cfg = sglang_default_config()
     assert cfg.keys == (1, 8, 32, 64)
     assert cfg.union_steps == (0, 1, 3, 5, 7)
     assert cfg.default_initial_steps == 3
@@ -230,7 +230,7 @@ def test_a_deployment_throughput_aware_keeps_its_interval_default() -> None:
     ],
 )
 def test_route_with_and_without_padding(batch: int, graphs: tuple[int, ...], expected: int) -> None:
-    assert AdaptiveConfig.sglang_default().route(batch, graphs).min_batch_size == expected
+    assert sglang_default_config().route(batch, graphs).min_batch_size == expected
 
 
 def test_route_below_the_smallest_key_takes_the_smallest_bucket() -> None:
@@ -253,7 +253,7 @@ def test_looks_like_sglang_adaptive() -> None:
 
 def test_coverage_table_for_the_default_with_padding() -> None:
     cov, findings = step_coverage(
-        AdaptiveConfig.sglang_default(), initial_steps=3, graph_batch_sizes=[1, 2, 4, 16], max_batch_size=48
+        sglang_default_config(), initial_steps=3, graph_batch_sizes=[1, 2, 4, 16], max_batch_size=48
     )
     rows = [(r.batch_min, r.batch_max, r.padded_size, r.bucket, r.steps) for r in cov.rows]
     assert rows == [

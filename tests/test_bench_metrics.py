@@ -10,8 +10,8 @@ from specctl.bench.compare import compare_records
 from specctl.bench.config import LoadPoint
 from specctl.bench.load import LoadResult
 from specctl.bench.metrics import stats_ms, summarize_load
-from specctl.bench.prometheus import metrics_delta, parse_metrics
 from specctl.bench.request import RequestResult
+from specctl.schemas.prometheus import metrics_delta, parse_metrics
 from specctl.schemas.server_info import (
     adaptive_state,
     adaptive_switches,

@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from specctl.bench.probe import merge_metrics, merge_server_info
-from specctl.bench.prometheus import metrics_delta, sglang_metrics
 from specctl.orchestrate.ports import free_ports
 from specctl.schemas import server_info as si
+from specctl.schemas.prometheus import metrics_delta, sglang_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

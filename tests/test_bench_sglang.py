@@ -17,10 +17,10 @@ from aiohttp import web
 from sglang_fixture_server import SGLANG_DATA, FixtureServer, fixture, json_answer
 from typer.testing import CliRunner
 
-from specctl.bench.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 from specctl.bench.stub_server import StubBehaviour, StubServer
 from specctl.cli.main import app
 from specctl.schemas import server_info as si
+from specctl.schemas.prometheus import metrics_delta, sglang_metrics, spec_accept_length
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

@@ -45,7 +45,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 
 def api_tokens(deploy: Path, n: int, **params: object) -> list[int]:
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     engine = Engine(EngineConfig.from_role(load_deployment(deploy).role("colocated")))
     return engine.generate([PROMPT], SamplingParams(max_tokens=n, ignore_eos=True, **params))[0].token_ids  # type: ignore[arg-type]

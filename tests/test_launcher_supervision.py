@@ -26,7 +26,7 @@ import yaml
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.launcher import Launcher
 from specctl.orchestrate.ports import free_ports
-from specctl.schemas.deployment import load_deployment
+from specctl.schemas.validator import load_deployment
 
 pytestmark = pytest.mark.slow
 

@@ -45,7 +45,7 @@ STRICT = (
     "bench/load.py",
     "bench/pacer.py",
     "bench/progress.py",
-    "bench/prometheus.py",
+    "schemas/prometheus.py",
     "bench/record.py",
     "bench/report.py",
     "schemas/server_info.py",

@@ -20,6 +20,7 @@ import pytest
 
 from specctl.engine.serve.http import OpenAIServer, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
+from specctl.engine.serve.sglang_http import add_sglang_routes
 
 from spec_support import write_models  # isort: skip
 
@@ -43,6 +44,7 @@ class Server:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         server = OpenAIServer(self.backend, metrics=self.ctx.metrics)
+        add_sglang_routes(server)
         self.runner, port = self.run(start_http(server.app, "127.0.0.1", 0))
         self.run(self.backend.load())
         self.ctx.state.set("ready", ready=True)

@@ -173,7 +173,7 @@ def test_servers_compared_with_what_the_deployment_asked(servers: dict[str, str]
 def test_bench_of_a_launched_deployment_binds_the_pair_preflight(servers: dict[str, str]) -> None:
     # `specctl bench -c` calls this once the launched deployment is ready; here the running pair is it.
     from specctl.bench.target import preflight_of
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     got = preflight_of(load_deployment(servers["cfg"]))
     assert got is not None and got["ok"] is True

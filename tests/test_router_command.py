@@ -15,8 +15,8 @@ from validate_helpers import run_cli
 
 from specctl.errors import UsageError
 from specctl.orchestrate.router import router_argv
-from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.router import DEFAULT_ROUTER_KIND, SLOW_CLIENT_BOUND_S, router_command
+from specctl.schemas.validator import load_deployment
 
 PREFILLS: list[tuple[str, int | None]] = [("http://10.0.0.1:30001", 8998), ("http://10.0.0.2:30001", None)]
 DECODES = ["http://10.0.0.3:30002", "http://10.0.0.4:30002"]

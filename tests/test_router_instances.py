@@ -11,8 +11,7 @@ import pytest
 
 from specctl.orchestrate.launcher import Launcher
 from specctl.orchestrate.router import router_argv
-from specctl.schemas.deployment import load_deployment
-from specctl.schemas.validator import Validator
+from specctl.schemas.validator import Validator, load_deployment
 
 BASE = """version: 1
 name: multi

@@ -35,6 +35,7 @@ class BuiltinServer(Server):
     def __init__(self) -> None:
         import specctl.engine.serve.roles as roles
         from specctl.engine.serve.http import OpenAIServer, start_http
+        from specctl.engine.serve.sglang_http import add_sglang_routes
 
         role = {"name": "colocated", "model": {"target": "builtin:tiny-hybrid", "dtype": "float32", "device": "cpu"},
                 "speculative": {"algorithm": "ngram", "num_steps": 3}, "cache": {"page_size": 16, "max_tokens": 4096},
@@ -45,6 +46,7 @@ class BuiltinServer(Server):
         self.ctx = roles.RoleContext(deployment=None, role_name="colocated", role=role)
         self.backend = roles.EngineBackend(self.ctx)
         self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics)
+        add_sglang_routes(self.server)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -23,8 +23,8 @@ import pytest
 
 from specctl.orchestrate.ports import free_ports
 from specctl.orchestrate.router import router_argv, router_env
-from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.router import SLOW_CLIENT_BOUND_S
+from specctl.schemas.validator import load_deployment
 
 pytestmark = pytest.mark.slow
 WAIT_S = SLOW_CLIENT_BOUND_S + 15  # how long a client waits before calling its connection "still open"
@@ -112,7 +112,7 @@ def test_smg_closes_idle_partial_header_and_partial_body_connections_within_the_
 def test_smg_answers_a_body_the_engines_would_refuse_with_413(router_port: int) -> None:
     """A body over the engines' MAX_REQUEST_BYTES is the client's fault at the front door too: the router refuses
     it itself (413), instead of passing prefill's 413 on as its own 500."""
-    from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
+    from specctl.schemas.budget import MAX_REQUEST_BYTES
 
     body = b'{"model": "default", "prompt": "' + b"x" * MAX_REQUEST_BYTES + b'", "max_tokens": 4}'
     with socket.create_connection(("127.0.0.1", router_port), timeout=30) as s:

@@ -26,6 +26,7 @@ from specctl.engine.engine import Engine
 from specctl.engine.sampling import SamplingParams
 from specctl.engine.serve.http import OpenAIServer, chat_prompt, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
+from specctl.engine.serve.sglang_http import add_sglang_routes
 
 PROMPTS = ["def fib(n):", "import os\nimport sys\n", "class Tree:\n    def __init__(self):"]
 
@@ -58,6 +59,7 @@ class Server:
         self.backend = EngineBackend(self.ctx)
         http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections") if k in limits}
         self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024, **limits)
+        add_sglang_routes(self.server)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

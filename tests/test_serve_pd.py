@@ -589,7 +589,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
 
     from specctl.engine.serve.backend import RoleContext
     from specctl.engine.serve.prefill import PrefillBackend
-    from specctl.schemas.deployment import load_deployment
+    from specctl.schemas.validator import load_deployment
 
     ports = dict(zip(("prefill", "decode", "router", "bootstrap"), free_ports(4), strict=True))
     dep = load_deployment(deployment_yaml(models["root"] / "pending-pd.yaml", target=models["target"], draft=None,

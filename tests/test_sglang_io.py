@@ -15,9 +15,9 @@ from sglang_strategies import deployments
 from validate_helpers import run_cli, run_json
 
 from specctl.schemas.adaptive import AdaptiveConfig, Knobs, parse_deployment_adaptive, parse_sglang_config
-from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.export import export_commands, shell_script
 from specctl.schemas.sglang.flags import table
+from specctl.schemas.validator import load_deployment
 
 PRESETS = ["tiny-pd", "tiny-colocated", "sglang-default-adaptive", "llama-3.1-8b-pd"]
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from specctl.cli.main import app
 from specctl.orchestrate.sglang_process import adaptive_file_for, default_workdir
-from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.export import export_commands
+from specctl.schemas.validator import load_deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from specctl.schemas.deployment import load_deployment
 from specctl.schemas.sglang.command import SGLangCommand, Word, parse_args
 from specctl.schemas.sglang.export import export_commands
 from specctl.schemas.sglang.rules import adaptive_off_reason
+from specctl.schemas.validator import load_deployment
 
 pytestmark = [
     pytest.mark.slow,

@@ -28,7 +28,7 @@ from specctl.engine.checkpoint import write_random_model
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.launcher import Launcher, Planner, PreflightRefused, ProcessStatus
 from specctl.orchestrate.ports import free_ports
-from specctl.schemas.deployment import load_deployment
+from specctl.schemas.validator import load_deployment
 
 pytestmark = pytest.mark.slow
 

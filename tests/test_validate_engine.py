@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from specctl.cli.main import app
-from specctl.schemas.deployment import DEFAULT_ENGINE, ENGINES, load_deployment
-from specctl.schemas.validator import schema
+from specctl.schemas.deployment import DEFAULT_ENGINE, ENGINES
+from specctl.schemas.validator import load_deployment, schema
 
 runner = CliRunner()
 

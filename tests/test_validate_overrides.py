@@ -8,8 +8,9 @@ import pytest
 from validate_helpers import run_cli, run_json
 
 from specctl.errors import InvalidInput, UsageError
-from specctl.schemas.deployment import DEFAULTS, load_deployment
+from specctl.schemas.deployment import DEFAULTS
 from specctl.schemas.overrides import apply_overrides, parse_override
+from specctl.schemas.validator import load_deployment
 
 
 def test_values_parse_as_yaml_scalars() -> None:

@@ -159,3 +159,21 @@ def test_the_child_is_shipped_as_a_script_and_never_imported():
     src = "\n".join(p.read_text() for p in (ROOT / "schemas").rglob("*.py") if p.name != "resolve_child.py")
     assert "import resolve_child" not in src and "resolve_child import" not in src
     assert os.access(resolver.CHILD, os.R_OK)
+
+
+def test_an_sglang_deployment_is_resolved_as_the_validator_read_it(tmp_path):
+    """`--resolve` on an `engine: sglang` deployment resolves the commands exported from the document the
+    validator checked (overrides applied): an interpreter that dies is the deployment's SGL902, and a
+    deployment with error findings is reported by its findings alone, never as an internal error."""
+    dep = tmp_path / "dep.yaml"
+    dep.write_text((ROOT / "tests" / "data" / "valid" / "sch004-engine-sglang.yaml").read_text())
+    dies = _script(tmp_path, "dies", "exit 7")
+    args = ["validate", "--resolve", "--sglang-python", dies, "--format", "json", "--set", "serve.max_batch_size=4"]
+    res = CliRunner().invoke(app, [*args, str(dep)])
+    assert res.exit_code == 0, res.output
+    [(code, msg)] = _codes(json.loads(res.output), "dep.yaml")
+    assert code == "SGL902" and "did not load" in msg
+    res = CliRunner().invoke(app, [*args, "--set", "cache.page_size=0", str(dep)])
+    assert res.exit_code == 1, res.output
+    codes = [f["code"] for f in json.loads(res.output)["files"][0]["findings"]]
+    assert "SCH000" not in codes and not [c for c in codes if c.startswith("SGL9")], codes

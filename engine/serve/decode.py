@@ -56,7 +56,7 @@ from specctl.engine.serve.backend import (
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
-from specctl.orchestrate.router import connect_host, role_instances
+from specctl.schemas.deployment import connect_host
 
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
@@ -281,7 +281,7 @@ class DecodeBackend(EngineBackend):
         self._recv_thread.start()
         if self.ctx.deployment is None:
             raise RuntimeFailure("a decode role pairs with the prefills its deployment lists: it needs one")
-        for pre in role_instances(self.ctx.deployment, "prefill"):
+        for pre in self.ctx.deployment.instances("prefill"):
             link = PrefillLink(self, pre)
             self.links[link.port] = link
         self.update_state()

@@ -66,16 +66,17 @@ from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.serve.metrics import ServingMetrics, TokenClock
 from specctl.engine.serve.openai_request import (
     DEFAULT_MAX_TOKENS,
-    MAX_REQUEST_BYTES,
     GenerationRequest,
     RequestError,
     _sampling,
+    bootstrap_fields,
     chat_prompt,
     parse_chat,
     parse_completion,
     parse_json_body,
 )
 from specctl.engine.serve.spec_stats import MetricsFile, RequestClock, launch_steps, request_meta, spec_tokens_details
+from specctl.schemas.budget import MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
     from specctl.engine.logprobs import TokenLogprob  # torch; the front stays light
@@ -223,9 +224,6 @@ class OpenAIServer:
             web.get("/server_info", self.server_info),
         ])
         self.in_flight = 0
-        from specctl.engine.serve.sglang_http import add_sglang_routes
-
-        add_sglang_routes(self)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -345,8 +343,6 @@ class OpenAIServer:
         return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
     async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
-        from specctl.engine.serve.sglang_http import bootstrap_fields
-
         req.params.update(bootstrap_fields(req.extra))  # sglang-router's PD fields reach the backend
         check = getattr(self.backend, "check_params", None)
         if check is not None:

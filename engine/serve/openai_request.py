@@ -30,7 +30,6 @@ from typing import Any, Protocol
 from specctl.schemas.sglang.router import DEFAULT_MODEL_NAME  # what SGLang's clients send when naming no model
 
 # The largest request body the engines read (413 beyond it); the router of `up` refuses the same bodies itself.
-MAX_REQUEST_BYTES = 1 << 20  # a 1 MiB JSON body is far beyond any prompt the builtin models can take
 MAX_JSON_DEPTH = 32  # OpenAI bodies nest 4-5 levels (messages -> parts -> fields); 32 leaves room for extras
 MIN_INT, MAX_INT = -(1 << 63), (1 << 64) - 1  # what torch seeds and any C integer can hold
 MAX_TOP_K = 1 << 31
@@ -428,3 +427,26 @@ def _content(content: Any, where: str) -> str:
             raise RequestError(f"{at}.text must be a string", param=f"{at}.text", code="invalid_type")
         texts.append(text)
     return "".join(texts)
+
+
+# The PD routing fields sglang-router adds to every request of a disaggregated pair.
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+def bootstrap_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The PD routing fields of a request (all three, or none), type-checked."""
+    present = [k for k in BOOTSTRAP_FIELDS if body.get(k) is not None]
+    if not present:
+        return {}
+    if len(present) != len(BOOTSTRAP_FIELDS):
+        missing = [k for k in BOOTSTRAP_FIELDS if k not in present]
+        raise RequestError(f"{', '.join(missing)} missing: a disaggregated request carries all of "
+                           f"{', '.join(BOOTSTRAP_FIELDS)}", param=missing[0])
+    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise RequestError("bootstrap_host must be a host name or address", param="bootstrap_host")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
+    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
+        raise RequestError("bootstrap_room must be a non-negative 64-bit integer", param="bootstrap_room")
+    return {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": int(room)}

@@ -1,7 +1,7 @@
 """One serving process per role: colocated, prefill or decode behind the same HTTP front; the router is
 smg, or SGLang's sglang-router (orchestrate/router.py).
 
-Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that role until SIGINT/SIGTERM
+Contract: `serve_role(deployment, role_name, instance=0)` runs one process of that engine role until SIGINT/SIGTERM
 (exit 0) or a fatal failure (exit 3, e.g. a refused handshake). Every engine role answers `/health` (503
 with a `status` of `loading`, `pairing`, `refused` or `down` until it can serve, then 200), `/metrics`,
 `/server_info` (SGLang's keys plus specctl's fingerprints) and SGLang's native surface (serve/sglang_http.py) on
@@ -13,7 +13,7 @@ serve/backend.py (colocated: `EngineBackend`), serve/prefill.py and serve/decode
   the KV + state sent to the decode that claimed the room.
 - decode (serve/decode.py): pairs with every prefill instance through the verifying handshake before it
   is ready; claims each room's KV, imports it and continues generation (speculative, adaptive).
-- router: `python -m smg launch --pd-disaggregation ...` (or sglang-router) in the foreground.
+- router: not here; `specctl.orchestrate.router.run_router` runs smg (or sglang-router) in the foreground.
 
 Request path, by module: the router -> serve/http + serve/sglang_http (HTTP, bootstrap fields) ->
 serve/decode `DecodeBackend.generate` -> pd/messages `PdClaim` -> serve/prefill `PrefillBackend` (Engine
@@ -34,14 +34,13 @@ from typing import TYPE_CHECKING
 from specctl.engine.serve.backend import EngineBackend, RoleContext
 from specctl.engine.serve.faults import FaultPlan
 from specctl.errors import RuntimeFailure, SpecctlError
-from specctl.orchestrate.router import role_instances
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from specctl.schemas.deployment import Deployment
 
-__all__ = ["EngineBackend", "RoleContext", "role_instances", "serve_role"]
+__all__ = ["EngineBackend", "RoleContext", "serve_role"]
 
 log = logging.getLogger("specctl.serve")
 
@@ -50,8 +49,10 @@ log = logging.getLogger("specctl.serve")
 
 async def _run_http(ctx: RoleContext, backend: EngineBackend) -> web.AppRunner:
     from specctl.engine.serve.http import OpenAIServer, start_http
+    from specctl.engine.serve.sglang_http import add_sglang_routes
 
     server = OpenAIServer(backend, metrics=ctx.metrics)
+    add_sglang_routes(server)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
     host = str(ctx.role.get("host") or "127.0.0.1")
     port = int(ctx.role.get("port") or 0)
     runner, bound = await start_http(server.app, host, port)
@@ -113,13 +114,10 @@ async def _load(ctx: RoleContext, backend: EngineBackend) -> None:
 
 
 def serve_role(deployment: Deployment, role_name: str, instance: int = 0, *, faults: FaultPlan | None = None) -> int:
-    """Run one role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
-    `instance` picks one of several prefill or decode instances; `faults` is a test's FaultPlan."""
-    if role_name == "router":
-        from specctl.orchestrate.router import run_router
-
-        return run_router(deployment)
-    instances = role_instances(deployment, role_name)
+    """Run one engine role until SIGINT/SIGTERM; returns the exit code (raises RuntimeFailure on fatal errors).
+    `instance` picks one of several prefill or decode instances; `faults` is a test's FaultPlan. The router
+    is no engine role: `specctl.orchestrate.router.run_router` runs it."""
+    instances = deployment.instances(role_name)
     if not 0 <= instance < len(instances):
         from specctl.errors import UsageError
 

@@ -20,7 +20,7 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
 
 `/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it (`sglang_server_args`).
-`bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
+`openai_request.bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
 `bootstrap_port`, `bootstrap_room`); both the OpenAI and the native routes pass them to `Backend.generate`
 in the params dict. Every malformed request is a 4xx JSON error.
 """
@@ -34,35 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from specctl.engine.serve.http import RequestError, json_error, sampling_params
-from specctl.engine.serve.openai_request import _check_ids
+from specctl.engine.serve.http import json_error, sampling_params
+from specctl.engine.serve.openai_request import RequestError, _check_ids, bootstrap_fields
 from specctl.engine.serve.spec_stats import RequestClock, request_meta
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
     from specctl.engine.serve.http import OpenAIServer
 
-BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 VERSION = "specctl-0.1.0"
-
-
-def bootstrap_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """The PD routing fields of a request (all three, or none), type-checked."""
-    present = [k for k in BOOTSTRAP_FIELDS if body.get(k) is not None]
-    if not present:
-        return {}
-    if len(present) != len(BOOTSTRAP_FIELDS):
-        missing = [k for k in BOOTSTRAP_FIELDS if k not in present]
-        raise RequestError(f"{', '.join(missing)} missing: a disaggregated request carries all of "
-                           f"{', '.join(BOOTSTRAP_FIELDS)}", param=missing[0])
-    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
-    if not isinstance(host, str) or not host or len(host) > 255:
-        raise RequestError("bootstrap_host must be a host name or address", param="bootstrap_host")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
-    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
-        raise RequestError("bootstrap_room must be a non-negative 64-bit integer", param="bootstrap_room")
-    return {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": int(room)}
 
 
 def tokenizer_dir(model_dir: Path) -> Path:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specctl.schemas.catalog import RuleDoc, register
+from specctl.schemas.deployment import Deployment
 from specctl.schemas.findings import Finding
 from specctl.schemas.sglang.resolver import (
     Release,
@@ -206,12 +207,11 @@ def command_target(path: str) -> Target | None:
     return None
 
 
-def deployment_targets(path: str, folder: str) -> list[Target]:
+def deployment_targets(dep: Deployment, folder: str) -> list[Target]:
     """Each role's exported SGLang command of an `engine: sglang` deployment (files it names go to `folder`)."""
-    from specctl.schemas.deployment import load_deployment
     from specctl.schemas.sglang.export import export_commands
 
-    dep = load_deployment(path)
+    path = dep.path or dep.name
     if dep.engine != "sglang":
         return []
     cmds = export_commands(dep)
