@@ -29,18 +29,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from specctl.errors import UsageError
 from specctl.schemas.loader import read_text
+from specctl.schemas.pd_agreement import server_info_fields
 from specctl.schemas.server_info import sglang_accept_lengths
 
 JsonDoc = Mapping[str, object]
 
-# The fields two servers of one PD pair must agree on, in report order (each has a fix in `diff`).
-PAIR_FIELDS = (
-    "model_path", "architecture", "dtype", "page_size", "kv_cache_dtype", "kv_layout",
-    "tp_size", "dp_size", "pp_size", "attn_tp_size", "decode_allocation_policy", "transfer_backend",
-    "speculative_algorithm", "draft_model", "num_steps", "eagle_topk", "num_draft_tokens",
-    "adaptive", "adaptive_config", "disable_hybrid_swa_memory", "mamba_full_memory_ratio",
-    "mamba_ssm_dtype", "swa_full_tokens_ratio", "state_types", "engine", "version",
-)
+# The fields two servers of one PD pair must agree on, in report order: the agreement table's.
+PAIR_FIELDS = server_info_fields()
 
 # SGLang's `--speculative-algorithm` choices in specctl's words; unknown names are lowercased.
 _SGLANG_ALGORITHMS = {"STANDALONE": "draft", "NGRAM": "ngram", "EAGLE": "eagle", "EAGLE3": "eagle3",
