@@ -14,6 +14,7 @@ from typing import Any
 
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
+from specctl.schemas.pd_agreement import agreement
 from specctl.schemas.sglang.command import SGLangCommand
 from specctl.schemas.sglang.families import POOL_MAMBA, POOL_MLA, SGLangModel
 from specctl.schemas.sglang.startup import (  # noqa: F401 - adaptive_off_reason re-exported for callers
@@ -270,27 +271,26 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
     as SGLang resolves them, through the same field table as `specctl preflight` (preflight.facts)."""
     out: list[Finding] = []
 
-    def differ(code: str, dest: str, label: str, when: str, quote: str, *, pv: Any = None, dv: Any = None) -> None:
-        pv = p.value(dest) if pv is None else pv
-        dv = d.value(dest) if dv is None else dv
+    def differ(name: str, when: str, quote: str) -> None:
+        row = agreement(name)
+        assert row.sglang is not None and row.sglang_code is not None
+        dest = row.sglang
+        pv, dv = p.value(dest), d.value(dest)
         if pv != dv:
             flag = d.flag_name(dest)
-            fix = f"set {flag} {pv} on decode (or change prefill)" if p.given(dest) else \
-                f"remove {flag} from decode (prefill uses SGLang's default {pv}), or pass it to both"
-            out.append(_f(d, code, "error", dest,
-                          f"{label}: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; SGLang fails "
-                          f"{when}: '{quote}'", fix))
+            out.append(_f(d, row.sglang_code, row.severity, dest,
+                          f"{row.label} differs: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; "
+                          f"SGLang fails {when}: '{quote}'", row.fix_for(pv)))
 
     if pm is not None and dm is not None and pm.architecture != dm.architecture:
         out.append(_f(d, "SGL201", "error", "model_path",
                       f"prefill serves {pm.architecture} ({p.value('model_path')}), decode {dm.architecture} "
                       f"({d.value('model_path')}); SGLang fails {_FIRST_XFER}: 'state component count mismatch'",
-                      "serve the same model on both sides"))
-    differ("SGL202", "kv_cache_dtype", "KV-cache dtypes differ", _FIRST_REQ,
-           "KV cache dtype mismatch: prefill server has kv_cache_dtype=...")
-    differ("SGL203", "disaggregation_transfer_backend", "transfer backends differ", _FIRST_REQ,
+                      agreement("architecture").fix_for()))
+    differ("kv_cache_dtype", _FIRST_REQ, "KV cache dtype mismatch: prefill server has kv_cache_dtype=...")
+    differ("transfer_backend", _FIRST_REQ,
            "no error names it: the two transfer engines never connect and requests time out")
-    differ("SGL209", "disaggregation_decode_allocation_policy", "decode allocation policies differ", _FIRST_REQ,
+    differ("decode_allocation_policy", _FIRST_REQ,
            "Disaggregation decode allocation policy mismatch: prefill=..., decode=...")
     if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and not out and any(
             isinstance(p.value(k), int) and p.value(k) > 1 for k in ("tp_size", "attn_cp_size", "pp_size")):
@@ -300,13 +300,13 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
                       "'prefill_complete requires peer attention TP1/CP1/PP1'",
                       "use the early policy on both sides, or run prefill at TP1"))
     if pm is None or pm.architecture.startswith("DeepseekV4"):  # only DeepSeek-V4 pools report a kv_layout
-        differ("SGL210", "dsv4_attn_backend", "KV layouts differ", _FIRST_REQ,
+        differ("kv_layout", _FIRST_REQ,
                "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=...")
     if pm is not None and pm.pool == POOL_MAMBA:
-        differ("SGL205", "mamba_ssm_dtype", "Mamba SSM dtypes differ", _FIRST_XFER, "Mamba slot size mismatch")
+        differ("mamba_ssm_dtype", _FIRST_XFER, "Mamba slot size mismatch")
     if pm is not None and pm.is_hybrid:
-        for dest in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
-            differ("SGL206", dest, "hybrid-memory flags differ", _FIRST_XFER, "state component count mismatch")
+        for name in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
+            differ(name, _FIRST_XFER, "state component count mismatch")
     if pm is not None and dm is not None:
         pst, dst = state_types_of(p, pm), state_types_of(d, dm)
         if pst != dst:
@@ -317,7 +317,7 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
             out.append(_f(d, "SGL207", "error", cause,
                           f"state_types differ: prefill registers [{', '.join(pst)}], decode [{', '.join(dst)}] "
                           f"(caused by {d.flag_name(cause)}); SGLang fails {_FIRST_XFER}: '{empty}'",
-                          f"make {d.flag_name(cause)} equal on both sides"))
+                          agreement("state_types").fix_for(list(pst))))
     out.extend(_resolved_pair(p, d, pm, ps, ds, release))
     return out
 
@@ -361,40 +361,37 @@ def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, p
         return d.flag_name(dest)
 
     if "speculative_algorithm" in rows:
-        r = rows["speculative_algorithm"]
         out.append(_f(d, "SGL208", "error", "speculative_algorithm",
                       f"SGLang resolves the speculative algorithm to {_algo_text(pf.speculative_algorithm)} on prefill "
                       f"({pname}) but {_algo_text(df.speculative_algorithm)} on decode; SGLang fails {_FIRST_XFER}: "
-                      "draft KV / hidden states are missing on decode",
-                      "pass the same --speculative-algorithm (and --speculative-draft-model-path) to both servers"))
+                      "draft KV / hidden states are missing on decode", rows["speculative_algorithm"].fix))
         return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
     if "draft_model" in rows:
         out.append(_f(d, "SGL208", "error", "speculative_draft_model_path",
                       f"draft models differ: prefill ({pname}) drafts with {pf.draft_model}, decode with "
                       f"{df.draft_model} (after SGLang's defaults); SGLang fails {_FIRST_XFER} (draft KV layouts "
-                      "differ)", "pass the same --speculative-draft-model-path to both servers"))
+                      "differ)", rows["draft_model"].fix))
     for name, dest in _SPEC_FIELDS.items():
         if name in rows:
             r = rows[name]
             out.append(_f(d, "SGL211", "error", dest,
                           f"{flag_of(dest)} resolves to {r.prefill} on prefill ({pname}) but {r.decode} on decode "
                           f"(after SGLang's own choices); SGLang fails {_FIRST_XFER}: the draft state prefill hands "
-                          "over is sized for its own step parameters",
-                          f"pass {flag_of(dest)} {r.prefill} to decode (or the same value to both servers)"))
+                          "over is sized for its own step parameters", r.fix))
     for name in ("adaptive", "adaptive_config"):
         if name in rows:
             dest = "speculative_adaptive" if name == "adaptive" else "speculative_adaptive_config"
             out.append(_f(d, "SGL212", "warning", dest,
                           f"{flag_of(dest)} differs after resolution: prefill ({pname}) {rows[name].prefill}, decode "
                           f"{rows[name].decode} (never fails: the two sides size draft buffers for different steps)",
-                          f"pass the same {flag_of(dest)} to both servers"))
+                          rows[name].fix))
     if "page_size" in rows and p.value("page_size") == d.value("page_size"):
         r = rows["page_size"]  # different written values are PD503's; here SGLang's own choice differs
         out.append(_f(d, "SGL213", "error", "page_size",
                       f"SGLang resolves page size {r.prefill} on prefill ({pname}) but {r.decode} on decode (chosen "
                       f"per attention backend); SGLang fails {_FIRST_REQ}: 'Page size mismatch: prefill server has "
                       f"page_size={r.prefill}, but decode server has page_size={r.decode}. Both servers must use the "
-                      "same --page-size value.'", f"pass --page-size {r.prefill} to both servers"))
+                      "same --page-size value.'", r.fix))
     return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
 
 
@@ -449,7 +446,7 @@ def _hetero_tp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ptp: 
     rel = release_key(release)
     what = (f"attention TP differs: prefill ({Path(p.name).name}) runs {_attn_tp_text(p, ptp)}, decode "
             f"{_attn_tp_text(d, dtp)}")
-    fix = "run the same attention TP on both sides (--tp-size, --dp-size with --enable-dp-attention, --attn-cp-size)"
+    fix = agreement("attn_tp_size").fix_for(ptp)
     types = state_types_of(d, pm)
     if pm.pool == POOL_MLA:
         return []
