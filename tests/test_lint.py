@@ -36,6 +36,7 @@ STRICT = (
     "schemas/report.py",
     "schemas/rules.py",
     "schemas/rules_pd.py",
+    "schemas/pd_agreement.py",
     "bench/__init__.py",
     "bench/acceptance.py",
     "bench/arrivals.py",
