@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.router import OFFLINE_ENV, http_url, role_instances, router_argv
 from specctl.preflight.reader import get_json
+from specctl.schemas.pd_agreement import show
 from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
@@ -120,23 +121,15 @@ class PreflightRefused(RuntimeFailure):
             if r.ok:
                 continue
             lines.append(f"{pair.prefill} {r.prefill.url} vs {pair.decode} {r.decode.url}:")
-            lines += [f"  {d.field}: prefill={_show(d.prefill)} decode={_show(d.decode)} -- fix: {d.fix}"
+            lines += [f"  {d.field}: prefill={show(d.prefill)} decode={show(d.decode)} -- fix: {d.fix}"
                       + (f" ({d.detail})" if d.detail else "") for d in r.differences]
-            lines += [f"  {d.field} ({d.role}): deployment asked {_show(d.asked)}, the server runs "
-                      f"{_show(d.running)} -- fix: {d.fix}" for d in r.drifts]
+            lines += [f"  {d.field} ({d.role}): deployment asked {show(d.asked)}, the server runs "
+                      f"{show(d.running)} -- fix: {d.fix}" for d in r.drifts]
         n = sum(len(p.report.differences) + len(p.report.drifts) for p in pairs)
         super().__init__(f"preflight refused the deployment: {n} difference(s); the router was not started\n"
                          + "\n".join(lines),
                          hint="fix every row and start again (specctl preflight -c DEPLOY checks a running pair)")
         self.pairs = tuple(pairs)
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
 
 
 def instance_name(role: str, index: int) -> str:

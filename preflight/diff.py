@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specctl.preflight.facts import ServerFacts
-from specctl.schemas.pd_agreement import AGREEMENTS, Agreement, Difference, agreement, compare_values
+from specctl.schemas.pd_agreement import Agreement, Difference, agreement, compare_values
 
 # Fields compared only when both sides report them (SGLang skips its own check on None).
 _WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types", "version"})
@@ -65,8 +65,8 @@ def compare_pair(prefill: ServerFacts, decode: ServerFacts) -> list[Difference]:
             return True
         return a.name in _PATHS and isinstance(p, str) and isinstance(d, str) and _same_model(p, d)
 
-    rows += compare_values(lambda a, key: (prefill.value(key), decode.value(key)), AGREEMENTS,
-                           lambda a: a.server_info, skip=excused)
+    rows += compare_values(lambda a, key: (prefill.value(key), decode.value(key)), lambda a: a.server_info,
+                           skip=excused)
     return rows
 
 

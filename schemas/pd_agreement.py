@@ -20,7 +20,7 @@ msgspec struct; `to_json()` is its report shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -206,48 +206,41 @@ AGREEMENTS: tuple[Agreement, ...] = (
               registration=("protocol_version", "engine_version"), server_info="version"),
 )
 
-_BY_NAME = {a.name: a for a in AGREEMENTS}
-
-
 def agreement(name: str) -> Agreement:
     """The row named `name` (KeyError names the rows)."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"no agreement row {name!r}; rows: {', '.join(_BY_NAME)}") from None
+    for a in AGREEMENTS:
+        if a.name == name:
+            return a
+    raise KeyError(f"no agreement row {name!r}; rows: {', '.join(a.name for a in AGREEMENTS)}")
 
 
-def by_code(code: str) -> tuple[Agreement, ...]:
-    return tuple(a for a in AGREEMENTS if code in (a.code, a.sglang_code))
+def deployment_rows() -> tuple[Agreement, ...]:
+    """Rows a deployment sets and the static rules report (`code`), in table order."""
+    return tuple(a for a in AGREEMENTS if a.deployment is not None and a.code is not None)
 
 
-def deployment_rows(rows: Iterable[Agreement] = AGREEMENTS) -> tuple[Agreement, ...]:
-    """Rows a deployment sets directly and the static rules compare value for value."""
-    return tuple(a for a in rows if a.deployment is not None and a.code is not None)
-
-
-def server_info_fields(rows: Iterable[Agreement] = AGREEMENTS) -> tuple[str, ...]:
+def server_info_fields() -> tuple[str, ...]:
     """The `ServerFacts` fields the live preflight compares, in table order."""
-    return tuple(a.server_info for a in rows if a.server_info is not None)
+    return tuple(a.server_info for a in AGREEMENTS if a.server_info is not None)
 
 
-def registration_row(path: str, rows: Iterable[Agreement] = AGREEMENTS) -> Agreement | None:
+def registration_row(path: str) -> Agreement | None:
     """The row a registration leaf (`model.dtype`, `draft.page_size`) belongs to: the longest prefix."""
     best: tuple[int, Agreement] | None = None
-    for a in rows:
+    for a in AGREEMENTS:
         for prefix in a.registration:
             if (path == prefix or path.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
                 best = (len(prefix), a)
     return best[1] if best is not None else None
 
 
-def compare_values(value_of: Callable[[Agreement, str], tuple[object, object]], rows: Iterable[Agreement],
+def compare_values(value_of: Callable[[Agreement, str], tuple[object, object]],
                    locator: Callable[[Agreement], str | None], *,
                    skip: Callable[[Agreement, object, object], bool] = lambda a, p, d: False) -> list[Difference]:
     """A `Difference` for each row whose two values (`value_of(row, locator(row))`) differ, in table order;
-    rows without a locator, and rows `skip` excuses, are passed over."""
+    rows without a locator, and rows `skip` excuses, are passed over. The table is read at call time."""
     out: list[Difference] = []
-    for a in rows:
+    for a in AGREEMENTS:
         key = locator(a)
         if key is None:
             continue

@@ -13,8 +13,8 @@ from typing import Any
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.model_facts import ModelFacts
-from specctl.schemas.pd_agreement import Agreement, agreement, deployment_rows
-from specctl.schemas.rules import RoleRef, RuleContext, effective_state_types, finding, show
+from specctl.schemas.pd_agreement import Agreement, agreement, deployment_rows, show
+from specctl.schemas.rules import RoleRef, RuleContext, effective_state_types, finding
 
 _PD = "RuntimeError: PD state transfer failed / handshake refused at decode start-up"
 

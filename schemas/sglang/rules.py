@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specctl.schemas import pd_agreement
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.pd_agreement import agreement
+from specctl.schemas.server_info import SERVER_ARGS, Key
 from specctl.schemas.sglang.command import SGLangCommand
 from specctl.schemas.sglang.families import POOL_MAMBA, POOL_MLA, SGLangModel
 from specctl.schemas.sglang.startup import (  # noqa: F401 - adaptive_off_reason re-exported for callers
@@ -251,6 +253,36 @@ SGLANG_WHEN: dict[str, str] = {
 
 
 
+# SGLang's own words when a written flag differs: (when it fails, the error it raises), per agreement row.
+_QUOTES = {
+    "kv_cache_dtype": (_FIRST_REQ, "KV cache dtype mismatch: prefill server has kv_cache_dtype=..."),
+    "transfer_backend": (_FIRST_REQ, "no error names it: the two transfer engines never connect and requests time out"),
+    "decode_allocation_policy": (_FIRST_REQ,
+                                 "Disaggregation decode allocation policy mismatch: prefill=..., decode=..."),
+    "kv_layout": (_FIRST_REQ,
+                  "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=..."),
+    "mamba_ssm_dtype": (_FIRST_XFER, "Mamba slot size mismatch"),
+    "disable_hybrid_swa_memory": (_FIRST_XFER, "state component count mismatch"),
+    "mamba_full_memory_ratio": (_FIRST_XFER, "state component count mismatch"),
+    "swa_full_tokens_ratio": (_FIRST_XFER, "state component count mismatch"),
+}
+# Agreement rows compared after SGLang's start-up resolution (`_resolved_pair`) or derived from the model
+# (SGL201, SGL207, SGL204), not as written flags.
+_RESOLVED = frozenset({"architecture", "page_size", "speculative_algorithm", "draft_model", "num_steps", "eagle_topk",
+                       "num_draft_tokens", "adaptive", "adaptive_config", "attn_tp_size", "state_types"})
+
+
+def _applies(name: str, pm: SGLangModel | None) -> bool:
+    """Whether SGLang compares this row's flag for the prefill model `pm` (None: not on this host)."""
+    if name == "kv_layout":
+        return pm is None or pm.architecture.startswith("DeepseekV4")  # only DeepSeek-V4 pools report a kv_layout
+    if name == "mamba_ssm_dtype":
+        return pm is not None and pm.pool == POOL_MAMBA
+    if name in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
+        return pm is not None and pm.is_hybrid
+    return True
+
+
 def _state_cause(p: SGLangCommand, d: SGLangCommand) -> str:
     for dest in ("kv_cache_dtype", "disable_hybrid_swa_memory"):
         if p.value(dest) != d.value(dest):
@@ -271,42 +303,29 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
     as SGLang resolves them, through the same field table as `specctl preflight` (preflight.facts)."""
     out: list[Finding] = []
 
-    def differ(name: str, when: str, quote: str) -> None:
-        row = agreement(name)
-        assert row.sglang is not None and row.sglang_code is not None
-        dest = row.sglang
-        pv, dv = p.value(dest), d.value(dest)
-        if pv != dv:
-            flag = d.flag_name(dest)
-            out.append(_f(d, row.sglang_code, row.severity, dest,
-                          f"{row.label} differs: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; "
-                          f"SGLang fails {when}: '{quote}'", row.fix_for(pv)))
-
     if pm is not None and dm is not None and pm.architecture != dm.architecture:
         out.append(_f(d, "SGL201", "error", "model_path",
                       f"prefill serves {pm.architecture} ({p.value('model_path')}), decode {dm.architecture} "
                       f"({d.value('model_path')}); SGLang fails {_FIRST_XFER}: 'state component count mismatch'",
                       agreement("architecture").fix_for()))
-    differ("kv_cache_dtype", _FIRST_REQ, "KV cache dtype mismatch: prefill server has kv_cache_dtype=...")
-    differ("transfer_backend", _FIRST_REQ,
-           "no error names it: the two transfer engines never connect and requests time out")
-    differ("decode_allocation_policy", _FIRST_REQ,
-           "Disaggregation decode allocation policy mismatch: prefill=..., decode=...")
-    if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and not out and any(
+    for row in pd_agreement.AGREEMENTS:  # the table's SGLang flags compared as written
+        if row.sglang is None or row.sglang_code is None or row.name in _RESOLVED or not _applies(row.name, pm):
+            continue
+        pv, dv = p.value(row.sglang), d.value(row.sglang)
+        if pv != dv:
+            flag = d.flag_name(row.sglang)
+            when, quote = _QUOTES.get(row.name, (f"at the {row.fails}", ""))
+            out.append(_f(d, row.sglang_code, row.severity, row.sglang,
+                          f"{row.label} differs: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; "
+                          f"SGLang fails {when}" + (f": '{quote}'" if quote else ""), row.fix_for(pv)))
+    early = not any(f.code in ("SGL201", "SGL202", "SGL203", "SGL209") for f in out)
+    if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and early and any(
             isinstance(p.value(k), int) and p.value(k) > 1 for k in ("tp_size", "attn_cp_size", "pp_size")):
         out.append(_f(d, "SGL209", "error", "disaggregation_decode_allocation_policy",
                       f"--disaggregation-decode-allocation-policy prefill_complete needs prefill at attention "
                       f"TP1/CP1/PP1, but prefill has --tp-size {p.value('tp_size')}; SGLang fails {_FIRST_REQ}: "
                       "'prefill_complete requires peer attention TP1/CP1/PP1'",
                       "use the early policy on both sides, or run prefill at TP1"))
-    if pm is None or pm.architecture.startswith("DeepseekV4"):  # only DeepSeek-V4 pools report a kv_layout
-        differ("kv_layout", _FIRST_REQ,
-               "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=...")
-    if pm is not None and pm.pool == POOL_MAMBA:
-        differ("mamba_ssm_dtype", _FIRST_XFER, "Mamba slot size mismatch")
-    if pm is not None and pm.is_hybrid:
-        for name in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
-            differ(name, _FIRST_XFER, "state component count mismatch")
     if pm is not None and dm is not None:
         pst, dst = state_types_of(p, pm), state_types_of(d, dm)
         if pst != dst:
@@ -324,21 +343,15 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
 
 def _server_info(cmd: SGLangCommand, startup: Startup | None) -> dict[str, Any]:
     """The command as SGLang's /server_info would report it once resolved (the fields preflight reads)."""
-    keys = ("model_path", "disaggregation_mode", "dtype", "kv_cache_dtype", "page_size", "tp_size", "dp_size",
-            "pp_size", "attn_dp_size", "attn_cp_size", "enable_dp_attention", "disaggregation_transfer_backend",
-            "disaggregation_decode_allocation_policy", "speculative_algorithm", "speculative_draft_model_path",
-            "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-            "speculative_adaptive", "speculative_adaptive_config", "disable_hybrid_swa_memory",
-            "mamba_full_memory_ratio", "mamba_ssm_dtype", "swa_full_tokens_ratio")
-    info: dict[str, Any] = {k: cmd.value(k) for k in keys}
+    info: dict[str, Any] = {k: cmd.value(k) for k in SERVER_ARGS}
     if startup is not None:
-        info.update({k: v for k, v in startup.resolved.items() if k in keys})
-    cfg = info.get("speculative_adaptive_config")
+        info.update({k: v for k, v in startup.resolved.items() if k in SERVER_ARGS})
+    cfg = info.get(Key.ADAPTIVE_CONFIG)
     if isinstance(cfg, str) and not Path(cfg).is_absolute():
-        info["speculative_adaptive_config"] = str(cmd.base_dir / cfg)
-    if info.get("disaggregation_mode") is None:
-        info["disaggregation_mode"] = "null"
-    info["state_types"] = []  # compared from the model by SGL207
+        info[Key.ADAPTIVE_CONFIG] = str(cmd.base_dir / cfg)
+    if info.get(Key.DISAGGREGATION_MODE) is None:
+        info[Key.DISAGGREGATION_MODE] = "null"
+    info[Key.STATE_TYPES] = []  # compared from the model by SGL207
     return info
 
 
