@@ -1,6 +1,6 @@
 """A server's self-description (`/server_info`): the one list of its keys, specctl's writer, tolerant readers.
 
-`Key` names every key specctl's own servers write and that preflight (`specctl.preflight.facts`) and
+`Key` names every key specctl's own servers write and that preflight (`specctl.schemas.server_facts`) and
 bench read, by SGLang's names where SGLang has the key (specctl's servers answer in SGLang's shape);
 `SERVER_ARGS` are SGLang's resolved server arguments among them, in the order SGLang lists them.
 `sglang_server_args(role, role_name, accept_length=...)` is specctl's writer of those keys (the engine's

@@ -70,7 +70,7 @@ STRICT = (
     "cli/validate.py",
     "cli/preflight.py",
     "preflight/__init__.py",
-    "preflight/facts.py",
+    "schemas/server_facts.py",
     "preflight/diff.py",
     "preflight/reader.py",
     "preflight/check.py",

@@ -16,11 +16,10 @@ from test_handshake_matrix import SPEC, _layout
 from validate_helpers import data_copy, run_json
 
 from specctl.engine.pd.registration import RegistrationInfo, build_registration, compare
-from specctl.preflight.diff import compare_pair
-from specctl.preflight.facts import PAIR_FIELDS, ServerFacts, normalise
 from specctl.schemas import pd_agreement
 from specctl.schemas.model_facts import load_model_facts
 from specctl.schemas.pd_agreement import AGREEMENTS, FAILS, FIRST_REQUEST, Agreement, agreement
+from specctl.schemas.server_facts import PAIR_FIELDS, ServerFacts, compare_pair, normalise
 from specctl.schemas.sglang.mapping import in_sglang_dialect
 
 # ------------------------------------------------------------------------------------ static rules

@@ -24,9 +24,9 @@ from specctl.cli.main import app
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
 from specctl.preflight.check import run_preflight
-from specctl.preflight.facts import normalise
 from specctl.schemas.model_facts import builtin_dir
 from specctl.schemas.pd_agreement import agreement
+from specctl.schemas.server_facts import normalise
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

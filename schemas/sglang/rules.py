@@ -16,6 +16,7 @@ from specctl.schemas import pd_agreement
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.pd_agreement import agreement
+from specctl.schemas.server_facts import compare_pair, normalise
 from specctl.schemas.server_info import SERVER_ARGS, Key
 from specctl.schemas.sglang.command import SGLangCommand
 from specctl.schemas.sglang.families import POOL_MAMBA, POOL_MLA, SGLangModel
@@ -300,7 +301,8 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
                release: str = DEFAULT_RELEASE) -> list[Finding]:
     """Every disagreement SGLang finds late, as one finding on the decode command's flag. `ps`/`ds` are the
     two sides' predicted start-up resolutions: speculative parameters, page size and attention TP are compared
-    as SGLang resolves them, through the same field table as `specctl preflight` (preflight.facts)."""
+    as SGLang resolves them, through the agreement table (`schemas.server_facts.compare_pair`, as `specctl
+    preflight` compares running servers)."""
     out: list[Finding] = []
 
     if pm is not None and dm is not None and pm.architecture != dm.architecture:
@@ -361,9 +363,6 @@ _SPEC_FIELDS = {"num_steps": "speculative_num_steps", "eagle_topk": "speculative
 
 def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ps: Startup | None,
                    ds: Startup | None, release: str) -> list[Finding]:
-    from specctl.preflight.diff import compare_pair
-    from specctl.preflight.facts import normalise
-
     pf = normalise(p.name, _server_info(p, ps))
     df = normalise(d.name, _server_info(d, ds))
     rows = {r.field: r for r in compare_pair(pf, df)}

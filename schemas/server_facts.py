@@ -19,17 +19,23 @@ vocabulary (`none`, `draft` for SGLang's STANDALONE, `ngram`, `eagle`, ...), `kv
 `state_types` is what the server reports (specctl's registration) or else predicted from the
 model's `config.json` by `specctl.schemas.model_facts` and the resolved hybrid-memory flags.
 A field a server cannot express (`kv_layout` on specctl, hybrid-memory flags) is None.
+
+`compare_pair(prefill, decode)` is the pair's diff over the agreement table (`PAIR_FIELDS`, all of them,
+not the first), plus a row when a server answers in the wrong PD role: the live preflight diffs two
+running servers with it, and the SGLang pair rules two commands' predicted resolutions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from specctl.errors import UsageError
+from specctl.errors import SpecctlError, UsageError
 from specctl.schemas.loader import read_text
-from specctl.schemas.pd_agreement import server_info_fields
+from specctl.schemas.model_facts import load_model_facts, model_available, resolve_model_dir
+from specctl.schemas.pd_agreement import Agreement, Difference, agreement, compare_values, server_info_fields
 from specctl.schemas.server_info import Key as K
 from specctl.schemas.server_info import sglang_accept_lengths
 
@@ -88,8 +94,6 @@ class ServerFacts:
 
     def fingerprint(self) -> str:
         """Short hash of every pair field: two servers with equal fingerprints passed the same checks."""
-        import hashlib  # here: validate compares pairs through this table and never fingerprints
-
         doc = {name: _jsonable(getattr(self, name)) for name in PAIR_FIELDS}
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -180,9 +184,6 @@ def predict_state_types(model_path: str | None, *, disable_hybrid_swa_memory: bo
     not a state component then."""
     if model_path is None:
         return None, "the server reports no model path"
-    from specctl.errors import SpecctlError
-    from specctl.schemas.model_facts import load_model_facts, model_available
-
     if not model_available(model_path):
         return None, f"state_types not predicted: {model_path}/config.json is not readable on this host"
     try:
@@ -376,3 +377,48 @@ def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
 def _engine_of(info: JsonDoc) -> str:
     """specctl's servers answer in SGLang's shape too; their registration fingerprint tells them apart."""
     return _str(info.get(K.ENGINE)) or ("specctl" if K.FINGERPRINTS in info else "sglang")
+
+
+# ------------------------------------------------------------------------------------------ pairs
+
+# Fields compared only when both sides report them (SGLang skips its own check on None).
+_WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types", "version"})
+# Model references compared as directories (`builtin:tiny-hybrid` is its package directory).
+MODEL_PATH_FIELDS = frozenset({"model_path", "draft_model"})
+# Where the fields outside the agreement table are set, for their fixes.
+_WHERE = {"max_running_requests": "deployment: serve.max_batch_size; SGLang: --max-running-requests",
+          "role": "deployment: roles; SGLang: --disaggregation-mode"}
+
+
+def fix_text(name: str, what: str) -> str:
+    """`what` to do about field `name`, with where it is set (the agreement table's locators)."""
+    where = _WHERE[name] if name in _WHERE else agreement(name).where()
+    return f"{what} ({where})" if where else what
+
+
+def compare_pair(prefill: ServerFacts, decode: ServerFacts) -> list[Difference]:
+    """Every field on which prefill and decode disagree, in the agreement table's order."""
+    rows: list[Difference] = []
+    for side, facts, wrong in (("prefill", prefill, "decode"), ("decode", decode, "prefill")):
+        if facts.role == wrong:
+            rows.append(Difference(
+                field="role", prefill=prefill.role, decode=decode.role,
+                fix=fix_text("role", f"point --{side} at a server started with --disaggregation-mode {side}"),
+                detail=f"{facts.url} is a {wrong} server"))
+
+    def excused(a: Agreement, p: object, d: object) -> bool:
+        if a.name in _WHEN_BOTH_KNOWN and (p is None or d is None):
+            return True
+        return a.name in MODEL_PATH_FIELDS and isinstance(p, str) and isinstance(d, str) and same_model(p, d)
+
+    rows += compare_values(lambda a, key: (prefill.value(key), decode.value(key)), lambda a: a.server_info,
+                           skip=excused)
+    return rows
+
+
+def same_model(want: str, got: str) -> bool:
+    """The same model directory, spelled differently (a `builtin:` name, `~`, a relative path)."""
+    try:
+        return resolve_model_dir(want).resolve() == resolve_model_dir(got).resolve()
+    except (OSError, SpecctlError):
+        return False
