@@ -196,6 +196,18 @@ def predict_state_types(model_path: str | None, *, disable_hybrid_swa_memory: bo
     return types, None
 
 
+def _reported_or_predicted(reported: tuple[str, ...] | None, model_path: str | None, no_swa: bool | None,
+                           notes: list[str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """(state_types, "reported" | "predicted" | None): the server's own list, else the model's prediction
+    (why not, appended to `notes`)."""
+    if reported is not None:
+        return reported, "reported"
+    types, why = predict_state_types(model_path, disable_hybrid_swa_memory=no_swa)
+    if why:
+        notes.append(why)
+    return types, ("predicted" if types is not None else None)
+
+
 # ------------------------------------------------------------------------------------------ shapes
 
 
@@ -268,13 +280,9 @@ def _from_sglang(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | 
     adaptive_config = _adaptive_config_sglang(info) if adaptive and algorithm != "none" else None
     no_swa = _bool(info.get(K.DISABLE_HYBRID_SWA_MEMORY))
     model_path = _path(info.get(K.MODEL_PATH))
-    state_types = _state_types(_first(info.get(K.STATE_TYPES), _at(info, K.REGISTRATION, K.STATE_TYPES)))
-    source: str | None = "reported"
-    if state_types is None:
-        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=no_swa)
-        source = "predicted" if state_types is not None else None
-        if why:
-            notes.append(why)
+    state_types, source = _reported_or_predicted(
+        _state_types(_first(info.get(K.STATE_TYPES), _at(info, K.REGISTRATION, K.STATE_TYPES))), model_path,
+        no_swa, notes)
     archs = model_info.get(K.ARCHITECTURES)
     architecture = _str(archs[0]) if isinstance(archs, list) and archs else _str(model_info.get(K.MODEL_TYPE))
     return ServerFacts(
@@ -319,15 +327,10 @@ def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc |
     steps = _int(s.get("num_steps")) if speculating else None
     adaptive_cfg = s.get("adaptive")
     dtype = _dtype(_first(_at(cfg, "model", "dtype"), _at(reg, "model", "dtype"), fp.get("dtype")))
-    state_types = _state_types(_first(reg.get("state_types"), fp.get("state_types")))
     notes: list[str] = []
-    source: str | None = "reported" if state_types is not None else None
     model_path = _path(_first(_at(cfg, "model", "target"), model_info.get(K.MODEL_PATH)))
-    if state_types is None:
-        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=None)
-        source = "predicted" if state_types is not None else None
-        if why:
-            notes.append(why)
+    state_types, source = _reported_or_predicted(
+        _state_types(_first(reg.get("state_types"), fp.get("state_types"))), model_path, None, notes)
     fingerprints = info.get(K.FINGERPRINTS)
     reg_fp = _str(_at(fingerprints, K.REGISTRATION)) if isinstance(fingerprints, Mapping) else None
     role = _str(info.get(K.ROLE))
