@@ -16,8 +16,9 @@ rows show per-op against torch alone.
 Noise: a shared machine drifts, so each repeat times every case on every path back to back (the paths'
 order rotating between repeats), the figure per repeat is the median of `--iters` calls, and the ratios
 (per-op / fused, torch / fused, torch / per-op) are formed within a repeat; the table gives their median
-over `--repeats` with the min-max spread. A fused path pays for itself where per-op / fused > 1 in every
-repeat (`pays`). Prints a table, then a last-line JSON summary.
+over `--repeats` with the min-max spread. `wins`: in how many repeats the fused call beat the per-op path; a
+fused path pays for itself where per-op / fused has a median above 1 and it wins in most repeats (`pays`).
+Prints a table, then a last-line JSON summary.
 
     python benchmarks/kernel_paths.py [--batch-sizes 1,8] [--repeats 7] [--iters 30]
 """
@@ -131,7 +132,7 @@ def main() -> None:
                 per_repeat[(case.name, path)].append(statistics.median(times))
     summary: dict[str, dict[str, object]] = {}
     print(f"{'case':24s} {'fused us':>9s} {'per-op us':>9s} {'torch us':>9s}  {'per-op/fused':>18s}  "
-          f"{'torch/fused':>18s}  {'torch/per-op':>18s}  pays")
+          f"{'torch/fused':>18s}  {'torch/per-op':>18s}  wins  pays")
     for case in cases:
         t = {p: per_repeat[(case.name, p)] for p in PATHS}
         med = {p: statistics.median(v) * 1e6 for p, v in t.items()}
@@ -142,13 +143,14 @@ def main() -> None:
 
         rows = {"per-op/fused": ratio("per-op", "fused"), "torch/fused": ratio("torch", "fused"),
                 "torch/per-op": ratio("torch", "per-op")}
-        pays = rows["per-op/fused"][1] > 1.0 if case.fused_applies else None
+        wins = sum(a > b for a, b in zip(t["per-op"], t["fused"], strict=True))
+        pays = rows["per-op/fused"][0] > 1.0 and 2 * wins > args.repeats if case.fused_applies else None
         cells = "  ".join(f"{m:6.2f} [{lo:4.2f}-{hi:4.2f}]" for m, lo, hi in rows.values())
         print(f"{case.name:24s} {med['fused']:9.0f} {med['per-op']:9.0f} {med['torch']:9.0f}  {cells}  "
-              f"{'-' if pays is None else ('yes' if pays else 'NO')}")
+              f"{wins:2d}/{args.repeats:<2d} {'-' if pays is None else ('yes' if pays else 'NO')}")
         summary[case.name] = {"us": {p: round(v, 1) for p, v in med.items()},
                               "ratios": {k: [round(x, 3) for x in v] for k, v in rows.items()},
-                              "fused_applies": case.fused_applies, "pays": pays}
+                              "fused_applies": case.fused_applies, "wins": wins, "pays": pays}
     print(json.dumps({"bench": "kernel_paths", "threads": args.threads, "context": args.context,
                       "repeats": args.repeats, "iters": args.iters, "isa": ops.kernel().isa,  # type: ignore[union-attr]
                       "cases": summary}))

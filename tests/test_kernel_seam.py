@@ -75,9 +75,8 @@ def test_a_table_entry_parses_into_names_and_kinds() -> None:
 
 
 @needs_cc
-def test_a_struct_mirror_of_the_wrong_size_refuses_the_kernel(tmp_path, monkeypatch, caplog) -> None:
-    monkeypatch.setenv("SPECCTL_CACHE_DIR", str(tmp_path))
-    good = smallgemm._load()
+def test_a_struct_mirror_of_the_wrong_size_refuses_the_kernel(monkeypatch, caplog) -> None:
+    good = smallgemm._load()  # the user cache's build (the one this session's kernel() loaded)
     assert good is not None  # the real mirror matches the C struct
     lib = ctypes.CDLL(str(good.path))
     smallgemm.check_structs(lib, smallgemm.STRUCTS)
