@@ -54,6 +54,7 @@ STRICT = (
     "bench/target.py",
     "engine/alloc.py",
     "engine/smallgemm.py",
+    "engine/ops.py",
     "adaptive/policy.py",
     "engine/speculative/verify.py",
     "engine/speculative/decoder.py",
