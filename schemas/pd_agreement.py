@@ -3,15 +3,16 @@
 Each `Agreement` row names one field and how each side's value is found:
 
 - `deployment`: the (section, key) of a deployment role (`specctl validate`'s PD rules compare it);
-- `sglang`: SGLang's server argument (`dest`) as resolved at start-up (the SGLang pair rules);
+- `sglang`: SGLang's server argument (`dest`), compared as written or as SGLang resolves it at start-up
+  (the SGLang pair rules; `sglang_flag` names the flag where it is not `--<dest>`);
 - `registration`: the `RegistrationInfo` attribute paths exchanged in the handshake (a leaf belongs to
   the row whose path is its longest prefix);
 - `server_info`: the `ServerFacts` field the live preflight reads from a running server;
 
-when a pair that disagrees fails (`fails`, one of `FAILS`; `sglang_failure` quotes SGLang's own check
-where it has one), the fix, and the finding codes of the static rules (`code`, PD5xx) and of the SGLang
-pair rules (`sglang_code`, SGL2xx) with their severity. A locator left None means that view cannot
-express the field, and that check skips the row.
+when a pair that disagrees fails with no check in front (`fails`, one of `FAILS`; `sglang_failure`
+quotes SGLang's own check where it has one), the fix, and the finding codes of the static rules (`code`,
+PD5xx) and of the SGLang pair rules (`sglang_code`, SGL2xx) with their severity. A locator left None
+means that view cannot express the field, and that check skips the row.
 
 `Difference` is the one row type every comparison returns: the field, both sides' values, the fix from
 the table and a detail line. It crosses the handshake wire inside msgspec messages, so it is a
