@@ -35,6 +35,7 @@ from typing import Any
 
 from specctl.adaptive.trace import HISTOGRAM_KEY, RequestRecord, TraceRecord, histogram_of
 from specctl.errors import UsageError
+from specctl.schemas.server_info import find_key
 
 MAX_FILE_BYTES = 1 << 30
 MAX_LINE = 1 << 22
@@ -292,7 +293,6 @@ def bench_request_lines(results: Sequence[Any], server_info: object, run: str, *
     the launch steps from `steps` (a launched engine's --trace-steps), else `/server_info`'s
     `speculative_num_steps`, else the statistics; the batch from the requests' overlap as the client saw it,
     their decode time (first token to last) and time to first token as the client measured them."""
-    from specctl.schemas.server_info import find_key
 
     launch = steps or find_key(server_info, ("speculative_num_steps",))
     launch = launch if isinstance(launch, int) and not isinstance(launch, bool) and launch > 0 else None

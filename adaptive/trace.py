@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specctl.errors import UsageError
+from specctl.errors import RuntimeFailure, UsageError
 
 MAX_TRACE_LINE = 1 << 20  # one verify record; a longer line is not one
 
@@ -400,8 +400,6 @@ class TraceWriter:
         try:
             self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
-            from specctl.errors import RuntimeFailure
-
             raise RuntimeFailure(f"cannot open verify trace {self.path}: {exc.strerror or exc}",
                                  hint="pass a writable file to --trace-out") from None
         self.records = 0

@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from specctl.bench.probe import merge_server_info
 from specctl.bench.runner import Provenance
+from specctl.errors import SpecctlError
+from specctl.orchestrate.launcher import Launcher
+from specctl.preflight.check import pair_urls_of, run_preflight
 from specctl.preflight.reader import get_json
 from specctl.schemas import server_info as si
+from specctl.schemas.validator import load_deployment
 
 if TYPE_CHECKING:
     from specctl.orchestrate.launcher import Launcher, ProcessStatus
@@ -37,8 +41,6 @@ READY_TIMEOUT_S = 600.0
 @contextlib.contextmanager
 def launched(source: str, overrides: Sequence[str] = (), *,
              status_callback: Callable[[list[ProcessStatus]], None] | None = None) -> Iterator[Target]:
-    from specctl.schemas.validator import load_deployment
-
     deployment = load_deployment(source, overrides=overrides)
     with _launch(deployment, overrides, status_callback) as (url, info, roles):
         if roles:  # behind a router: the decodes' own registration fingerprint
@@ -51,8 +53,6 @@ def launched(source: str, overrides: Sequence[str] = (), *,
 def preflight_of(deployment: Deployment) -> dict[str, Any] | None:
     """The live preflight of a launched deployment's prefill and decode (None without a PD pair, or
     when a server cannot be read: provenance, never a precondition -- the launcher's handshake gates)."""
-    from specctl.errors import SpecctlError
-    from specctl.preflight.check import pair_urls_of, run_preflight
 
     if "prefill" not in deployment.roles or "decode" not in deployment.roles:
         return None
@@ -70,7 +70,6 @@ def _launch(deployment: Deployment, overrides: Sequence[str],
             ) -> Iterator[tuple[str, dict[str, Any] | None, tuple[tuple[str, str], ...]]]:
     """(router URL, its /server_info or None, the engine roles behind a router as (name, URL)) while the
     deployment runs; torn down on exit."""
-    from specctl.orchestrate.launcher import Launcher
 
     # The process-level launcher (the one `specctl up` drives): start, wait until every role is
     # paired and ready, and stop everything on the way out (errors and Ctrl-C included).

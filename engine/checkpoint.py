@@ -20,7 +20,7 @@ import torch
 from specctl.engine.device import resolve_dtype
 from specctl.engine.model import HybridForCausalLM, ModelConfig
 from specctl.errors import UsageError
-from specctl.schemas.model_facts import ModelFacts, load_model_facts, resolve_model_dir
+from specctl.schemas.model_facts import ModelFacts, facts_from_config, load_model_facts, resolve_model_dir
 
 PROGRESS_BYTES = 256 * 1024 * 1024
 # Tensors some Hugging Face checkpoints carry that the model recomputes.
@@ -103,14 +103,14 @@ class _Bar(Protocol):
 def _progress(total: int, label: str) -> _Bar | None:
     if total < PROGRESS_BYTES:
         return None
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm  # type: ignore[import-untyped]  # noqa: PLC0415 - tqdm: only while a checkpoint is written
 
     bar: _Bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}", file=sys.stderr)
     return bar
 
 
 def load_state_dict(model_dir: Path, label: str) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - safetensors: the engine extra, loaded with a checkpoint
 
     files = weight_files(model_dir)
     bar = _progress(sum(f.stat().st_size for f in files), label)
@@ -174,7 +174,7 @@ def load_model(
 
 def save_model(model: HybridForCausalLM, model_dir: Path, config: dict[str, Any]) -> None:
     """Write config.json + model.safetensors (float32; a tied lm_head is not stored)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors: the engine extra, loaded with a checkpoint
 
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,6 @@ def write_random_model(
         "pad_token_id": 258,
         "tokenizer": "bytes",
     }
-    from specctl.schemas.model_facts import facts_from_config
 
     cfg = ModelConfig.from_facts(facts_from_config(str(model_dir), config))
     model = HybridForCausalLM(cfg)

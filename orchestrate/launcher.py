@@ -36,9 +36,11 @@ Contract (mini-sglang style: the launcher blocks on every worker's readiness bef
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,8 +51,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specctl.engine.install import require_engine
 from specctl.errors import RuntimeFailure
-from specctl.orchestrate.router import OFFLINE_ENV, http_url, role_instances, router_argv
+from specctl.orchestrate import sglang_process as sp
+from specctl.orchestrate.router import OFFLINE_ENV, check_installed, http_url, role_instances, router_argv
+from specctl.preflight.check import run_preflight
 from specctl.preflight.reader import get_json
 from specctl.schemas.pd_agreement import show
 from specctl.schemas.sglang.router import router_kind
@@ -156,14 +161,11 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
     os.setsid()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
-            import ctypes
-
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def last_log_line(path: str, limit: int = 8192) -> str:
     """The last non-empty line of a log (read from its end: SGLang logs grow large), escapes stripped."""
-    import re
 
     try:
         with open(path, "rb") as fh:
@@ -244,7 +246,6 @@ class Launcher:
 
     def sglang_command(self, role: str, index: int) -> list[str]:
         """engine: sglang: the exported SGLang command of the instance (its adaptive file in the log dir)."""
-        from specctl.orchestrate import sglang_process as sp
 
         argv, files = sp.role_command(self.deployment, role, index, python=sp.sglang_python(self.deployment),
                                       workdir=self.log_dir)
@@ -307,16 +308,10 @@ class Launcher:
         """Check the ports and start every engine process; the router starts once they are ready."""
         self.check_ports()
         if "router" in self.roles:
-            from specctl.orchestrate.router import check_installed
-
             check_installed(self.python, router_kind(self.deployment))
         if self.engine == "sglang" and not self._custom_planner:
-            from specctl.orchestrate import sglang_process as sp
-
             sp.check_sglang(sp.sglang_python(self.deployment))
         elif not self._custom_planner and self.python == sys.executable:
-            from specctl.engine.install import require_engine
-
             require_engine("engine: builtin")
         for name in self.names:
             if name != "router":
@@ -376,7 +371,6 @@ class Launcher:
     def run_preflight(self) -> list[PairPreflight]:
         """The live preflight of every (prefill, decode) pair, each server against its instance's roles.
         Raises PreflightRefused on any difference; RuntimeFailure when a server cannot be read."""
-        from specctl.preflight.check import run_preflight
 
         prefills, decodes = role_instances(self.deployment, "prefill"), role_instances(self.deployment, "decode")
         pairs: list[PairPreflight] = []

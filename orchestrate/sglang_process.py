@@ -24,6 +24,7 @@ from pathlib import Path
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.router import OFFLINE_ENV, role_instances
 from specctl.schemas.deployment import Deployment
+from specctl.schemas.sglang.export import role_argv
 
 ENGINE_ROLES = ("prefill", "decode", "colocated")
 _CHECK = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sglang') else 7)"
@@ -49,7 +50,6 @@ def adaptive_file_for(workdir: str | Path, role: str, index: int = 0) -> str:
 def role_command(deployment: Deployment, role: str, index: int = 0, *, python: str,
                  workdir: str | Path) -> tuple[list[str], dict[str, str]]:
     """The SGLang argv of one role instance (python first) and the files it references."""
-    from specctl.schemas.sglang.export import role_argv
 
     if role not in ENGINE_ROLES:
         raise RuntimeFailure(f"engine: sglang has no {role!r} server",

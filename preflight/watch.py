@@ -30,9 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specctl.adaptive.policy import AdaptivePolicy
 from specctl.errors import RuntimeFailure, UsageError
 from specctl.preflight.check import run_preflight
 from specctl.preflight.reader import MAX_BODY, Unreachable, http_get
+from specctl.schemas.adaptive import parse_deployment_adaptive
 from specctl.schemas.prometheus import parse_metrics
 
 MIN_VERIFIES = 20  # verifies in a tick below which its accept length is too noisy to alert on
@@ -193,8 +195,6 @@ def policy_tier(adaptive: Mapping[str, Any] | None, initial_steps: int) -> TierM
     acceptance (min(accepted, steps) each verify) until it settles. None without adaptive."""
     if not adaptive:
         return None
-    from specctl.adaptive.policy import AdaptivePolicy
-    from specctl.schemas.adaptive import parse_deployment_adaptive
 
     cfg, findings = parse_deployment_adaptive(dict(adaptive))
     if cfg is None:

@@ -243,7 +243,7 @@ def _loader_class() -> Any:
     PyYAML resolves every scalar's tag in Python by trying regexes; files validated together repeat
     the same scalars ("16", "127.0.0.1", "float32"), so the resolution is cached (bounded).
     """
-    import yaml  # type: ignore[import-untyped, unused-ignore]
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - PyYAML: only for documents the fast loader does not read (`specctl validate` start-up)
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -263,7 +263,7 @@ def _loader_class() -> Any:
 
 def parse_document(text: str, *, name: str = "<string>") -> Document:
     """Parse YAML/JSON text into a `Document`; UsageError on anything unreadable."""
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for documents the fast loader does not read (`specctl validate` start-up)
 
     loader_cls = _loader_class()
     try:
@@ -294,7 +294,7 @@ def parse_document(text: str, *, name: str = "<string>") -> Document:
 
 def parse_scalar(text: str, *, name: str = "--set") -> Any:
     """Parse one `--set` value as YAML (a scalar, or a flow list/map such as `[1, 2, 4]`)."""
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for documents the fast loader does not read (`specctl validate` start-up)
 
     try:
         node = yaml.compose(text, Loader=_loader_class())
@@ -318,7 +318,7 @@ class _Builder:
     """Builds JSON data from a composed YAML node graph, with positions and hard resource bounds."""
 
     def __init__(self, name: str) -> None:
-        import yaml
+        import yaml  # noqa: PLC0415 - PyYAML: only for documents the fast loader does not read (`specctl validate` start-up)
 
         self.name = name
         self.positions: dict[str, Position | None] = {}
@@ -476,7 +476,7 @@ class _Fallback(Exception):
 
 @functools.lru_cache(maxsize=1)
 def _fast_tools() -> tuple[Any, Any, Any, Any]:
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for documents the fast loader does not read (`specctl validate` start-up)
 
     resolver = _loader_class()("")
     mark = yaml.Mark("<fast>", 0, 0, 0, None, None)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.sglang.families import FamilyError, sglang_model
 
 BUILTIN_PREFIX = "builtin:"
 LAYER_KINDS = ("full", "swa", "mamba")
@@ -260,8 +261,6 @@ def facts_from_config(ref: str, cfg: dict[str, Any], *, engine: bool = True) -> 
 
 
 def _sglang_facts(ref: str, cfg: dict[str, Any]) -> ModelFacts:
-    from specctl.schemas.sglang.families import FamilyError, sglang_model
-
     try:
         m = sglang_model(cfg)
     except FamilyError as exc:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.deployment import json_copy
+from specctl.schemas.loader import child_path, parse_scalar
 
 _INDEX = re.compile(r"^(?P<key>[^\[\]]*)(?P<idx>(\[\d+\])+)$")
 _SYNTAX_HINT = "syntax: --set a.b.c=value (e.g. --set speculative.num_steps=5 --set model.dtype=bfloat16)"
@@ -31,8 +33,6 @@ class Override:
 
     @property
     def path(self) -> str:
-        from specctl.schemas.loader import child_path
-
         p = "$"
         for k in self.keys:
             p = child_path(p, k)
@@ -63,7 +63,6 @@ def _split_keys(spec: str, text: str) -> list[str]:
 
 def parse_override(text: str) -> Override:
     """Parse one `key.path=value` argument; UsageError on bad syntax."""
-    from specctl.schemas.loader import parse_scalar
 
     if "=" not in text:
         raise UsageError(f"--set {text!r}: expected KEY=VALUE", hint=_SYNTAX_HINT)
@@ -94,7 +93,6 @@ def parse_overrides(texts: Sequence[str]) -> tuple[Override, ...]:
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str | Override]) -> dict[str, Any]:
     """A copy of `data` with every override applied in order (later ones win)."""
-    from specctl.schemas.deployment import json_copy
 
     out: dict[str, Any] = json_copy(data)
     for ov in overrides:

@@ -73,8 +73,8 @@ def write_text(report: Report, out: TextIO, *, rich: bool, tables: bool = True, 
     if not rich:
         out.write(render_plain(report, tables=tables))
         return
-    from rich.console import Console
-    from rich.markup import escape
+    from rich.console import Console  # noqa: PLC0415 - rich: only when a report is rendered as a table (`specctl validate` start-up)
+    from rich.markup import escape  # noqa: PLC0415 - rich: only when a report is rendered as a table (`specctl validate` start-up)
 
     console = Console(file=out, width=width, soft_wrap=True, highlight=False)
     for fr in report.files:

@@ -11,6 +11,7 @@ on this host yields `None` (the model rule reports it once, as info) and the rul
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,8 +130,6 @@ def effective_state_types(cfg: dict[str, Any], facts: ModelFacts | None) -> tupl
 
 
 def rule_checks() -> list[Callable[[RuleContext], list[Finding]]]:
-    import importlib
-
     return [importlib.import_module(m).check for m in RULE_MODULES]
 
 

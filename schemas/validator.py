@@ -33,13 +33,23 @@ import functools
 import gc
 import json
 import re
+import tempfile
+import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specctl import presets
 from specctl.errors import InvalidInput, UsageError
+from specctl.schemas import rules_pd, rules_topology
+from specctl.schemas.adaptive import (
+    check_deployment_steps,
+    looks_like_sglang_adaptive,
+    parse_sglang_config,
+    step_coverage,
+)
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.deployment import (
     ENGINE_ROLES,
@@ -49,9 +59,17 @@ from specctl.schemas.deployment import (
     merge_roles,
     resolve_source,
 )
+from specctl.schemas.fastschema import compile_check, generate_check
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import Document, child_path, fast_data, parse_document, read_text
+from specctl.schemas.model_facts import ModelFacts
 from specctl.schemas.overrides import Override, apply_overrides, parse_overrides
+from specctl.schemas.platforms.manifest import looks_like_manifest, read_manifest
+from specctl.schemas.rules import FactsCache, RoleRef, RuleContext, rule_checks
+from specctl.schemas.sglang.command import parse_command_text, release_note
+from specctl.schemas.sglang.families import FamilyError, sglang_model
+from specctl.schemas.sglang.sniff import looks_like_command
+from specctl.schemas.sglang.startup import predict_startup
 
 if TYPE_CHECKING:
     from specctl.schemas.adaptive_coverage import StepCoverage
@@ -128,7 +146,7 @@ def schema() -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _compiled() -> Any:
     # Compiled once per process: 1,000 files cost one compilation.
-    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - jsonschema: only for documents that fail the compiled check (`specctl validate` start-up)
 
     return Draft202012Validator(schema())
 
@@ -215,8 +233,6 @@ class Validator:
         sglang_version: str | None = None,
         resolve: Any = None,
     ) -> None:
-        from specctl.schemas.rules import FactsCache
-
         if kind not in KINDS:
             raise UsageError(f"unknown input kind {kind!r}", hint=f"one of: {', '.join(KINDS)}")
         # Parsed up front: a bad --set is a usage error before any file is read.
@@ -244,7 +260,7 @@ class Validator:
         """The SGLang release launch commands are checked against (`sglang.release.choose_release`): the
         named one, else that of `--set sglang.python=...`, else the installed SGLang's, else the newest."""
         if self._release is None:
-            from specctl.schemas.sglang.release import choose_release
+            from specctl.schemas.sglang.release import choose_release  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
 
             python = next((o.value for o in self.overrides if o.keys == ("sglang", "python")
                            and isinstance(o.value, str)), None)
@@ -284,13 +300,9 @@ class Validator:
         try:
             text = read_text(path)
             if self.kind == "auto":
-                from specctl.schemas.platforms.manifest import looks_like_manifest
-
                 if looks_like_manifest(text):
                     return self._manifest(path, text)
             if self.kind in ("auto", "sglang-command"):
-                from specctl.schemas.sglang.sniff import looks_like_command
-
                 if self.kind == "sglang-command" or looks_like_command(text):
                     return self._sglang_command(path, text)
             data = fast_data(text)
@@ -315,7 +327,6 @@ class Validator:
         """A Kubernetes manifest (RBG, LWS, DGD): each SGLang container's command validated like a command file
         (its findings on the manifest's lines, their path prefixed by the container's label), prefill and
         decode paired; a manifest with no SGLang container is an MAN001 error."""
-        from specctl.schemas.platforms.manifest import read_manifest
 
         with read_manifest(text, name=str(path)) as manifest:
             labelled = [(c.label, self._sglang_command(path, c.text, base_dir=manifest.files_dir))
@@ -333,13 +344,9 @@ class Validator:
 
     def _sglang_command(self, path: str | Path, text: str, *, base_dir: Path | None = None) -> _State:
         """An SGLang launch command: flag findings, then the mapped deployment through every rule."""
-        from specctl.schemas.model_facts import ModelFacts
-        from specctl.schemas.sglang.command import parse_command_text, release_note
-        from specctl.schemas.sglang.drafts import sglang_draft_findings
-        from specctl.schemas.sglang.families import FamilyError, sglang_model
-        from specctl.schemas.sglang.mapping import to_deployment
-        from specctl.schemas.sglang.rules import check_command
-        from specctl.schemas.sglang.startup import predict_startup
+        from specctl.schemas.sglang.drafts import sglang_draft_findings  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
+        from specctl.schemas.sglang.mapping import to_deployment  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
+        from specctl.schemas.sglang.rules import check_command  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
 
         release = self.sglang_release()
         cmd = parse_command_text(text, name=str(path), base_dir=base_dir or Path(path).parent,
@@ -381,8 +388,6 @@ class Validator:
         if kind == "sglang-command":
             kind = "deployment"
         if kind == "auto":
-            from specctl.schemas.adaptive import looks_like_sglang_adaptive
-
             kind = "sglang" if looks_like_sglang_adaptive(doc.data) else "deployment"
         state = _State(doc=doc, findings=findings, kind=kind)
         if kind == "sglang":
@@ -392,8 +397,6 @@ class Validator:
         return state
 
     def _sglang(self, state: _State) -> None:
-        from specctl.schemas.adaptive import parse_sglang_config, step_coverage
-
         cfg, found = parse_sglang_config(state.doc.data, base_path="$")
         state.findings.extend(found)
         if cfg is None:
@@ -407,8 +410,6 @@ class Validator:
         state.reachable_text = coverage.render_text()
 
     def _deployment(self, state: _State) -> None:
-        from specctl.schemas.rules import RuleContext, rule_checks
-
         data = state.doc.data
         schema_findings = schema_errors(data)
         state.findings.extend(schema_findings)
@@ -468,8 +469,6 @@ class Validator:
         key = repr((base, engine, cfg.get("speculative"), cfg.get("serve")))
         hit = self._coverage_cache.get(key)
         if hit is None:
-            from specctl.schemas.adaptive import check_deployment_steps
-
             hit = check_deployment_steps(cfg, base_path=base, engine=engine)
             self._coverage_cache[key] = hit
         return hit[0], list(hit[1])
@@ -486,9 +485,6 @@ class Validator:
     # -- pairs ---------------------------------------------------------------------------------------
 
     def _pair(self, states: list[_State]) -> None:
-        from specctl.schemas import rules_pd, rules_topology
-        from specctl.schemas.rules import RoleRef
-
         prefills = [s for s in states if s.ctx is not None and "prefill" in s.ctx.all_roles
                     and "decode" not in s.ctx.all_roles]
         decodes = [s for s in states if s.ctx is not None and "decode" in s.ctx.all_roles
@@ -500,7 +496,7 @@ class Validator:
             try:
                 found = rules_pd.check_pair(pr, dr) + rules_topology.check_pair(pr, dr)
                 if p.sglang is not None and d.sglang is not None:
-                    from specctl.schemas.sglang.rules import check_pair as sglang_pair
+                    from specctl.schemas.sglang.rules import check_pair as sglang_pair  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
                     found += sglang_pair(p.sglang[0], d.sglang[0], p.sglang[2], d.sglang[2], p.sglang[3],
                                          d.sglang[3], release=self.sglang_release().release)
             except Exception as exc:  # noqa: BLE001 - a bug in a pair rule must not lose the report
@@ -519,9 +515,8 @@ class Validator:
 
     def _sglang_resolution(self, states: list[_State]) -> None:
         """SGLang's own verdict on every SGLang command (and each role of an engine: sglang deployment)."""
-        import tempfile
 
-        from specctl.schemas.sglang.verdicts import command_target, deployment_targets, resolve_findings
+        from specctl.schemas.sglang.verdicts import command_target, deployment_targets, resolve_findings  # noqa: PLC0415 - `specctl validate` start-up: loaded only with --resolve
 
         with tempfile.TemporaryDirectory(prefix="specctl-resolve-") as folder:
             targets, owners = [], []
@@ -549,7 +544,7 @@ class Validator:
         out: list[Finding] = []
         for f in s.findings:
             if s.sglang is not None:
-                from specctl.schemas.sglang.mapping import DECIDED_BY_SGLANG
+                from specctl.schemas.sglang.mapping import DECIDED_BY_SGLANG  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
 
                 if f.code in DECIDED_BY_SGLANG and f.path.startswith("$"):
                     continue  # a deployment rule SGLang decides itself; the start-up prediction says so in flags
@@ -597,7 +592,6 @@ class InternalError(UsageError):
 
 def _internal(state: _State, exc: Exception, doing: str) -> None:
     """Record a bug met while `doing` as the state's SCH000 finding; the report then exits 3."""
-    import traceback
 
     where = traceback.extract_tb(exc.__traceback__)[-1]
     msg = f"internal error while {doing}: {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
@@ -609,8 +603,8 @@ def _internal(state: _State, exc: Exception, doing: str) -> None:
 def _on_flag(f: Finding, s: _State) -> Finding:
     """A rule's finding on a mapped SGLang command, moved onto the SGLang flag behind its JSON path and
     worded in SGLang's terms (flags, never deployment-schema fields or builtin models)."""
-    from specctl.schemas.sglang.mapping import in_sglang_dialect
-    from specctl.schemas.sglang.rules import SGLANG_WHEN
+    from specctl.schemas.sglang.mapping import in_sglang_dialect  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
+    from specctl.schemas.sglang.rules import SGLANG_WHEN  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
 
     cmd, mapped = s.sglang[0], s.sglang[1]
     if not f.path.startswith("$"):
@@ -648,7 +642,6 @@ def _resolve(path: str | Path) -> str | Path:
     """A path, or the file of a preset name when no such file exists."""
     if "/" in str(path) or Path(path).exists():
         return path
-    from specctl import presets
 
     return presets.path(str(path)) if str(path) in presets.names() else path
 
@@ -691,8 +684,6 @@ def _overridden(doc: Document, overrides: Sequence[Override]) -> Document:
 
 @functools.lru_cache(maxsize=1)
 def _fast() -> Any:
-    from specctl.schemas.fastschema import compile_check
-
     try:
         return compile_check(schema())
     except NotImplementedError:  # a keyword the fast path does not know: always use jsonschema
@@ -701,8 +692,6 @@ def _fast() -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _generated() -> Any:
-    from specctl.schemas.fastschema import generate_check
-
     return generate_check(schema()) if _fast() is not None else None
 
 

@@ -32,8 +32,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from specctl.engine.serve.backend import EngineBackend, RoleContext
+from specctl.engine.serve.decode import DecodeBackend
 from specctl.engine.serve.faults import FaultPlan
-from specctl.errors import RuntimeFailure, SpecctlError
+from specctl.engine.serve.http import OpenAIServer, start_http
+from specctl.engine.serve.prefill import PrefillBackend
+from specctl.engine.serve.sglang_http import add_sglang_routes
+from specctl.errors import RuntimeFailure, SpecctlError, UsageError
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -48,9 +52,6 @@ log = logging.getLogger("specctl.serve")
 
 
 async def _run_http(ctx: RoleContext, backend: EngineBackend) -> web.AppRunner:
-    from specctl.engine.serve.http import OpenAIServer, start_http
-    from specctl.engine.serve.sglang_http import add_sglang_routes
-
     server = OpenAIServer(backend, metrics=ctx.metrics)
     add_sglang_routes(server)  # SGLang's native surface (/generate, /model_info, /get_load, ...)
     host = str(ctx.role.get("host") or "127.0.0.1")
@@ -65,12 +66,8 @@ def make_backend(ctx: RoleContext) -> EngineBackend:
     if ctx.role_name == "colocated":
         return EngineBackend(ctx)
     if ctx.role_name == "prefill":
-        from specctl.engine.serve.prefill import PrefillBackend
-
         return PrefillBackend(ctx)
     if ctx.role_name == "decode":
-        from specctl.engine.serve.decode import DecodeBackend
-
         return DecodeBackend(ctx)
     raise RuntimeFailure(f"unknown engine role {ctx.role_name!r}", hint="one of: prefill, decode, colocated")
 
@@ -119,8 +116,6 @@ def serve_role(deployment: Deployment, role_name: str, instance: int = 0, *, fau
     is no engine role: `specctl.orchestrate.router.run_router` runs it."""
     instances = deployment.instances(role_name)
     if not 0 <= instance < len(instances):
-        from specctl.errors import UsageError
-
         raise UsageError(f"roles.{role_name} has {len(instances)} instance(s); --instance {instance} is not one",
                          hint=f"use --instance 0..{len(instances) - 1}")
     role = instances[instance]

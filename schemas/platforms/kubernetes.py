@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specctl.schemas.platforms.plan import CONFIG_DIR, Plan, gate_script, offline_env
+from specctl.schemas.platforms.plan import CONFIG_DIR, Plan, gate_pairs, gate_script, offline_env
 from specctl.schemas.platforms.yamltext import Note
 
 CONFIG_VOLUME = "specctl-config"
@@ -118,7 +118,6 @@ def pod_template(plan: Plan, labels: dict[str, str], spec: dict[str, Any]) -> di
 def gate_container(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str]) -> dict[str, Any]:
     """The init container that holds the router back until `specctl preflight` passes on every pair (its rows
     go to this container's log: kubectl logs POD -c preflight)."""
-    from specctl.schemas.platforms.plan import gate_pairs
 
     script = gate_script(gate_pairs(prefills, decodes), install=plan.options.specctl_requirement)
     return {"name": "preflight",

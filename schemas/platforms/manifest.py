@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.sglang.command import ShellError, shell_words
 
 KINDS = ("RoleBasedGroup", "LeaderWorkerSet", "DynamoGraphDeployment")
 _KIND_LINE = re.compile(r"^kind:\s*[\"']?(" + "|".join(KINDS) + r")[\"']?\s*(?:#.*)?$", re.MULTILINE)
@@ -81,7 +82,7 @@ class _Word:
 
 
 def _scalar_words(node: Any) -> list[_Word] | None:
-    import yaml  # type: ignore[import-untyped, unused-ignore]
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     if not isinstance(node, yaml.SequenceNode):
         return None
@@ -94,7 +95,7 @@ def _scalar_words(node: Any) -> list[_Word] | None:
 
 
 def _get(node: Any, key: str) -> Any:
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
@@ -104,7 +105,7 @@ def _get(node: Any, key: str) -> Any:
 
 
 def _plain(node: Any) -> Any:
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     if isinstance(node, yaml.MappingNode):
         return {str(k.value): _plain(v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
@@ -136,7 +137,6 @@ def _launch_words(words: list[_Word]) -> list[_Word] | None:
         i = texts.index("-c", 1)
         if i + 1 < len(words):
             script = words[i + 1]
-            from specctl.schemas.sglang.command import ShellError, shell_words
 
             try:
                 commands = shell_words(script.text)
@@ -167,7 +167,7 @@ def _to_text(words: list[_Word]) -> str:
 
 
 def _walk(node: Any, path: tuple[str, ...], out: list[tuple[tuple[str, ...], Any, str]], size: str) -> None:
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     if isinstance(node, yaml.MappingNode):
         for key in _SIZE_KEYS:
@@ -239,7 +239,7 @@ def _mounted_files(doc: Any, cms: dict[str, dict[str, str]]) -> dict[str, tuple[
 
 def read_manifest(text: str, *, name: str) -> Manifest:
     """The manifest's SGLang commands (see the module contract)."""
-    import yaml
+    import yaml  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     try:
         docs = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]

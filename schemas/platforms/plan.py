@@ -24,6 +24,8 @@ from typing import Any
 from specctl.errors import UsageError
 from specctl.schemas.budget import request_budget_s
 from specctl.schemas.deployment import Deployment
+from specctl.schemas.sglang.export import export_commands, model_path, role_argv
+from specctl.schemas.sglang.router import router_command, router_kind
 
 ROUTERS = ("smg", "sglang-router")
 CONFIG_DIR = "/etc/specctl"
@@ -105,7 +107,6 @@ class Plan:
     @property
     def router_kind(self) -> str:
         """`--router`, else the deployment's `roles.router.kind` (smg when unset)."""
-        from specctl.schemas.sglang.router import router_kind
 
         return self.options.router or router_kind(self.deployment)
 
@@ -148,7 +149,6 @@ def _shared_part(argv: list[str]) -> list[str]:
 
 def build_plan(deployment: Deployment, options: PlatformOptions, *, cluster: bool = True) -> Plan:
     """The deployment laid out for a platform (see the module contract)."""
-    from specctl.schemas.sglang.export import export_commands, role_argv
 
     cmds = export_commands(deployment, adaptive_file="adaptive.json")
     files = dict(cmds.files)
@@ -206,8 +206,6 @@ def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str],
     """The router (`--router`: smg or sglang-router) in front of the given prefill (URL, bootstrap port) and
     decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
     addresses, with the request budget (schemas/budget.py) as its request timeout, as `up` runs it."""
-    from specctl.schemas.sglang.export import model_path
-    from specctl.schemas.sglang.router import router_command
 
     target = str(plan.deployment.role("decode")["model"]["target"])
     return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,

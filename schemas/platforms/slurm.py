@@ -42,7 +42,7 @@ def _heredoc(name: str, text: str) -> list[str]:
 
 
 def _yaml(data: dict[str, Any]) -> str:
-    import yaml  # type: ignore[import-untyped, unused-ignore]
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110))
 

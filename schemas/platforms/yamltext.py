@@ -41,7 +41,7 @@ def scalar(value: Any) -> str:
 
 
 def _reads_back(text: str) -> bool:
-    import yaml  # type: ignore[import-untyped, unused-ignore]
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     try:
         return bool(yaml.safe_load(text) == text)

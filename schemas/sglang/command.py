@@ -23,15 +23,20 @@ deployment-schema fields, and names the release checked where the verdict depend
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specctl.errors import UsageError
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
-from specctl.schemas.sglang.flags import Flag, FlagTable, convert, table
+from specctl.schemas.loader import child_path, parse_document, read_text
+from specctl.schemas.sglang.flags import Flag, FlagTable, choice_elsewhere, convert, elsewhere, ranges, successor, table
 from specctl.schemas.sglang.sniff import looks_like_command  # noqa: F401 - re-exported for callers
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -423,8 +428,6 @@ DYNAMO = "dynamo.sglang"
 def dynamo_flags() -> dict[str, str]:
     """Every spelling of Dynamo's own worker flags -> how many values it takes (none|one|optional|list),
     from `dynamo_flags.json` (scripts/gen_dynamo_flags.py)."""
-    import json
-    from importlib import resources
 
     data = json.loads((resources.files("specctl.schemas.sglang") / "dynamo_flags.json").read_text(encoding="utf-8"))
     return {name: f["takes"] for f in data["flags"] for name in f["names"]}
@@ -454,7 +457,6 @@ def _is_option(text: str) -> bool:
 
 def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None = None) -> None:
     """argparse's reading of SGLang's flags (of the release `cmd.release`), every error collected."""
-    from specctl.schemas.sglang.flags import elsewhere
 
     tab = cmd.flags
     i = 0
@@ -564,8 +566,6 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
             cmd.add("SGL003", "error", path, f"SGLang {tab.sglang_version} refuses {flag.name} at start-up: "
                     f"{flag.refused!r}", f"remove {flag.name} (the message says what replaces it)", w.line, w.col)
         elif flag.deprecated:
-            from specctl.schemas.sglang.flags import successor
-
             later = successor(flag.name, tab.sglang_version)
             cmd.add("SGL003", "warning", path, f"{flag.name} is deprecated in SGLang {tab.sglang_version}"
                     + (f"; {later}" if later else ""),
@@ -586,9 +586,7 @@ def parse_args(cmd: SGLangCommand, args: list[Word], *, from_config: str | None 
 
 def _value_error(cmd: SGLangCommand, flag: Flag, text: str, err: str, w: Word) -> None:
     """SGL007 when the value is a choice of the flag in other releases, else SGL003 (argparse's words)."""
-    import dataclasses
 
-    from specctl.schemas.sglang.flags import choice_elsewhere, ranges
 
     release = cmd.flags.sglang_version
     if flag.choices is not None:
@@ -633,10 +631,7 @@ def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
     each YAML key becomes `--KEY` exactly as written (so `tp_size:` is `--tp_size`, which SGLang's parser
     refuses), True store_true flags become the bare flag, other booleans `--KEY true|false`, lists their
     items, mappings JSON, and the command line wins. FILE is resolved relative to the command file."""
-    import json
 
-    from specctl.errors import UsageError
-    from specctl.schemas.loader import parse_document, read_text
 
     path = Path(file_word.text)
     if not path.is_absolute():
@@ -690,14 +685,11 @@ def _read_config(cmd: SGLangCommand, opt: Word, file_word: Word) -> None:
             words += [word(f"--{key}"), word(_py_str(value))]
     n = len(cmd.findings)
     parse_args(cmd, words, from_config=str(path))
-    from dataclasses import replace
 
     cmd.findings[n:] = [replace(f, message=f"in --config {path.name}: {f.message}") for f in cmd.findings[n:]]
 
 
 def child_path_of(key: str) -> str:
-    from specctl.schemas.loader import child_path
-
     return child_path("$", key)
 
 

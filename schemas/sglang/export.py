@@ -22,12 +22,18 @@ mooncake (SGLang has no zmq/shm backend; mooncake is its default).
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.adaptive_config import SPECCTL_KNOB_DEFAULTS, SPECCTL_KNOB_UNDER_SGLANG, SPECCTL_KNOBS
+from specctl.schemas.adaptive_parser import specctl_only_settings
+from specctl.schemas.budget import request_budget_s
 from specctl.schemas.deployment import Deployment
 from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
+from specctl.schemas.sglang.router import router_command
+from specctl.schemas.sglang.router import router_kind as deployment_router_kind
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 KNOBS = ("ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
@@ -66,8 +72,6 @@ def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
     `zero_threshold`): SGLang would ignore the key and run a different policy, so dropping it silently would
     export a lie. A knob left at its default (SGLang's behaviour) is dropped: SGLang runs exactly that.
     """
-    from specctl.schemas.adaptive_config import SPECCTL_KNOB_DEFAULTS, SPECCTL_KNOB_UNDER_SGLANG, SPECCTL_KNOBS
-    from specctl.schemas.adaptive_parser import specctl_only_settings
 
     found = specctl_only_settings(adaptive)
     if found:
@@ -135,9 +139,6 @@ def export_router(deployment: Deployment, *, kind: str | None = None) -> list[st
     """The router's command in front of every prefill and decode instance (orchestrate/router.py builds it:
     the same command line `specctl up` runs, without its local-only settings). `kind`: smg or sglang-router,
     the deployment's `roles.router.kind` when None."""
-    from specctl.schemas.budget import request_budget_s
-    from specctl.schemas.sglang.router import router_command
-    from specctl.schemas.sglang.router import router_kind as deployment_router_kind
 
     r: dict[str, Any] = dict(deployment.role("router")) if "router" in deployment.roles else {}
     prefills = [(f"http://{p['host']}:{p['port']}", p.get("bootstrap_port") or 8998)
@@ -175,7 +176,6 @@ def export_commands(deployment: Deployment, *, adaptive_file: str = "adaptive.js
 
 def shell_script(argv: list[str]) -> str:
     """One argv as a readable shell command file (one flag per line, quoted where needed)."""
-    import shlex
 
     parts: list[str] = [" ".join(shlex.quote(a) for a in argv[:3])]
     i = 3

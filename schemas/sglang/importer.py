@@ -18,8 +18,10 @@ from typing import Any
 from specctl.errors import UsageError
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import read_text
+from specctl.schemas.model_facts import load_model_facts
 from specctl.schemas.sglang.command import SGLangCommand, parse_command_text
 from specctl.schemas.sglang.mapping import to_deployment, unmapped_flags
+from specctl.schemas.validator import schema
 
 SECTIONS = ("model", "speculative", "cache", "serve", "transfer")
 
@@ -42,8 +44,6 @@ def _read(path: str) -> SGLangCommand:
 
 
 def _config_dtype(cmd: SGLangCommand) -> str | None:
-    from specctl.schemas.model_facts import load_model_facts
-
     ref = cmd.value("model_path")
     if not isinstance(ref, str) or not (Path(ref) / "config.json").is_file():
         return None
@@ -75,7 +75,6 @@ def import_parsed(cmds: list[SGLangCommand], *, name: str | None = None) -> Impo
     base_role = "decode" if "decode" in mapped else next(iter(mapped))
     base = mapped[base_role]
     data: dict[str, Any] = {"version": 1, "name": name or "sglang-import"}
-    from specctl.schemas.validator import schema
 
     if "engine" in schema().get("properties", {}):  # `engine: sglang` (once the schema has the field)
         data["engine"] = "sglang"
@@ -94,7 +93,7 @@ def import_parsed(cmds: list[SGLangCommand], *, name: str | None = None) -> Impo
 
 
 def to_yaml(data: dict[str, Any], unmapped: dict[str, list[str]] | None = None) -> str:
-    import yaml  # type: ignore[import-untyped, unused-ignore]
+    import yaml  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415 - PyYAML: only for manifests and exports (`specctl validate` start-up)
 
     text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
     head = "# imported from SGLang launch commands by `specctl import sglang`\n"

@@ -19,12 +19,16 @@ SGLang's default table) -> speculative.adaptive; `--page-size` (SGLang's default
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specctl.errors import UsageError
+from specctl.schemas.adaptive import SGLANG_DEFAULT_CONFIG, parse_sglang_config
 from specctl.schemas.findings import Finding
+from specctl.schemas.loader import load_document, read_text
 from specctl.schemas.sglang.command import SGLangCommand
 
 DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "DSPARK", "FROZEN_KV_MTP")
@@ -145,7 +149,6 @@ def _reject(name: str) -> Any:
 
 def _plain_json(text: str) -> dict[str, Any] | None:
     """A plain JSON object (no duplicate keys, no NaN, no huge integers), else None for the full loader."""
-    import json
 
     if not text.lstrip().startswith("{"):
         return None
@@ -170,8 +173,6 @@ def _too_big(v: Any, depth: int = 0) -> bool:
 
 def read_adaptive_json(cmd: SGLangCommand) -> tuple[dict[str, Any] | None, str | None, Finding | None]:
     """The --speculative-adaptive-config JSON (relative to the command file), or a finding."""
-    from specctl.errors import UsageError
-    from specctl.schemas.loader import load_document, read_text
 
     raw = cmd.value("speculative_adaptive_config")
     if not isinstance(raw, str):
@@ -195,8 +196,6 @@ def read_adaptive_json(cmd: SGLangCommand) -> tuple[dict[str, Any] | None, str |
 
 
 def to_deployment(cmd: SGLangCommand, *, config_dtype: str | None = None) -> Mapped:
-    from specctl.schemas.adaptive import SGLANG_DEFAULT_CONFIG, parse_sglang_config
-
     role = cmd.role
     pos: dict[str, tuple[int, int] | None] = {}
 

@@ -15,12 +15,15 @@ interpreter's site-packages: a path scan next to the interpreter first, else one
 from __future__ import annotations
 
 import functools
+import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from specctl.errors import UsageError
+from specctl.schemas.sglang.flags import newest, pick_release, releases
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,6 @@ def python_sglang_version(python: str) -> str | None:
             found = _dist_info_version(site)
             if found is not None:
                 return found
-    import json
-    import subprocess
 
     try:
         proc = subprocess.run([str(exe), "-c", "import json, sys; print(json.dumps(sys.path))"],
@@ -85,8 +86,6 @@ def python_sglang_version(python: str) -> str | None:
 
 
 def choose_release(requested: str | None, python: str | None) -> ReleaseChoice:
-    from specctl.schemas.sglang.flags import newest, pick_release, releases
-
     if requested is not None:
         pick = pick_release(requested)
         if pick is None:

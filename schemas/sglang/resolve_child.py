@@ -32,6 +32,7 @@ import enum
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import os
 import select
@@ -258,8 +259,6 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _missing(roots: Sequence[str]) -> list[str]:
-    import importlib.util
-
     out = []
     for root in roots:
         try:
@@ -272,12 +271,12 @@ def _missing(roots: Sequence[str]) -> list[str]:
 
 def install_device(gpu: str) -> list[str]:
     """Declare the device below SGLang; answer the stand-in roots installed."""
-    import torch
+    import torch  # noqa: PLC0415 - torch: SGLang's interpreter's, loaded only for the check that reads it
 
     # torch probes for triton once and caches the answer: let it see the truth (absent) first, so a
     # stand-in triton for SGLang's imports does not send torch's compiler down its triton paths.
     try:
-        import torch.utils._triton as torch_triton
+        import torch.utils._triton as torch_triton  # noqa: PLC0415 - torch: SGLang's interpreter's, loaded only for the check that reads it
 
         torch_triton.has_triton_package()
         torch_triton.has_triton()

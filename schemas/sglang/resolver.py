@@ -13,6 +13,7 @@ verdict of type `Crash` / `Timeout`; a child that stops answering ends its remai
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -79,8 +80,6 @@ class Release:
 def has_sglang(python: str | None = None) -> bool:
     """Whether `python` (default: this interpreter) has an importable `sglang` (without importing it)."""
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
-        import importlib.util
-
         return importlib.util.find_spec("sglang") is not None
     try:
         probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"

@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specctl.errors import UsageError
+from specctl.schemas.adaptive import SGLANG_DEFAULT_CONFIG
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
+from specctl.schemas.loader import read_text
 from specctl.schemas.sglang.command import SGLangCommand
 from specctl.schemas.sglang.families import POOL_MLA, SGLangModel
 
@@ -180,8 +183,6 @@ def read_config(path: object) -> dict[str, Any] | None:
     """A model directory's config.json when it is readable on this host, else None."""
     if not isinstance(path, str) or not path:
         return None
-    from specctl.errors import UsageError
-    from specctl.schemas.loader import read_text
 
     p = Path(path).expanduser() / "config.json"
     try:
@@ -1101,8 +1102,7 @@ def _adaptive(r: _Run, algo: str) -> bool:
 def _candidate_steps(r: _Run) -> list[int] | None:
     """adaptive_spec_params.resolve_candidate_steps_from_config: the union of every bucket's candidate steps;
     None (with the start-up error) when SGLang cannot read them."""
-    from specctl.schemas.adaptive import SGLANG_DEFAULT_CONFIG
-    from specctl.schemas.sglang.mapping import read_adaptive_json
+    from specctl.schemas.sglang.mapping import read_adaptive_json  # noqa: PLC0415 - `specctl validate` start-up: SGLang-command support, loaded for SGLang files only
 
     raw, _, problem = read_adaptive_json(r.cmd)
     if problem is not None:

@@ -19,11 +19,14 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.deployment import Deployment
 from specctl.schemas.findings import Finding
+from specctl.schemas.sglang.command import _launcher, parse_command_text, shell_words
+from specctl.schemas.sglang.export import export_commands
 from specctl.schemas.sglang.resolver import (
     Release,
     ResolveCase,
@@ -191,9 +194,7 @@ def resolve_findings(targets: Sequence[Target], request: ResolveRequest) -> list
 
 def command_target(path: str) -> Target | None:
     """The SGLang launch command of a command file, as SGLang's own parser would receive it."""
-    from pathlib import Path
 
-    from specctl.schemas.sglang.command import _launcher, parse_command_text, shell_words
 
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     cmd = parse_command_text(text, name=path, base_dir=Path(path).parent)
@@ -209,7 +210,6 @@ def command_target(path: str) -> Target | None:
 
 def deployment_targets(dep: Deployment, folder: str) -> list[Target]:
     """Each role's exported SGLang command of an `engine: sglang` deployment (files it names go to `folder`)."""
-    from specctl.schemas.sglang.export import export_commands
 
     path = dep.path or dep.name
     if dep.engine != "sglang":
