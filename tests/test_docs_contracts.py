@@ -125,3 +125,37 @@ def test_comments_and_docstrings_state_contracts() -> None:
             continue
         hits.extend(findings(path, paths, names))
     assert not hits, "comments/docstrings that narrate history:\n" + "\n".join(hits)
+
+
+# Module paths in docs/architecture.md: a file or folder under one of the package's (or the repository's) roots.
+MODULE_PATH = re.compile(
+    r"(?<![\w/.-])((?:adaptive|bench|cli|engine|orchestrate|preflight|presets|schemas|tests|benchmarks|scripts)"
+    r"(?:/[\w-]+)*(?:\.py|\.json|\.c|/)|errors\.py)")
+DOTTED = re.compile(r"\bspecctl(?:\.\w+)+")
+
+
+def missing_modules(text: str, root: Path = ROOT) -> tuple[list[str], int]:
+    """(the module paths and `specctl.x.y` names `text` names that the tree at `root` lacks, how many it names)."""
+    named = set(MODULE_PATH.findall(text))
+    missing = [p for p in sorted(named) if not (root / p).exists()]
+    for dotted in sorted(set(DOTTED.findall(text))):
+        parts = dotted.split(".")[1:]
+        # a module, a package, or a name defined in one (specctl.schemas.pd_agreement.Agreement)
+        if not any((root / Path(*parts[:n])).with_suffix(".py").is_file() or (root / Path(*parts[:n])).is_dir()
+                   for n in range(len(parts), 0, -1)):
+            missing.append(dotted)
+    return missing, len(named)
+
+
+def test_the_architecture_page_names_modules_that_exist() -> None:
+    missing, named = missing_modules((ROOT / "docs" / "architecture.md").read_text())
+    assert named >= 40, named  # the page follows a request and a validation through the tree
+    assert not missing, f"docs/architecture.md names modules the tree does not have: {missing}"
+
+
+def test_the_module_check_catches_a_moved_module(tmp_path: Path) -> None:
+    (tmp_path / "engine" / "serve").mkdir(parents=True)
+    (tmp_path / "engine" / "serve" / "http.py").write_text("")
+    text = "engine/serve/http.py -> engine/serve/launcher.py, engine/spec/, `specctl.engine.serve.http` and a.py"
+    missing, named = missing_modules(text, tmp_path)
+    assert named == 3 and missing == ["engine/serve/launcher.py", "engine/spec/"]
