@@ -357,6 +357,18 @@ def profile_command(
         "--estimate-steps", metavar="1,2,4", help="Add these steps, not measured, as an ESTIMATE: linear in the "
         "steps through the two nearest measured ones at each batch size. The cost model is then labelled an "
         "estimate (meta.estimate), and `tune` says so.", show_default=False)] = None,
+    aic_system: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--aiconfigurator-system", metavar="SYSTEM", help="Measure nothing: ESTIMATE every point with NVIDIA's "
+        "aiconfigurator (pip install \"specctl[aiconfigurator]\") for this GPU system (e.g. h100_sxm), offline, "
+        "for the models it ships configs for; labelled an estimate in the JSON and in what `tune` prints.",
+        show_default=False)] = None,
+    aic_model: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--aiconfigurator-model", metavar="ID", help="The model aiconfigurator estimates (a Hugging Face id it "
+        "ships, or a local model directory; default: -c's model.target).", show_default=False)] = None,
+    aic_backend: Annotated[str, typer.Option(
+        "--aiconfigurator-backend", help="The serving engine's performance database: sglang, vllm or trtllm.")]
+    = "sglang",
+    aic_tp: Annotated[int, typer.Option("--aiconfigurator-tp", min=1, help="Tensor parallel size estimated.")] = 1,
     temperature: Annotated[float, typer.Option(
         "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
         "(sampled verify is rejection sampling, which costs somewhat more than greedy).")] = 0.0,
@@ -397,7 +409,9 @@ def profile_command(
 
     Relaunched (-c DEPLOY --relaunch --steps 0,3,5): the deployment launched at each step in turn (on free
     ports) and measured as --url does: every K measured on the engine the deployment names (engine: sglang
-    needs its GPU). --estimate-steps fills steps nobody measured, labelled as an estimate. Progress on stderr.
+    needs its GPU). --estimate-steps fills steps nobody measured, and --aiconfigurator-system prices every point
+    from NVIDIA's aiconfigurator (an optional extra) where no GPU is at hand: both labelled an estimate, in the
+    JSON and in what `tune` prints. Progress on stderr.
     Exit codes: 0 ok, 2 bad options or an adaptive server, 3 a server that fails or cannot launch.
     """
     with handle_errors():
@@ -411,6 +425,13 @@ def profile_command(
 
         if url and config is not None:
             raise UsageError("give --url URL (a running server) or -c DEPLOY, not both")
+        if aic_system is not None:
+            if url or relaunch:
+                raise UsageError("--aiconfigurator-system estimates instead of measuring: not with --url or --relaunch")
+            cost = _aiconfigurator_estimate(config, set_values or (), aic_model, aic_system, aic_backend, aic_tp,
+                                            sizes, step_list, prompt_tokens, progress)
+            _write_cost(cost, output, report_format)
+            return
         if url or relaunch or _sglang_engine(config, set_values or ()):
             unsupported = [name for name, given in (("--sampled-temperature", sampled_temperature is not None),
                                                     ("--temperature", temperature != 0.0),
@@ -447,6 +468,27 @@ def profile_command(
             cost = with_estimated_steps(cost, _parse_steps(estimate_steps),
                                         "--estimate-steps: no measurement at these steps")
         _write_cost(cost, output, report_format)
+
+
+def _aiconfigurator_estimate(config: str | None, overrides: Sequence[str], model: str | None, system: str,
+                             backend: str, tp: int, sizes: Sequence[int], step_list: Sequence[int],
+                             prompt_tokens: int | None, progress: Callable[[str], None]) -> Any:
+    """aiconfigurator's labelled estimate of the deployment's (or --aiconfigurator-model's) steps."""
+    from specctl.adaptive.aiconfigurator_cost import estimate_costs
+
+    if model is None:
+        if config is None:
+            raise UsageError("--aiconfigurator-system needs the model: -c DEPLOY or --aiconfigurator-model ID")
+        from specctl.schemas.deployment import load_deployment
+
+        dep = load_deployment(config, overrides=overrides)
+        role = next((r for r in ("decode", "colocated") if r in dep.roles), None)
+        target = (dep.role(role).get("model") or {}).get("target") if role is not None else None
+        if not isinstance(target, str) or not target:
+            raise UsageError(f"{config}: no model.target to estimate", hint="pass --aiconfigurator-model ID")
+        model = target
+    return estimate_costs(model, system, sizes, step_list, backend=backend, isl=prompt_tokens or 512, tp_size=tp,
+                          progress=progress)
 
 
 def _sglang_engine(config: str | None, overrides: Sequence[str]) -> bool:

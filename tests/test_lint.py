@@ -100,6 +100,7 @@ STRICT = (
     "adaptive/trace.py",
     "adaptive/sglang_trace.py",
     "adaptive/served_cost.py",
+    "adaptive/aiconfigurator_cost.py",
     "engine/serve/spec_stats.py",
     "preflight/watch.py",
     "cli/watch.py",

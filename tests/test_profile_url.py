@@ -400,3 +400,35 @@ def test_relaunch_measures_each_k_and_an_estimate_is_labelled_in_tune(tmp_path: 
     tuned = cli("adaptive", "tune", str(current), "--trace", str(trace), "--cost", str(cost_path), "--decode-only")
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "an ESTIMATE, not a measurement: steps 1, 2 estimated" in tuned.stdout
+
+
+# ---- aiconfigurator (the optional extra) -----------------------------------------------------------------
+
+
+def _aic_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("aiconfigurator") is not None
+
+
+@pytest.mark.skipif(_aic_installed(), reason="aiconfigurator is installed: the estimate itself is tested below")
+def test_the_estimate_without_the_extra_says_how_to_install_it() -> None:
+    done = cli("adaptive", "profile", "--aiconfigurator-system", "h100_sxm", "--aiconfigurator-model",
+               "Qwen/Qwen3-8B", timeout=60)
+    assert done.returncode == 2 and 'specctl[aiconfigurator]' in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_aiconfigurator_estimate_is_labelled_and_never_asks_the_hub(tmp_path: Path) -> None:
+    pytest.importorskip("aiconfigurator.cli.api")
+    refused = cli("adaptive", "profile", "-c", "tiny-colocated", "--aiconfigurator-system", "h100_sxm", timeout=120)
+    assert refused.returncode == 2 and "never does" in refused.stderr  # builtin:tiny-hybrid: no shipped config
+    out = tmp_path / "aic.json"
+    done = cli("adaptive", "profile", "--aiconfigurator-system", "h100_sxm", "--aiconfigurator-model",
+               "Qwen/Qwen3-8B", "--batch-sizes", "1,8", "--steps", "0,3", "-o", str(out), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cost = CostModel.from_json(json.loads(out.read_text()))
+    assert cost.estimate is not None and cost.estimate.startswith("aiconfigurator") and "ESTIMATE" in done.stdout
+    # its model of a GPU: a deeper step and a larger batch cost more, and a step is milliseconds
+    assert cost.step_time(1, 0) < cost.step_time(1, 3) and cost.step_time(1, 3) <= cost.step_time(8, 3)
+    assert all(1e-4 < t < 1.0 for row in cost.step_s.values() for t in row.values())
