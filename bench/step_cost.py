@@ -86,12 +86,11 @@ async def server_steps(session: aiohttp.ClientSession, url: str) -> ServerSteps:
     """The server's speculative settings (module docstring); fields None where it does not say."""
     probe = ServerProbe(session, url, timeout_s=10)
     model = await probe.first_model()
-    info = await probe.server_info()
+    # Behind a PD router, the decode's: smg answers /get_server_info from a prefill.
+    decode = next((u for name, u in await probe.router_workers() if name == "decode"), None)
+    info = await ServerProbe(session, decode, timeout_s=10).server_info() if decode is not None else None
     if not _speaks_spec(info):
-        workers = await probe.router_workers()
-        decode = next((u for name, u in workers if name == "decode"), None)
-        if decode is not None:
-            info = await ServerProbe(session, decode, timeout_s=10).server_info()
+        info = await probe.server_info()
     if not _speaks_spec(info):
         return ServerSteps(None, None, False, model, None)
     assert isinstance(info, dict)

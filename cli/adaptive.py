@@ -395,7 +395,7 @@ def profile_command(
 ) -> None:
     """Measure one decode step's time (draft + verify) per (batch size, steps): the cost model `tune` reads.
 
-    Three ways, one JSON. In process (-c DEPLOY): runs the deployment's engine here (no server), requests kept
+    Measured three ways, one JSON. In process (-c DEPLOY): runs the deployment's engine here (no server), requests kept
     decoding at each batch size while the decoder is pinned to each step in turn; medians over interleaved
     rounds. For a colocated role each point also measures its refill: what the steps after a request joins
     take beyond settled ones, which `tune` adds where requests joined; a PD decode role prefills nothing

@@ -8,7 +8,8 @@
   refuse an adaptive server.
 - Real specctl servers (slow): `--url` on a plain and a steps-3 server gives a cost model `tune` accepts,
   whose points agree with the in-process profile of the same deployment within a stated factor; the
-  relaunch path with two K values, and the estimate label carried into what `tune` prints.
+  relaunch path with two K values (a PD deployment behind its router), and the estimate label carried into
+  what `tune` prints.
 """
 
 from __future__ import annotations
@@ -337,34 +338,47 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 
 # Served steps include the serving loop's turn (scheduling, output delivery) that the in-process profile leaves
-# out, and on a machine shared with other jobs one point's median moves by several times from run to run
-# (a batch-1 point is the median of 3 requests). So the tolerance is generous on purpose: every point within
-# AGREE_FACTOR of the engine's, and the median ratio within AGREE_MEDIAN. What a step is (one verify, not one
-# token) is checked exactly against the SGLang-shaped server's known step times above.
-AGREE_FACTOR = 6.0
-AGREE_MEDIAN = (1 / 3, 3.0)
+# out, and on a machine shared with other jobs one point's median moves by several times from run to run (a
+# batch-1 point is the median of 3 requests). Load only ever adds time, so each side keeps, per point, the least
+# of up to ATTEMPTS measurements; then every point must be within AGREE_FACTOR of the engine's and the middle
+# two ratios' geometric mean within AGREE_MEDIAN. What a step is (one verify, not one token) is checked exactly
+# against the SGLang-shaped server's known step times above.
+ATTEMPTS = 3
+AGREE_FACTOR = 4.0
+AGREE_MEDIAN = (0.4, 2.5)
+POINTS = [(1, 0), (1, 3), (2, 0), (2, 3)]
+
+
+def _agree(ratios: list[float]) -> bool:
+    middle = sorted(ratios)[1:3]
+    return (all(1 / AGREE_FACTOR <= r <= AGREE_FACTOR for r in ratios)
+            and AGREE_MEDIAN[0] <= (middle[0] * middle[1]) ** 0.5 <= AGREE_MEDIAN[1])
 
 
 @pytest.mark.slow
 def test_url_profile_agrees_with_the_engine_and_tune_accepts_it(servers: dict[str, str], tmp_path: Path) -> None:
-    cost_path = tmp_path / "cost.json"
-    done = cli("adaptive", "profile", "--url", servers["plain"], "--url", servers["k3"], "--batch-sizes", "1,2",
-               "--rounds", "3", "--max-tokens", "48", "-o", str(cost_path), "--format", "json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["steps"] == [0, 3]
-    served = CostModel.from_json(json.loads(cost_path.read_text()))
-    assert served.meta["decode_span"] == "the server's (timings.decode_s)"
-
-    engine_path = tmp_path / "engine.json"  # the in-process profile of the same deployment, by the same command
-    engine_run = cli("adaptive", "profile", "-c", "tiny-colocated", "--set", "speculative.adaptive=null",
-                     "--batch-sizes", "1,2", "--steps", "0,3", "--rounds", "2", "-o", str(engine_path))
-    assert engine_run.returncode == 0, engine_run.stderr[-3000:]
-    engine = CostModel.from_json(json.loads(engine_path.read_text()))
-    ratios = [served.step_time(b, k) / engine.step_time(b, k) for b in (1, 2) for k in (0, 3)]
-    sys.stderr.write(f"served / in-process step time at (1, 0), (1, 3), (2, 0), (2, 3): {ratios}\n")
-    assert all(1 / AGREE_FACTOR <= r <= AGREE_FACTOR for r in ratios), ratios
-    middle = sorted(ratios)[1:3]
-    assert AGREE_MEDIAN[0] <= (middle[0] * middle[1]) ** 0.5 <= AGREE_MEDIAN[1], ratios
+    served: list[CostModel] = []
+    engine: list[CostModel] = []
+    ratios: list[float] = []
+    for attempt in range(ATTEMPTS):
+        cost_path = tmp_path / f"cost{attempt}.json"
+        done = cli("adaptive", "profile", "--url", servers["plain"], "--url", servers["k3"], "--batch-sizes", "1,2",
+                   "--rounds", "3", "--max-tokens", "48", "-o", str(cost_path), "--format", "json")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout)["steps"] == [0, 3]
+        served.append(CostModel.from_json(json.loads(cost_path.read_text())))
+        assert served[-1].meta["decode_span"] == "the server's (timings.decode_s)"
+        engine_path = tmp_path / f"engine{attempt}.json"  # the in-process profile of the same deployment
+        engine_run = cli("adaptive", "profile", "-c", "tiny-colocated", "--set", "speculative.adaptive=null",
+                         "--batch-sizes", "1,2", "--steps", "0,3", "--rounds", "2", "-o", str(engine_path))
+        assert engine_run.returncode == 0, engine_run.stderr[-3000:]
+        engine.append(CostModel.from_json(json.loads(engine_path.read_text())))
+        ratios = [min(m.step_time(b, k) for m in served) / min(m.step_time(b, k) for m in engine) for b, k in POINTS]
+        sys.stderr.write(f"attempt {attempt + 1}: served / in-process step time at {POINTS}: {ratios}\n")
+        if _agree(ratios):
+            break
+    assert _agree(ratios), ratios
+    cost_path = tmp_path / "cost0.json"
 
     trace = tmp_path / "t.jsonl"
     bench = cli("bench", "--url", servers["k3"], "--dataset-name", "code", "--num-prompts", "4", "--max-concurrency",
@@ -382,10 +396,12 @@ def test_url_profile_agrees_with_the_engine_and_tune_accepts_it(servers: dict[st
 @pytest.mark.slow
 def test_relaunch_measures_each_k_and_an_estimate_is_labelled_in_tune(tmp_path: Path) -> None:
     cost_path = tmp_path / "cost.json"
-    done = cli("adaptive", "profile", "-c", "tiny-colocated", "--relaunch", "--steps", "0,3", "--batch-sizes", "1,2",
+    # a PD deployment: measured through its router, the steps read from the decode smg lists
+    done = cli("adaptive", "profile", "-c", "tiny-pd", "--relaunch", "--steps", "0,3", "--batch-sizes", "1,2",
                "--rounds", "1", "--max-tokens", "24", "--estimate-steps", "1,2", "-o", str(cost_path), timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "launching tiny-colocated at steps 0" in done.stderr and "at steps 3" in done.stderr
+    assert "launching tiny-pd at steps 0" in done.stderr and "plain decoding (steps 0)" in done.stderr
+    assert "draft at steps 3" in done.stderr
     cost = json.loads(cost_path.read_text())
     assert cost["relaunched"] == [0, 3] and cost["served_steps"] == [0, 3] and cost["steps"] == [0, 1, 2, 3]
     assert cost["estimated_points"]["steps"] == [1, 2] and "ESTIMATE" in done.stdout
