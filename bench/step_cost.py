@@ -6,18 +6,21 @@ Contract:
 - `server_steps(url)`: what the server runs, from its `/server_info` (SGLang's `/get_server_info` too; behind
   a PD router, the first decode worker's, which smg lists at `/workers`): the speculative algorithm, the
   launch-time steps K (`speculative_num_steps`; 0 without speculation) and whether adaptive steps are on.
-  A server that answers none of it is read from its responses: SGLang's `spec_num_proposed_drafts /
-  spec_verify_ct` gives K, a response without speculative statistics means plain decoding.
+  A server that answers none of it is read from SGLang's `sglang:spec_num_steps` gauge (`/metrics`, with
+  `--enable-metrics`), else from its responses: SGLang's `spec_num_proposed_drafts / spec_verify_ct` gives K,
+  a response without speculative statistics means plain decoding. A gauge that shows other steps after the
+  measurement than it ran at is an adaptive server found late: refused as well.
 - `profile_urls(urls, batch_sizes, ...)`: for each of `rounds` rounds, each server (the first one rotating)
   and each batch size B, one wave of B streamed completions sent together (different prompts, greedy,
-  `ignore_eos`, `max_tokens` each, SGLang's `return_spec_tokens_details`), after one untimed wave at the
-  largest B per server; a slow phase of a shared machine thus hits every server and batch size alike. Each
-  request's decode span over its engine steps is one `RequestTiming`, kept only for the requests whose
-  first token came with the wave's last (`_settled`: a span that began before a sibling's prefill would pay
-  for it); `adaptive.served_cost` fits them. The span is the server's own first-to-last-token time where it
-  sends one (specctl's `timings.decode_s`), else the client's. A server that changes steps under load
-  (adaptive on) is refused: a request's verify count does not say at which steps each verify ran. Every
-  request has a timeout and every response a size bound.
+  `ignore_eos`, `max_tokens` each, SGLang's `return_spec_tokens_details`; with `prompt_tokens`, windows as
+  long as the server's usage says makes that many tokens), after one untimed wave at the largest B per
+  server; a slow phase of a shared machine thus hits every server and batch size alike. Each request's decode
+  span over its engine steps is one `RequestTiming`, kept only for the requests whose first token came with
+  the wave's last (`_settled`: a span that began before a sibling's prefill would pay for it);
+  `adaptive.served_cost` fits them. The span is the server's own first-to-last-token time where it sends one
+  (specctl's `timings.decode_s`), else the client's. A server that changes steps under load (adaptive on) is
+  refused: a request's verify count does not say at which steps each verify ran. Every request has a timeout
+  and every response a size bound.
 - `profile_relaunch(deploy, steps, ...)`: per K, launches the deployment (`bench.target.launched`, the
   launcher `specctl up` drives, on free ports) with `speculative.num_steps=K` and adaptive off
   (`speculative.algorithm=none` for K = 0), profiles its URL as above and stops it; the per-K models are
@@ -46,6 +49,7 @@ from specctl.adaptive.served_cost import (
 from specctl.adaptive.sglang_trace import SpecStats, from_sglext
 from specctl.adaptive.tune import CostModel
 from specctl.bench.probe import ServerProbe
+from specctl.bench.prometheus import parse_metrics
 from specctl.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
 
 MAX_RESPONSE_BYTES = 8 << 20  # one streamed completion, all its events
 MAX_EVENT_BYTES = 1 << 20
+STEPS_GAUGE = "sglang:spec_num_steps"  # SGLang's --enable-metrics: the steps (adaptive: the tier) in force
 FIRST_TOKEN_SLACK_S = 0.002  # first tokens of one prefill step, as the client receives them
 Progress = Callable[[str], None]
 
@@ -67,6 +72,7 @@ class ServerSteps:
     adaptive: bool
     model: str | None
     source: str | None
+    decode: str | None = None  # the decode behind a PD router, whose /metrics tell its steps
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,9 @@ async def server_steps(session: aiohttp.ClientSession, url: str) -> ServerSteps:
     if not _speaks_spec(info):
         info = await probe.server_info()
     if not _speaks_spec(info):
-        return ServerSteps(None, None, False, model, None)
+        gauge = await _metric_steps(session, decode or url)
+        return ServerSteps("unknown" if gauge else None, gauge, False, model, None if gauge is None else "metrics",
+                           decode)
     assert isinstance(info, dict)
     algo = info.get("speculative_algorithm")
     algorithm = str(algo).lower() if isinstance(algo, str) and algo and algo.lower() != "none" else None
@@ -101,7 +109,19 @@ async def server_steps(session: aiohttp.ClientSession, url: str) -> ServerSteps:
     adaptive = bool(info.get("speculative_adaptive") or info.get("speculative_adaptive_config"))
     served = info.get("served_model_name")
     return ServerSteps(algorithm, steps, adaptive, model or (served if isinstance(served, str) else None),
-                       "server_info")
+                       "server_info", decode)
+
+
+async def _metric_steps(session: aiohttp.ClientSession, url: str) -> int | None:
+    """The steps SGLang's `sglang:spec_num_steps` gauge shows (one value over every series), else None."""
+    text = await ServerProbe(session, url, timeout_s=10).get_text("/metrics")
+    if not text or len(text) > MAX_RESPONSE_BYTES:
+        return None
+    values = {v for key, v in parse_metrics(text)[0].items() if key.split("{", 1)[0] == STEPS_GAUGE}
+    if len(values) != 1:
+        return None
+    value = values.pop()
+    return int(value) if value >= 0 and value == int(value) else None
 
 
 def _speaks_spec(info: object) -> bool:
@@ -203,7 +223,7 @@ class _Server:
 
 
 async def _profile(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: int, max_tokens: int,
-                   prompt_chars: int | None, timeout_s: float, progress: Progress | None,
+                   prompt_tokens: int | None, timeout_s: float, progress: Progress | None,
                    deployment: str | None) -> list[UrlProfile]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -214,7 +234,7 @@ async def _profile(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: i
                                  "that change with the load, and a request's verify count cannot say at which",
                                  hint="launch it at fixed steps (adaptive off), or measure every K with "
                                       "`specctl adaptive profile -c DEPLOY --relaunch --steps 0,1,3,5,7`")
-        prompts = prompt_windows(max(batch_sizes), prompt_chars)
+        prompts = prompt_windows(max(batch_sizes))
 
         def body(srv: _Server, i: int) -> dict[str, Any]:
             out: dict[str, Any] = {"prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0.0,
@@ -232,6 +252,15 @@ async def _profile(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: i
 
         for srv in servers:
             warm = await wave(srv, max(batch_sizes))  # untimed: first requests pay for lazy set-up
+            if prompt_tokens is not None and srv is servers[0]:
+                # the server's tokenizer, seen through its usage: characters per token of these prompts
+                counts = sorted(c for x in warm if (c := x.prompt_tokens))
+                if not counts:
+                    raise RuntimeFailure(f"{srv.url} reports no prompt_tokens in its usage: --prompt-tokens "
+                                         "cannot be matched", hint="leave --prompt-tokens out")
+                chars = round(prompt_tokens * len(prompts[0]) / counts[len(counts) // 2])
+                prompts = prompt_windows(max(batch_sizes), max(1, chars))
+                warm = await wave(srv, max(batch_sizes))
             srv.steps = srv.known.steps if srv.known.steps is not None else _steps_from(warm)
             if progress is not None:
                 what = ("plain decoding (steps 0)" if srv.steps == 0
@@ -253,6 +282,13 @@ async def _profile(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: i
                     srv.server_spans += sum(s.server_decode_s is not None for s in settled)
             if progress is not None:
                 progress(f"round {r + 1} of {rounds} measured")
+        for srv in servers:  # a server that changed steps under the load ran some verifies at other steps
+            seen = await _metric_steps(session, srv.known.decode or srv.url)
+            if seen is not None and seen != srv.steps:
+                raise RuntimeFailure(f"{srv.url}: {STEPS_GAUGE} shows steps {seen} after the measurement at steps "
+                                     f"{srv.steps}: the server changes steps (adaptive), so its verify counts do "
+                                     "not say at which steps they ran",
+                                     hint="launch it at fixed steps (adaptive off), or use -c DEPLOY --relaunch")
         return [_fitted(srv, rounds=rounds, max_tokens=max_tokens, progress=progress, deployment=deployment)
                 for srv in servers]
 
@@ -263,6 +299,7 @@ def _fitted(srv: _Server, *, rounds: int, max_tokens: int, progress: Progress | 
     meta = served_meta(url=srv.url, model=srv.known.model, steps=srv.steps, algorithm=srv.known.algorithm,
                        max_tokens=max_tokens, rounds=rounds, prompt_tokens=seen[len(seen) // 2] if seen else None,
                        deployment=deployment)
+    meta["steps_from"] = srv.known.source or "responses"
     meta["decode_span"] = ("the server's (timings.decode_s)" if srv.timings and srv.server_spans >= len(srv.timings)
                            else "the client's (first to last streamed token)")
     fits = fit_points(srv.timings)
@@ -306,7 +343,7 @@ def _steps_from(samples: Sequence[Sample]) -> int:
 
 
 def profile_urls(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: int = 3, max_tokens: int = 64,
-                 prompt_chars: int | None = None, timeout_s: float = 300.0, progress: Progress | None = None,
+                 prompt_tokens: int | None = None, timeout_s: float = 300.0, progress: Progress | None = None,
                  deployment: str | None = None) -> list[UrlProfile]:
     """Measure the steps each server runs, the servers' waves interleaved round by round (module docstring)."""
     for url in urls:
@@ -316,7 +353,7 @@ def profile_urls(urls: Sequence[str], batch_sizes: Sequence[int], *, rounds: int
         raise UsageError("the same --url is given twice")
     if max_tokens < 2:
         raise UsageError(f"--max-tokens {max_tokens}: a decode span needs at least 2 tokens")
-    return asyncio.run(_profile(urls, batch_sizes, rounds=rounds, max_tokens=max_tokens, prompt_chars=prompt_chars,
+    return asyncio.run(_profile(urls, batch_sizes, rounds=rounds, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
                                 timeout_s=timeout_s, progress=progress, deployment=deployment))
 
 
@@ -353,7 +390,7 @@ def _free_ports(dep: Deployment) -> list[str]:
 
 
 def profile_relaunch(deploy: str, steps: Sequence[int], batch_sizes: Sequence[int], *, overrides: Sequence[str] = (),
-                     rounds: int = 3, max_tokens: int = 64, prompt_chars: int | None = None, timeout_s: float = 300.0,
+                     rounds: int = 3, max_tokens: int = 64, prompt_tokens: int | None = None, timeout_s: float = 300.0,
                      progress: Progress | None = None) -> CostModel:
     """Launch the deployment at each fixed step in turn and measure it (module docstring)."""
     from specctl.bench.target import launched
@@ -376,7 +413,7 @@ def profile_relaunch(deploy: str, steps: Sequence[int], batch_sizes: Sequence[in
             if progress is not None:
                 progress(f"steps {k}: ready at {target.url}")
             prof = profile_url(target.url, batch_sizes, rounds=rounds, max_tokens=max_tokens,
-                               prompt_chars=prompt_chars, timeout_s=timeout_s, progress=progress,
+                               prompt_tokens=prompt_tokens, timeout_s=timeout_s, progress=progress,
                                deployment=dep.name)
         if prof.steps != k:
             raise RuntimeFailure(f"{dep.name} launched with steps {k} reports steps {prof.steps}",

@@ -435,11 +435,11 @@ def profile_command(
         if url or relaunch or _sglang_engine(config, set_values or ()):
             unsupported = [name for name, given in (("--sampled-temperature", sampled_temperature is not None),
                                                     ("--temperature", temperature != 0.0),
-                                                    ("--threads", threads is not None), ("--clock", clock != "wall"),
-                                                    ("--prompt-tokens", prompt_tokens is not None)) if given]
+                                                    ("--threads", threads is not None), ("--clock", clock != "wall"))
+                           if given]
             if unsupported:
                 raise UsageError(f"{', '.join(unsupported)}: in-process options; a served measurement sends greedy "
-                                 "requests of the built-in prompt and times them by the wall clock",
+                                 "requests and times them by the wall clock",
                                  hint="drop them, or profile in process (-c DEPLOY without --relaunch)")
         if url:
             from specctl.adaptive.served_cost import merge_cost_models
@@ -449,7 +449,7 @@ def profile_command(
                 raise UsageError("--steps applies to -c DEPLOY: a server measures the steps it runs",
                                  hint="run servers at other fixed steps and repeat --url, or use -c DEPLOY --relaunch")
             profiles = profile_urls(url, sizes, rounds=rounds or 3, max_tokens=max_tokens, timeout_s=request_timeout,
-                                    progress=progress)
+                                    prompt_tokens=prompt_tokens, progress=progress)
             cost = merge_cost_models([p.model for p in profiles])
         elif config is None:
             raise UsageError("give -c DEPLOY (in process, or --relaunch) or --url URL (a running server)")
@@ -457,7 +457,8 @@ def profile_command(
             from specctl.bench.step_cost import profile_relaunch
 
             cost = profile_relaunch(config, step_list, sizes, overrides=set_values or (), rounds=rounds or 3,
-                                    max_tokens=max_tokens, timeout_s=request_timeout, progress=progress)
+                                    max_tokens=max_tokens, timeout_s=request_timeout, prompt_tokens=prompt_tokens,
+                                    progress=progress)
         else:
             cost = _profile_in_process(config, set_values or (), sizes, step_list, rounds=rounds or 6, iters=iters,
                                        temperature=temperature, sampled_temperature=sampled_temperature,

@@ -104,6 +104,7 @@ def step_seconds(batch: int, steps: int) -> float:
 class _Req:
     max_tokens: int
     queue: asyncio.Queue[bytes | None]
+    prompt_tokens: int = 12
     produced: int = 0
     accepts: list[int] = field(default_factory=list)
 
@@ -116,8 +117,12 @@ class SglangShaped:
     PREFILL_S = 0.03
     PATTERN = (3, 1, 2, 0, 3)
 
-    def __init__(self, steps: int, *, adaptive: bool = False, server_info: bool = True) -> None:
+    def __init__(self, steps: int, *, adaptive: bool = False, server_info: bool = True,
+                 gauge: bool = False, gauge_after: int | None = None) -> None:
+        """`gauge`: /metrics shows SGLang's `sglang:spec_num_steps`, which moves to `gauge_after` (an adaptive
+        server's tier) once the first requests finished."""
         self.steps, self.adaptive, self.info = steps, adaptive, server_info
+        self.gauge, self.gauge_after, self.finished = gauge, gauge_after, 0
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -140,6 +145,7 @@ class SglangShaped:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/server_info", self._server_info)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -158,6 +164,14 @@ class SglangShaped:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "default", "object": "model"}]})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.gauge:
+            return web.Response(status=404)
+        steps = self.gauge_after if self.gauge_after is not None and self.finished > 4 else self.steps
+        text = ("# HELP sglang:spec_num_steps The number of speculative steps.\n# TYPE sglang:spec_num_steps gauge\n"
+                f'sglang:spec_num_steps{{model_name="default",engine_type="unified"}} {float(steps)}\n')
+        return web.Response(text=text, content_type="text/plain")
+
     async def _server_info(self, request: web.Request) -> web.Response:
         if not self.info:
             return web.Response(status=404)
@@ -170,7 +184,7 @@ class SglangShaped:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         assert body["stream"] is True and body["ignore_eos"] is True and body["return_spec_tokens_details"] is True
-        req = _Req(int(body["max_tokens"]), asyncio.Queue())
+        req = _Req(int(body["max_tokens"]), asyncio.Queue(), max(1, len(body["prompt"]) // 3))  # 3 chars a token
         self._pending.append(req)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -204,10 +218,12 @@ class SglangShaped:
                        "spec_correct_drafts_histogram": hist, "spec_cap_lens_histogram": []}
             req.queue.put_nowait(self._chunk({"choices": [], "usage": None,
                                               "sglext": {"spec_tokens_details": details}}))
-        usage = {"prompt_tokens": 12, "total_tokens": 12 + req.produced, "completion_tokens": req.produced,
+        usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.produced,
+                 "completion_tokens": req.produced,
                  "reasoning_tokens": 0}
         req.queue.put_nowait(self._chunk({"choices": [], "usage": usage}))
         req.queue.put_nowait(None)
+        self.finished += 1
 
     async def _engine(self) -> None:
         while True:
@@ -255,12 +271,14 @@ def test_profile_recovers_a_known_step_time_from_sglangs_spellings(server_info: 
     out = tmp_path / "cost.json"
     with SglangShaped(4, server_info=server_info) as srv:
         done = cli("adaptive", "profile", "--url", srv.url, "--batch-sizes", "1,3", "--rounds", "2",
-                   "--max-tokens", "24", "-o", str(out), "--format", "json", timeout=120)
+                   "--max-tokens", "24", "--prompt-tokens", "60", "-o", str(out), "--format", "json", timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["steps"] == [4] and summary["estimate"] is None
     cost = json.loads(out.read_text())
     assert cost["served_steps"] == [4] and cost["decode_span"].startswith("the client's")
+    assert cost["steps_from"] == ("server_info" if server_info else "responses")
+    assert 58 <= cost["prompt_tokens"] <= 62  # --prompt-tokens, through the server's own token counts
     for b in (1, 3):
         got, want = cost["step_s"][str(b)]["4"], step_seconds(b, 4)
         # a sleep never ends early; a loaded machine (and the client's own loop) adds to it
@@ -272,6 +290,22 @@ def test_an_adaptive_server_is_refused(tmp_path: Path) -> None:
     with SglangShaped(3, adaptive=True) as srv:
         done = cli("adaptive", "profile", "--url", srv.url, "--batch-sizes", "1", "--rounds", "1", timeout=60)
     assert done.returncode == 2 and "adaptive" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_steps_from_sglangs_gauge_and_a_gauge_that_moves_is_an_adaptive_server(tmp_path: Path) -> None:
+    """Without /server_info, `sglang:spec_num_steps` says K; a gauge that moved during the run (an adaptive
+    server's tier) fails the measurement (exit 3): its verify counts mix steps."""
+    out = tmp_path / "cost.json"
+    with SglangShaped(2, server_info=False, gauge=True) as srv:
+        done = cli("adaptive", "profile", "--url", srv.url, "--batch-sizes", "2", "--rounds", "1", "--max-tokens", "12",
+                   "-o", str(out), timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cost = json.loads(out.read_text())
+    assert cost["steps_from"] == "metrics" and cost["steps"] == [2]
+    with SglangShaped(2, server_info=False, gauge=True, gauge_after=5) as srv:
+        moved = cli("adaptive", "profile", "--url", srv.url, "--batch-sizes", "2", "--rounds", "2", "--max-tokens",
+                    "12", timeout=60)
+    assert moved.returncode == 3 and "sglang:spec_num_steps shows steps 5" in moved.stderr
 
 
 def test_usage_errors_and_a_server_that_is_not_there() -> None:
