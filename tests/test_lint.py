@@ -54,6 +54,7 @@ STRICT = (
     "bench/step_cost.py",
     "engine/alloc.py",
     "engine/smallgemm.py",
+    "engine/ops.py",
     "adaptive/policy.py",
     "engine/speculative/verify.py",
     "engine/speculative/decoder.py",

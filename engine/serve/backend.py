@@ -25,6 +25,7 @@ from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
+from specctl.schemas.budget import MAX_NEW_TOKENS
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
@@ -137,6 +138,8 @@ class TokenizingBackend:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
+        # Behind a router whose request timeout is the request budget, a generation may not outlive it.
+        self.max_new_tokens: int | None = MAX_NEW_TOKENS if ctx.role_name in ("prefill", "decode") else None
         self.tokenizer: Tokenizer | None = None  # set by the subclass's load()
 
     def loaded_tokenizer(self) -> Tokenizer:

@@ -146,15 +146,17 @@ def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | N
 class _Limits:
     model_name: str
     max_context: int
+    max_new_tokens: int | None = None
 
     def encode(self, text: str) -> list[int]:  # pragma: no cover - sampling_params never encodes
         raise NotImplementedError
 
 
-def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
+def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int,
+                    max_new_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI request fields -> the wire-safe sampling dict, with the front's bounds (for routes of other
     modules that build their own prompt; the OpenAI routes go through `openai_request` whole)."""
-    return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context))
+    return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context, max_new_tokens))
 
 
 def logprobs_of(backend: Backend, ids: list[int], entries: list[TokenLogprob | None] | None, *, chat: bool,

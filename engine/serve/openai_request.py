@@ -7,8 +7,9 @@ Contract:
 - `parse_completion(body, model)` / `parse_chat(body, model)` check every field the front understands,
   with OpenAI's ranges (temperature 0-2, penalties -2..2, top_p (0, 1], logprobs 0-5 / top_logprobs
   0-20, logit_bias -100..100 on token ids of the vocabulary), prompt token ids inside the vocabulary,
-  chat content parts of type `text` only, and the context length. A field the engine cannot honour
-  (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
+  chat content parts of type `text` only, the context length, and on a role with a generation limit
+  (`ModelInfo.max_new_tokens`: the disaggregated roles, schemas/budget.py) `max_tokens` within it. A field
+  the engine cannot honour (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
   logprobs / penalties / logit_bias on a role that cannot apply them) is refused with a
   400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`; SGLang's default
   name `"default"` (what SGLang's own clients send) is the served model, as SGLang's servers treat it. Fields this
@@ -297,6 +298,10 @@ def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict
         raise RequestError(
             f"{name}={max_tokens} plus the {prompt_len}-token prompt exceeds the context of {info.max_context} tokens",
             param=name, code="context_length_exceeded")
+    limit = getattr(info, "max_new_tokens", None)
+    if limit is not None and max_tokens > limit:
+        raise RequestError(f"{name}={max_tokens} is over the {limit} tokens one request may generate on this "
+                           "disaggregated deployment (the router's request budget bounds a generation)", param=name)
     stop = body.get("stop")
     if stop is None:
         stop = []

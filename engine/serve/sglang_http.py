@@ -212,7 +212,8 @@ class SglangRoutes:
                 raise RequestError("text (or input_ids) must be a non-empty string", param="text")
             ids = self.backend.encode(text)
         try:
-            params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context)
+            params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context,
+                                     max_new_tokens=getattr(self.backend, "max_new_tokens", None))
         except RequestError as exc:  # name the field as this request spelled it, not its OpenAI translation
             prompt = "input_ids" if body.get("input_ids") is not None else "text"
             exc.param = {"prompt": prompt, "messages": prompt, "max_tokens": "sampling_params.max_new_tokens",
