@@ -425,6 +425,8 @@ def profile_command(
 
         if url and config is not None:
             raise UsageError("give --url URL (a running server) or -c DEPLOY, not both")
+        if relaunch and config is None:
+            raise UsageError("--relaunch launches a deployment: give -c DEPLOY")
         if aic_system is not None:
             if url or relaunch:
                 raise UsageError("--aiconfigurator-system estimates instead of measuring: not with --url or --relaunch")

@@ -318,6 +318,8 @@ def test_usage_errors_and_a_server_that_is_not_there() -> None:
     assert down.returncode == 3 and "connection" in down.stderr and "Traceback" not in down.stderr
     served_only = cli("adaptive", "profile", "--url", f"http://127.0.0.1:{port}", "--clock", "cpu", timeout=60)
     assert served_only.returncode == 2 and "--clock" in served_only.stderr
+    alone = cli("adaptive", "profile", "--relaunch", timeout=60)
+    assert alone.returncode == 2 and "give -c DEPLOY" in alone.stderr
 
 
 # ---- real specctl servers -------------------------------------------------------------------------------
