@@ -373,21 +373,22 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
                 proc.wait()
 
 
-# Served steps include the serving loop's turn (scheduling, output delivery) that the in-process profile leaves
-# out, and on a machine shared with other jobs one point's median moves by several times from run to run (a
-# batch-1 point is the median of 3 requests). Load only ever adds time, so each side keeps, per point, the least
-# of up to ATTEMPTS measurements; then every point must be within AGREE_FACTOR of the engine's and the middle
-# two ratios' geometric mean within AGREE_MEDIAN. What a step is (one verify, not one token) is checked exactly
-# against the SGLang-shaped server's known step times above.
+# Served steps include the serving loop's turn (the HTTP loop shares the process, and on two cores the CPU, with
+# the engine: 1.2-1.5x the in-process step on a quiet machine, 2.5-3.5x under a load of 8-15), and on a machine
+# shared with other jobs one point's median moves by several times from run to run (a batch-1 point is the
+# median of 3 requests). Load only ever adds time, so each side keeps, per point, the least of up to ATTEMPTS
+# measurements; every ratio served / in-process must lie in AGREE_RANGE and the middle two ratios' geometric
+# mean in AGREE_MEDIAN (above 1: the serving loop only adds). What a step is (one verify, not one token) is
+# checked exactly against the SGLang-shaped server's known step times above.
 ATTEMPTS = 3
-AGREE_FACTOR = 4.0
-AGREE_MEDIAN = (0.4, 2.5)
+AGREE_RANGE = (1 / 3, 5.0)
+AGREE_MEDIAN = (0.5, 4.0)
 POINTS = [(1, 0), (1, 3), (2, 0), (2, 3)]
 
 
 def _agree(ratios: list[float]) -> bool:
     middle = sorted(ratios)[1:3]
-    return (all(1 / AGREE_FACTOR <= r <= AGREE_FACTOR for r in ratios)
+    return (all(AGREE_RANGE[0] <= r <= AGREE_RANGE[1] for r in ratios)
             and AGREE_MEDIAN[0] <= (middle[0] * middle[1]) ** 0.5 <= AGREE_MEDIAN[1])
 
 
