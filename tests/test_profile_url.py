@@ -485,3 +485,13 @@ def test_aiconfigurator_estimate_is_labelled_and_never_asks_the_hub(tmp_path: Pa
     # its model of a GPU: a deeper step and a larger batch cost more, and a step is milliseconds
     assert cost.step_time(1, 0) < cost.step_time(1, 3) and cost.step_time(1, 3) <= cost.step_time(8, 3)
     assert all(1e-4 < t < 1.0 for row in cost.step_s.values() for t in row.values())
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="a GPU: SGLang would really launch")
+def test_an_sglang_deployment_is_measured_relaunched_and_a_failed_launch_is_an_error() -> None:
+    """engine: sglang cannot run in this process: -c implies --relaunch, which goes through the launcher (here,
+    without a GPU, SGLang's own start fails, and the launcher says so)."""
+    done = cli("adaptive", "profile", "-c", "llama-3.1-8b-pd", "--set", "engine=sglang", "--steps", "0,3",
+               "--batch-sizes", "1", timeout=200)
+    assert done.returncode in (2, 3), done.stderr[-2000:]  # 2: no SGLang to launch at all
+    assert "launching llama-3.1-8b-pd at steps 0" in done.stderr and done.stderr.count("error:") >= 1
