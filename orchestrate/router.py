@@ -18,6 +18,7 @@ Contract:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
 from specctl.schemas.budget import MAX_REQUEST_BYTES, request_budget_s
 from specctl.schemas.deployment import Deployment, connect_host
+from specctl.schemas.sglang.export import model_path
 from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,
     ROUTER_MODULES,
@@ -54,8 +56,6 @@ def served_model(deployment: Deployment) -> str:
     directory SGLang loads (its served model name) for engine: sglang."""
     target = str((deployment.role("decode").get("model") or {}).get("target") or "specctl")
     if deployment.engine == "sglang":
-        from specctl.schemas.sglang.export import model_path
-
         return model_path(target)
     return target
 
@@ -105,8 +105,6 @@ def router_env(base: dict[str, str] | None = None) -> dict[str, str]:
 def check_installed(python: str = sys.executable, kind: str = DEFAULT_ROUTER_KIND) -> None:
     """RuntimeFailure (exit 3) naming the package to install when this interpreter lacks the router."""
     if python == sys.executable:
-        import importlib.util
-
         if importlib.util.find_spec(ROUTER_MODULES[kind]) is None:
             raise RuntimeFailure(f"the router {kind} is not installed in this environment",
                                  hint=f"pip install {ROUTER_PACKAGES[kind]}; scripts/setup.sh installs both "

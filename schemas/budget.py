@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from specctl.errors import SpecctlError
+from specctl.schemas.model_facts import load_model_facts
+
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment
 
@@ -47,9 +50,6 @@ def max_request_tokens(role: dict[str, Any]) -> int:
     context = 0
     target = (role.get("model") or {}).get("target")
     if target:
-        from specctl.errors import SpecctlError
-        from specctl.schemas.model_facts import load_model_facts
-
         try:
             context = int(load_model_facts(str(target), engine=False).config.get("max_position_embeddings") or 0)
         except SpecctlError:

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from specctl import __version__
 from specctl.engine.pd.wire import PROTOCOL_VERSION
+from specctl.schemas.model_facts import resolve_model_dir
 from specctl.schemas.pd_agreement import Difference, agreement, registration_row
 
 if TYPE_CHECKING:
@@ -94,8 +96,6 @@ class RegistrationInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _engine_version() -> str:
-    from specctl import __version__
-
     return __version__
 
 
@@ -136,7 +136,6 @@ def tokenizer_fingerprint(facts: ModelFacts | None, layout: Mapping[str, Any] | 
         return "unknown"
     if facts.config.get("tokenizer") == "bytes":
         return "bytes"
-    from specctl.schemas.model_facts import resolve_model_dir
 
     path = resolve_model_dir(facts.ref) / "tokenizer.json"
     try:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from specctl.engine.model_runner import ForwardItem
 from specctl.engine.ops import ChainSampling
 from specctl.engine.sampling import draws, inverse_cdf, probs_from_logits, temperature_only
 from specctl.engine.sequence import Sequence
@@ -252,7 +253,6 @@ class ModelDrafter:
 
         Returns (tensors, length) for `import_request` on the decode side; length == len(seq) - 1, the
         same cache invariant as the target's."""
-        from specctl.engine.model_runner import ForwardItem
 
         length = len(seq) - 1
         if not self._ready(seq, 1):
@@ -274,8 +274,6 @@ class ModelDrafter:
 
     # -- the three verbs -------------------------------------------------------------------------
     def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None:
-        from specctl.engine.model_runner import ForwardItem
-
         rows: list[int] = []  # batch rows that draft this round
         buf.num_drafts[: len(seqs)].zero_()
         for i, (seq, k) in enumerate(zip(seqs, budgets, strict=True)):

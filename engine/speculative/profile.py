@@ -40,15 +40,16 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+
+import torch
 
 from specctl.adaptive.cost import CostModel
 from specctl.adaptive.served_cost import PROFILE_PROMPT
 from specctl.engine.config import EngineConfig
+from specctl.engine.engine import Engine
+from specctl.engine.sampling import SamplingParams
+from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.errors import UsageError
-
-if TYPE_CHECKING:
-    from specctl.engine.engine import Engine
 
 SETTLE = 8  # untimed steps after a point's prefill before its steps are timed
 REFILL_STEPS = 6  # steps timed after a joining request's prefill (later ones ran within 3% of settled ones)
@@ -59,8 +60,6 @@ _PROMPT = PROFILE_PROMPT
 
 
 def _threads() -> int:
-    import torch
-
     return int(torch.get_num_threads())
 
 
@@ -78,8 +77,6 @@ def profile_costs(
     refill: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> CostModel:
-    from specctl.engine.engine import Engine
-
     if config.algorithm == "none":
         raise UsageError("the deployment does not speculate (speculative.algorithm: none): nothing to profile",
                          hint="profile the speculative deployment; steps 0 is measured as its plain decode")
@@ -161,8 +158,6 @@ def _measure(
     greedy and the sampled prices alike. Measured one table after the other, a slow phase priced a sampled
     plain step below a greedy one, though a sampled step does more (it draws), and `tune` weighed sampled traces
     at flatter prices (benchmarks/RESULTS.md)."""
-    from specctl.engine.sampling import SamplingParams
-    from specctl.engine.speculative.decoder import SpeculativeDecoder
 
     decoder = engine.decoder
     assert isinstance(decoder, SpeculativeDecoder)  # profile_costs refused a deployment that does not speculate
