@@ -270,7 +270,7 @@ def _fmt(v: object) -> str:
 
 def render_comparison(console: Console, comp: dict[str, Any]) -> None:
     """Each variant's figures, then its ratios to the base with 95% intervals, then the base's speed-up."""
-    from rich.table import Table  # noqa: PLC0415 - rich: only when a report is rendered as a table (`specctl validate` start-up)
+    from rich.table import Table  # noqa: PLC0415 - rich: only when the A/B table is printed
 
     labels = ("output tok/s", "mean TTFT ms", "mean TPOT ms", "accept length")
     values = Table(title="A/B: per variant (all rounds)")

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 def write_plot(path: str | Path, runs: Sequence[PointRun]) -> Path:
     """Write the PNG for `runs` and return its path."""
-    import matplotlib  # noqa: PLC0415 - matplotlib: only when a plot is drawn (start-up of every command)
+    import matplotlib  # noqa: PLC0415 - matplotlib: only when a plot is drawn (the bench report is written without it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib: only when a plot is drawn (start-up of every command)
-    import numpy as np  # noqa: PLC0415 - numpy: only when a plot is drawn (start-up of every command)
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib: only when a plot is drawn (the bench report is written without it)
+    import numpy as np  # noqa: PLC0415 - numpy: only when a plot is drawn (the bench report is written without it)
 
     out = Path(path)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
@@ -94,7 +94,7 @@ def write_plot(path: str | Path, runs: Sequence[PointRun]) -> Path:
                 ax_acc.hist(per_req, bins=20, color=c, alpha=0.6, label=label)
     _finish(ax_cdf, "Latency CDF (from scheduled send)", "ms (log)", "fraction of requests")
     if ax_cdf.lines:
-        from matplotlib.ticker import NullFormatter  # noqa: PLC0415 - matplotlib: only when a plot is drawn (start-up of every command)
+        from matplotlib.ticker import NullFormatter  # noqa: PLC0415 - matplotlib: only when a plot is drawn (the bench report is written without it)
 
         ax_cdf.set_xscale("log")
         ax_cdf.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from specctl.engine.device import resolve_dtype
 from specctl.engine.model import HybridForCausalLM, ModelConfig
@@ -103,15 +105,13 @@ class _Bar(Protocol):
 def _progress(total: int, label: str) -> _Bar | None:
     if total < PROGRESS_BYTES:
         return None
-    from tqdm import tqdm  # type: ignore[import-untyped]  # noqa: PLC0415 - tqdm: only while a checkpoint is written
+    from tqdm import tqdm  # type: ignore[import-untyped]  # noqa: PLC0415 - tqdm: not a specctl dependency; only for a large checkpoint's progress bar
 
     bar: _Bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}", file=sys.stderr)
     return bar
 
 
 def load_state_dict(model_dir: Path, label: str) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - safetensors: the engine extra, loaded with a checkpoint
-
     files = weight_files(model_dir)
     bar = _progress(sum(f.stat().st_size for f in files), label)
     out: dict[str, torch.Tensor] = {}
@@ -174,8 +174,6 @@ def load_model(
 
 def save_model(model: HybridForCausalLM, model_dir: Path, config: dict[str, Any]) -> None:
     """Write config.json + model.safetensors (float32; a tied lm_head is not stored)."""
-    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors: the engine extra, loaded with a checkpoint
-
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

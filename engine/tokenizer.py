@@ -68,7 +68,7 @@ class HFTokenizer:
     """A `tokenizers.Tokenizer` read from a local `tokenizer.json` (never fetched from a hub)."""
 
     def __init__(self, path: Path, *, bos_token_id: int | None, eos_token_id: int | None, vocab_size: int) -> None:
-        from tokenizers import Tokenizer as _Tok  # noqa: PLC0415 - tokenizers: the engine extra, loaded with a model
+        from tokenizers import Tokenizer as _Tok  # noqa: PLC0415 - tokenizers: the engine extra; prompt_token_ids is used where it is not installed
 
         try:
             self._tok = _Tok.from_file(str(path))
