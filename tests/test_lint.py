@@ -160,6 +160,7 @@ STRICT = (
     "schemas/budget.py",
     "schemas/sglang/router.py",
     "engine/model.py",
+    "engine/cache_layout.py",
 )
 
 

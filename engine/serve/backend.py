@@ -244,8 +244,9 @@ def engine_fingerprints(engine: Engine | None) -> dict[str, Any]:
     if runner is not None:
         with contextlib.suppress(Exception):
             layout = runner.layout()
-            out["target"] = {k: layout.get(k) for k in ("weights_hash", "architecture", "dtype", "page_size",
-                                                          "state_types")}
+            out["target"] = {"weights_hash": layout.weights_hash, "architecture": layout.architecture,
+                             "dtype": layout.dtype, "page_size": layout.page_size,
+                             "state_types": list(layout.state_types)}
     return out
 
 

@@ -338,7 +338,7 @@ class PrefillBackend(EngineBackend):
         runner = draft_runner_of(self.engine)
         if runner is None:
             return {}
-        dtype = getattr(torch, str(runner.layout().get("dtype", "float32")))
+        dtype = getattr(torch, runner.layout().dtype)
         out = {}
         for name, shape in runner.cache.export_shapes(0).items():
             out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)
