@@ -116,7 +116,7 @@ def main() -> int:
             if i % 2:
                 sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
             stranger.append(sock)
-        body = {"model": dep.role("colocated")["model"]["target"], "prompt": "def parse(path):\n",
+        body = {"model": dep.role("colocated").model.target, "prompt": "def parse(path):\n",
                 "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
         t0 = time.perf_counter()
         results, seen = asyncio.run(fire(url, args.requests, body))

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.router import OFFLINE_ENV, http_url, role_instances, router_argv
+from specctl.schemas.role_config import RoleConfig
 from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
@@ -232,10 +233,10 @@ class Launcher:
                        for n in self.names}
         self._stopped = False
 
-    def role_config(self, name: str) -> dict[str, Any]:
+    def role_config(self, name: str) -> RoleConfig:
         role, index = split_name(name)
         if role == "router":
-            return dict(self.deployment.role(role))
+            return self.deployment.role(role)
         return role_instances(self.deployment, role)[index]
 
     @property
@@ -284,11 +285,11 @@ class Launcher:
             cfg = self.role_config(name)
             role, index = split_name(name)
             key = role if len(role_instances(self.deployment, role)) == 1 or role == "router" else f"{role}.{index}"
-            host = str(cfg.get("host") or "127.0.0.1")
-            if cfg.get("port") is not None:
-                out.append((key, "port", host, int(cfg["port"])))
-            if role == "prefill" and cfg.get("bootstrap_port") is not None:
-                out.append((key, "bootstrap_port", host, int(cfg["bootstrap_port"])))
+            host = cfg.host or "127.0.0.1"
+            if cfg.port is not None:
+                out.append((key, "port", host, cfg.port))
+            if role == "prefill" and cfg.bootstrap_port is not None:
+                out.append((key, "bootstrap_port", host, cfg.bootstrap_port))
         return out
 
     def check_ports(self) -> None:

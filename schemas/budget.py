@@ -14,22 +14,23 @@ Torch-free (the router's argv and the exports import it).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment
+    from specctl.schemas.role_config import RoleConfig
 
 PD_STAGES = 3  # claim acknowledged, HTTP half paired with its claim, KV sent: each within transfer.timeout_s
 TOKEN_BOUND_S = 0.05  # the slowest a live decode may generate one token (one step of a full batch)
 DEFAULT_TIMEOUT_S = 30.0
 
 
-def max_request_tokens(role: dict[str, Any]) -> int:
+def max_request_tokens(role: RoleConfig) -> int:
     """The most tokens (prompt + completion) one request of `role` can hold: the model's context, bounded by
     the KV pool (`cache.max_tokens`)."""
-    pool = int((role.get("cache") or {}).get("max_tokens") or 0)
+    pool = role.cache.max_tokens
     context = 0
-    target = (role.get("model") or {}).get("target")
+    target = role.model.target
     if target:
         from specctl.errors import SpecctlError
         from specctl.schemas.model_facts import load_model_facts
@@ -50,5 +51,5 @@ def budget_for(timeout_s: float, tokens: int) -> float:
 def request_budget_s(deployment: Deployment) -> int:
     """The router's request timeout for `deployment`, in whole seconds (see the module docstring)."""
     decode = deployment.role("decode")
-    timeout_s = float((decode.get("transfer") or {}).get("timeout_s", DEFAULT_TIMEOUT_S))
+    timeout_s = decode.transfer.timeout_s
     return math.ceil(budget_for(timeout_s, max_request_tokens(decode)))

@@ -19,13 +19,14 @@ from specctl.engine.pd.registration import (
 )
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import load_model_facts
+from specctl.schemas.role_config import SpeculativeConfig
 
-SPEC = {
+SPEC = SpeculativeConfig.from_json({
     "algorithm": "draft",
     "draft": "builtin:tiny-draft",
     "num_steps": 3,
     "adaptive": {"buckets": {"1": {"candidate_steps": [1, 3, 5, 7]}, "8": {"candidate_steps": [0, 1, 3]}}},
-}
+})
 
 
 def _layout(facts, *, weights: str) -> CacheLayout:
@@ -161,8 +162,8 @@ def test_all_mismatches_reported_not_the_first(pair) -> None:
 
 def test_max_draft_tokens_covers_every_selectable_step() -> None:
     assert max_draft_tokens(SPEC) == 8
-    assert max_draft_tokens({"algorithm": "ngram", "num_steps": 4}) == 5
-    assert max_draft_tokens({"algorithm": "none", "num_steps": 4}) == 0
+    assert max_draft_tokens(SpeculativeConfig(algorithm="ngram", num_steps=4)) == 5
+    assert max_draft_tokens(SpeculativeConfig(algorithm="none", num_steps=4)) == 0
     assert max_draft_tokens(None) == 0
 
 

@@ -30,6 +30,7 @@ from specctl.engine.pd.wire import PROTOCOL_VERSION
 if TYPE_CHECKING:
     from specctl.engine.cache_layout import CacheLayout
     from specctl.schemas.model_facts import ModelFacts
+    from specctl.schemas.role_config import SpeculativeConfig
 
 ROLES = ("prefill", "decode")
 BACKENDS = ("zmq", "shm")
@@ -112,17 +113,12 @@ def _engine_version() -> str:
     return __version__
 
 
-def max_draft_tokens(speculative: Mapping[str, Any] | None) -> int:
+def max_draft_tokens(speculative: SpeculativeConfig | None) -> int:
     """Largest number of draft tokens one verify can carry: (largest selectable steps) + 1, where the
     selectable steps are the initial `num_steps` and every adaptive candidate; 0 without speculation."""
-    spec = speculative or {}
-    if spec.get("algorithm", "none") in (None, "none"):
+    if speculative is None or speculative.algorithm == "none":
         return 0
-    steps = [int(spec.get("num_steps") or 0)]
-    buckets = ((spec.get("adaptive") or {}).get("buckets")) or {}
-    for bucket in buckets.values():
-        steps.extend(int(s) for s in (bucket or {}).get("candidate_steps") or ())
-    top = max(steps)
+    top = max(speculative.selectable_steps())
     return top + 1 if top > 0 else 0
 
 
@@ -174,7 +170,7 @@ def build_registration(
     role: str,
     layout: CacheLayout,
     *,
-    speculative: Mapping[str, Any] | None = None,
+    speculative: SpeculativeConfig | None = None,
     draft_layout: CacheLayout | None = None,
     transfer_backend: str = "zmq",
     endpoints: Mapping[str, str] | None = None,
@@ -208,7 +204,7 @@ def build_registration(
         state_item_lens=layout.state_item_lens,
         state_dims=layout.state_dims,
         draft=draft,
-        speculative_algorithm=str((speculative or {}).get("algorithm") or "none"),
+        speculative_algorithm=speculative.algorithm if speculative is not None else "none",
         max_draft_tokens=max_draft_tokens(speculative),
         transfer_backend=transfer_backend,
         endpoints=dict(endpoints or {}),

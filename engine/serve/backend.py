@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # torch lives behind these; the serving front imports this mo
     from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.serve.openai_request import PdRoute
     from specctl.schemas.deployment import Deployment
+    from specctl.schemas.role_config import RoleConfig, TransferConfig
 
 log = logging.getLogger("specctl.serve")
 
@@ -59,9 +60,9 @@ class RoleState:
 
 @dataclasses.dataclass
 class RoleContext:
-    deployment: Deployment | None  # None for a server a test builds in process from a role dict alone
+    deployment: Deployment | None  # None for a server a test builds in process from a role config alone
     role_name: str
-    role: dict[str, Any]
+    role: RoleConfig
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
     state: RoleState = dataclasses.field(default_factory=RoleState)
     started: float = dataclasses.field(default_factory=time.time)
@@ -69,12 +70,12 @@ class RoleContext:
     faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)  # tests only (serve/faults.py)
 
     @property
-    def transfer(self) -> dict[str, Any]:
-        return dict(self.role.get("transfer") or {})
+    def transfer(self) -> TransferConfig:
+        return self.role.transfer
 
     @property
     def timeout_s(self) -> float:
-        return float(self.transfer.get("timeout_s", 30))
+        return self.role.transfer.timeout_s
 
     def base_info(self) -> dict[str, Any]:
         dep = self.deployment
@@ -86,7 +87,7 @@ class RoleContext:
             "uptime_s": round(time.time() - self.started, 3),
             "deployment": {"name": dep.name if dep else None, "path": dep.path if dep else None,
                            "raw": dep.raw if dep else None},
-            "resolved_role": self.role,
+            "resolved_role": self.role.to_json(),
         }
 
 
@@ -102,8 +103,8 @@ class RoomFailure(Exception):
         self.status = status
 
 
-def model_name_of(role: dict[str, Any]) -> str:
-    return str((role.get("model") or {}).get("target") or "specctl")
+def model_name_of(role: RoleConfig) -> str:
+    return role.model.target or "specctl"
 
 
 def max_context_of(model_ref: str) -> int:
@@ -117,7 +118,7 @@ class TokenizingBackend:
     """What every HTTP backend shares: the served model's name and context, and its tokenizer
     (loaded by the subclass's `load()`), so every role tokenizes prompts the same way."""
 
-    def __init__(self, ctx: RoleContext, role: dict[str, Any]) -> None:
+    def __init__(self, ctx: RoleContext, role: RoleConfig) -> None:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
@@ -213,7 +214,7 @@ class EngineBackend(TokenizingBackend):
                                      "acceptance_histogram", "batches_per_steps", "mean_tokens_per_verify")}
         info["timing"] = self.timing()
         rate = (spec or {}).get("mean_tokens_per_verify") if isinstance(spec, dict) else None
-        info.update(sglang_server_args(self.ctx.role, self.ctx.role_name,
+        info.update(sglang_server_args(self.ctx.role.to_json(), self.ctx.role_name,
                                        accept_length=float(rate) if isinstance(rate, (int, float)) else None))
         target = info["fingerprints"].get("target") or {}
         if target.get("state_types") is not None:
@@ -275,7 +276,7 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
 
 
 def secret_of(ctx: RoleContext) -> str | None:
-    name = ctx.transfer.get("secret_env")
+    name = ctx.transfer.secret_env
     if not name:
         return None
     value = os.environ.get(str(name))

@@ -101,7 +101,7 @@ def profile_costs(
         "deployment": config.name,
         "target": config.model_ref,
         "algorithm": config.algorithm,
-        "draft": config.speculative.get("draft"),
+        "draft": config.speculative.draft,
         "device": str(engine.runner.device),
         "threads": _threads(),
         "rounds": rounds,
