@@ -8,8 +8,8 @@ Contract:
   port on the router's host) and `router_env()` its environment: `HF_HUB_OFFLINE=1` /
   `TRANSFORMERS_OFFLINE=1` always (a router loads its tokenizer from the `model_path` a worker reports in
   `/model_info`, a local directory, and would otherwise try a hub).
-- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cannot
-  close slow clients (sglang-router), None for smg.
+- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cuts streams
+  without an error event and cannot close slow clients (sglang-router: `router_shortfalls`), None for smg.
 - `run_router(deployment)` runs it in the foreground until SIGINT/SIGTERM (`specctl serve --role router`)
   and returns its exit code; the launcher starts the same command beside the engines. Readiness is the
   router's `GET /readiness` (200 once it has a healthy prefill and decode); engines report healthy only when
@@ -34,9 +34,9 @@ from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,
     ROUTER_MODULES,
     ROUTER_PACKAGES,
-    SLOW_CLIENT_BOUND_S,
     router_command,
     router_kind,
+    router_shortfalls,
 )
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         # A body specctl's engines would refuse is the client's fault: the router answers 413 itself rather
         # than passing prefill's 413 on as its own 500.
         extra += ["--max-payload-size", str(MAX_REQUEST_BYTES)]
-    # The request's end-to-end budget (serve/budget.py): a stopped worker fails its requests within it.
+    # The request's end-to-end budget (schemas/budget.py): a stopped worker fails its requests within it.
     return router_command(prefills, decodes, kind=kind or router_kind(deployment), host=host,
                           port=int(router.port or 0), python=python,
                           request_timeout_s=request_budget_s(deployment), served_model=served_model(deployment),
@@ -99,12 +99,13 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
 
 
 def slow_client_warning(kind: str) -> str | None:
-    """What a router of this kind leaves open to slow clients (None: it closes them within the bound)."""
-    if kind == "smg":
+    """What a router of this kind leaves its clients without (None for smg): `router_shortfalls`, with what to
+    do about it."""
+    shortfalls = router_shortfalls(kind)
+    if shortfalls is None:
         return None
-    return (f"{kind} has no client timeouts: idle, partial-header and partial-body connections stay open "
-            f"until the client closes them; smg (roles.router.kind: smg, the default) closes them within "
-            f"{SLOW_CLIENT_BOUND_S} s. Do not expose this router to untrusted clients without a proxy that does.")
+    return (f"{shortfalls}. Use smg, or do not expose this router to untrusted clients without a proxy that "
+            "closes slow ones.")
 
 
 def router_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specctl.errors import RuntimeFailure, UsageError
-from specctl.preflight.diff import Difference, Drift, compare_pair, compare_with_deployment
-from specctl.preflight.facts import ServerFacts, expected_facts, normalise
+from specctl.preflight.diff import Drift, compare_with_deployment
 from specctl.preflight.reader import ServerReader
+from specctl.schemas.pd_agreement import Difference
 from specctl.schemas.role_config import RoleConfig
+from specctl.schemas.server_facts import ServerFacts, compare_pair, expected_facts, normalise
 
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment

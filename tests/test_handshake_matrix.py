@@ -129,7 +129,7 @@ def test_one_field_differs_one_mismatch(pair, mutate, field) -> None:
     expected = {field, "host"} if field == "transfer_backend" else {field}
     assert set(fields) == expected, render_mismatches(mismatches)
     m = next(m for m in mismatches if m.field == field)
-    assert m.fix and m.prefill_value != m.decode_value
+    assert m.fix and m.prefill != m.decode
 
 
 def test_distinct_messages_for_state_types_and_draft(pair) -> None:
@@ -147,7 +147,7 @@ def test_distinct_messages_for_state_types_and_draft(pair) -> None:
     page = compare(pre, R(dec, page_size=32))[0]
     assert "cache.page_size" in page.fix and "16" in page.fix
     dtype = compare(pre, _model(dec, dtype="bfloat16"))[0]
-    assert dtype.prefill_value == "float32" and dtype.decode_value == "bfloat16"
+    assert dtype.prefill == "float32" and dtype.decode == "bfloat16"
 
 
 def test_all_mismatches_reported_not_the_first(pair) -> None:

@@ -26,6 +26,8 @@ from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.serve.spec_stats import launch_steps
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
+from specctl.schemas.budget import MAX_NEW_TOKENS
+from specctl.schemas.server_info import Key, sglang_server_args
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
@@ -80,14 +82,14 @@ class RoleContext:
     def base_info(self) -> dict[str, Any]:
         dep = self.deployment
         return {
-            "role": self.role_name,
+            Key.ROLE: self.role_name,
             "pid": os.getpid(),
             "status": self.state.status,
             "ready": self.state.ready,
             "uptime_s": round(time.time() - self.started, 3),
             "deployment": {"name": dep.name if dep else None, "path": dep.path if dep else None,
                            "raw": dep.raw if dep else None},
-            "resolved_role": self.role.to_json(),
+            Key.RESOLVED_ROLE: self.role.to_json(),
         }
 
 
@@ -122,6 +124,8 @@ class TokenizingBackend:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
+        # Behind a router whose request timeout is the request budget, a generation may not outlive it.
+        self.max_new_tokens: int | None = MAX_NEW_TOKENS if ctx.role_name in ("prefill", "decode") else None
         self.tokenizer: Tokenizer | None = None  # set by the subclass's load()
 
     def loaded_tokenizer(self) -> Tokenizer:
@@ -202,23 +206,21 @@ class EngineBackend(TokenizingBackend):
             return {"error": str(exc)}
 
     async def server_info(self) -> dict[str, Any]:
-        from specctl.engine.serve.sglang_http import sglang_server_args
-
         info = self.ctx.base_info()
         stats = await self.engine_stats()
-        info["engine"] = stats
-        info["fingerprints"] = engine_fingerprints(self.engine)
+        info[Key.ENGINE] = stats
+        info[Key.FINGERPRINTS] = engine_fingerprints(self.engine)
         spec = stats.get("speculative") if isinstance(stats, dict) else None
-        info["adaptive"] = None if not isinstance(spec, dict) else {
+        info[Key.ADAPTIVE_STATE] = None if not isinstance(spec, dict) else {
             k: spec.get(k) for k in ("mode", "initial_steps", "buckets", "switches", "acceptance_rate",
-                                     "acceptance_histogram", "batches_per_steps", "mean_tokens_per_verify")}
+                                     "acceptance_histogram", "batches_per_steps", Key.MEAN_TOKENS_PER_VERIFY)}
         info["timing"] = self.timing()
-        rate = (spec or {}).get("mean_tokens_per_verify") if isinstance(spec, dict) else None
+        rate = (spec or {}).get(Key.MEAN_TOKENS_PER_VERIFY) if isinstance(spec, dict) else None
         info.update(sglang_server_args(self.ctx.role.to_json(), self.ctx.role_name,
                                        accept_length=float(rate) if isinstance(rate, (int, float)) else None))
-        target = info["fingerprints"].get("target") or {}
-        if target.get("state_types") is not None:
-            info["state_types"] = list(target["state_types"])  # the live cache's, in registration order
+        target = info[Key.FINGERPRINTS].get("target") or {}
+        if target.get(Key.STATE_TYPES) is not None:
+            info[Key.STATE_TYPES] = list(target[Key.STATE_TYPES])  # the live cache's, in registration order
         return info
 
     def timing(self) -> dict[str, Any]:

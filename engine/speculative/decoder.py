@@ -336,18 +336,20 @@ class SpeculativeDecoder:
             if not whole:
                 q = q[torch.as_tensor(sampled, device=logits.device)]
         gens = [seqs[i].generator for i in sampled]
-        done = None
-        if all(g is not None and temperature_only(seqs[i].params, vocab) for i, g in zip(sampled, gens, strict=True)):
-            # temperature only: the kernel normalises what it reads and draws (verify.rejection_accept_logits)
-            done = rejection_accept_logits([drafts[i] for i in sampled], [nd[i] for i in sampled], logits,
-                                           [float(seqs[i].params.temperature) for i in sampled], q,
-                                           [g for g in gens if g is not None])
-        if done is None:
+
+        def by_probs() -> tuple[list[int], list[list[int]]]:
             # p: the exact distribution plain sampling draws from (temperature, top-k, top-p), per position.
             params = [seqs[i].params for i in sampled for _ in range(k1)]
             p = probs_from_logits(logits.reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
-            done = rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q, gens)
-        sa, st = done
+            return rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q, gens)
+
+        if all(g is not None and temperature_only(seqs[i].params, vocab) for i, g in zip(sampled, gens, strict=True)):
+            # temperature only: from the logits (the kernel normalises what it reads and draws, where it applies)
+            sa, st = rejection_accept_logits([drafts[i] for i in sampled], [nd[i] for i in sampled], logits,
+                                             [float(seqs[i].params.temperature) for i in sampled], q,
+                                             [g for g in gens if g is not None], by_probs)
+        else:
+            sa, st = by_probs()
         for j, i in enumerate(sampled):
             acc[i], new_tokens[i] = sa[j], st[j]
         return acc, new_tokens

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.budget import request_budget_s
 from specctl.schemas.deployment import Deployment
 
 ROUTERS = ("smg", "sglang-router")
@@ -204,13 +205,13 @@ def _model_dirs(roles: dict[str, RolePlan], options: PlatformOptions) -> tuple[s
 def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str], *, host: str) -> list[str]:
     """The router (`--router`: smg or sglang-router) in front of the given prefill (URL, bootstrap port) and
     decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
-    addresses."""
+    addresses, with the request budget (schemas/budget.py) as its request timeout, as `up` runs it."""
     from specctl.schemas.sglang.export import model_path
     from specctl.schemas.sglang.router import router_command
 
     target = str(plan.deployment.role("decode").model.target)
     return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,
-                          served_model=model_path(target))
+                          request_timeout_s=request_budget_s(plan.deployment), served_model=model_path(target))
 
 
 def gate_pairs(prefills: list[tuple[str, int]], decodes: list[str]) -> list[tuple[str, int, str]]:
