@@ -78,20 +78,20 @@ def load_setup(
                 f"{config}: no decode or colocated role (roles: {', '.join(dep.roles)}); nothing decodes here",
             )
         role = dep.role(role_name)
-        spec, serve = role["speculative"], role["serve"]
-        if not spec.get("adaptive") or spec.get("algorithm") == "none":
+        spec, serve = role.speculative, role.serve
+        if not spec.adaptive or spec.algorithm == "none":
             raise UsageError(
-                f"{config}: the {role_name} role has no adaptive steps (algorithm {spec.get('algorithm')}, "
-                f"fixed num_steps {spec.get('num_steps')}); nothing to simulate",
+                f"{config}: the {role_name} role has no adaptive steps (algorithm {spec.algorithm}, "
+                f"fixed num_steps {spec.num_steps}); nothing to simulate",
                 hint="add speculative.adaptive with buckets, or pass an SGLang adaptive JSON",
             )
         base = override_path(dep.raw, role_name, "speculative", "adaptive")
         init_path = override_path(dep.raw, role_name, "speculative", "num_steps")
-        cfg, findings = parse_deployment_adaptive(spec["adaptive"], base_path=base)
+        cfg, findings = parse_deployment_adaptive(spec.adaptive, base_path=base)
         if initial_steps is None:
-            initial_steps = spec.get("num_steps")
-        graphs = tuple(serve.get("graph_batch_sizes") or ()) if graph_batch_sizes is None else tuple(graph_batch_sizes)
-        max_bs = serve.get("max_batch_size")
+            initial_steps = spec.num_steps
+        graphs = serve.graph_batch_sizes if graph_batch_sizes is None else tuple(graph_batch_sizes)
+        max_bs = serve.max_batch_size
         if doc is None:
             doc = load_document(dep.path) if dep.path else None
     coverage = None

@@ -398,8 +398,7 @@ def profile_relaunch(deploy: str, steps: Sequence[int], batch_sizes: Sequence[in
 
     dep = load_deployment(deploy, overrides=overrides)
     decoding = next((dep.role(r) for r in ("decode", "colocated") if r in dep.roles), None)
-    spec = decoding.get("speculative") if isinstance(decoding, dict) else None
-    if not isinstance(spec, dict) or str(spec.get("algorithm") or "none") == "none":
+    if decoding is None or decoding.speculative.algorithm == "none":
         if any(k > 0 for k in steps):
             raise UsageError(f"{deploy}: the deployment does not speculate (speculative.algorithm: none): "
                              "steps above 0 cannot be launched", hint="profile the speculative deployment")

@@ -219,7 +219,7 @@ def main() -> int:
                 if i % 2:
                     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
                 stranger.append(sock)
-        model = str(dep.role("decode" if pd else "colocated")["model"]["target"])
+        model = str(dep.role("decode" if pd else "colocated").model.target)
         body = {"model": model, "prompt": "def parse(path):\n", "max_tokens": args.max_tokens, "temperature": 0,
                 "ignore_eos": True}
         t0 = time.perf_counter()

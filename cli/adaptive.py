@@ -287,7 +287,7 @@ def _aiconfigurator_estimate(config: str | None, overrides: Sequence[str], model
 
         dep = load_deployment(config, overrides=overrides)
         role = next((r for r in ("decode", "colocated") if r in dep.roles), None)
-        target = (dep.role(role).get("model") or {}).get("target") if role is not None else None
+        target = dep.role(role).model.target if role is not None else None
         if not isinstance(target, str) or not target:
             raise UsageError(f"{config}: no model.target to estimate", hint="pass --aiconfigurator-model ID")
         model = target

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:  # the engine modules import torch; this one stays light (the HTTP front imports it)
     from specctl.engine.engine import Engine
     from specctl.engine.logprobs import TokenLogprob
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence as EngineSequence
 
 log = logging.getLogger("specctl.async_engine")

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from specctl.engine.detokenizer import Detokenizer
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

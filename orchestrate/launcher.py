@@ -58,6 +58,7 @@ from specctl.orchestrate.router import OFFLINE_ENV, check_installed, http_url, r
 from specctl.preflight.check import run_preflight
 from specctl.preflight.reader import get_json
 from specctl.schemas.pd_agreement import show
+from specctl.schemas.role_config import RoleConfig
 from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
@@ -227,10 +228,10 @@ class Launcher:
                        for n in self.names}
         self._stopped = False
 
-    def role_config(self, name: str) -> dict[str, Any]:
+    def role_config(self, name: str) -> RoleConfig:
         role, index = split_name(name)
         if role == "router":
-            return dict(self.deployment.role(role))
+            return self.deployment.role(role)
         return role_instances(self.deployment, role)[index]
 
     @property
@@ -278,11 +279,11 @@ class Launcher:
             cfg = self.role_config(name)
             role, index = split_name(name)
             key = role if len(role_instances(self.deployment, role)) == 1 or role == "router" else f"{role}.{index}"
-            host = str(cfg.get("host") or "127.0.0.1")
-            if cfg.get("port") is not None:
-                out.append((key, "port", host, int(cfg["port"])))
-            if role == "prefill" and cfg.get("bootstrap_port") is not None:
-                out.append((key, "bootstrap_port", host, int(cfg["bootstrap_port"])))
+            host = cfg.host or "127.0.0.1"
+            if cfg.port is not None:
+                out.append((key, "port", host, cfg.port))
+            if role == "prefill" and cfg.bootstrap_port is not None:
+                out.append((key, "bootstrap_port", host, cfg.bootstrap_port))
         return out
 
     def check_ports(self) -> None:

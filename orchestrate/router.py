@@ -24,12 +24,12 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import Any
 
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
 from specctl.schemas.budget import MAX_REQUEST_BYTES, request_budget_s
-from specctl.schemas.deployment import Deployment, connect_host
+from specctl.schemas.deployment import Deployment
+from specctl.schemas.role_config import RoleConfig, connect_host
 from specctl.schemas.sglang.export import model_path
 from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,
@@ -42,19 +42,19 @@ from specctl.schemas.sglang.router import (
 
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
+def role_instances(deployment: Deployment, name: str) -> list[RoleConfig]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
     return deployment.instances(name)
 
 
-def http_url(role: dict[str, Any]) -> str:
-    return f"http://{connect_host(role)}:{role['port']}"
+def http_url(role: RoleConfig) -> str:
+    return f"http://{connect_host(role)}:{role.port}"
 
 
 def served_model(deployment: Deployment) -> str:
     """The model id the deployment's engines serve: the target as written for specctl's engines, the
     directory SGLang loads (its served model name) for engine: sglang."""
-    target = str((deployment.role("decode").get("model") or {}).get("target") or "specctl")
+    target = deployment.role("decode").model.target or "specctl"
     if deployment.engine == "sglang":
         return model_path(target)
     return target
@@ -63,8 +63,8 @@ def served_model(deployment: Deployment) -> str:
 def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: str | None = None) -> list[str]:
     """The deployment's router as `up` and `serve --role router` run it (`kind` overrides the file's)."""
     router = deployment.role("router")
-    host = str(router.get("host") or "127.0.0.1")
-    prefills = [(http_url(pre), pre.get("bootstrap_port")) for pre in role_instances(deployment, "prefill")]
+    host = router.host or "127.0.0.1"
+    prefills = [(http_url(pre), pre.bootstrap_port) for pre in role_instances(deployment, "prefill")]
     decodes = [http_url(dec) for dec in role_instances(deployment, "decode")]
     extra = [
         "--policy", "round_robin",
@@ -75,7 +75,7 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         "--log-level", os.environ.get("SPECCTL_ROUTER_LOG_LEVEL", "warn"),
         # Its Prometheus exporter would bind 0.0.0.0:29000, shared by every deployment on the host.
         "--prometheus-host", host,
-        "--prometheus-port", str(router.get("metrics_port") or free_port(host)),
+        "--prometheus-port", str(router.metrics_port or free_port(host)),
     ]
     if deployment.engine != "sglang":
         # A body specctl's engines would refuse is the client's fault: the router answers 413 itself rather
@@ -83,7 +83,7 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         extra += ["--max-payload-size", str(MAX_REQUEST_BYTES)]
     # The request's end-to-end budget (schemas/budget.py): a stopped worker fails its requests within it.
     return router_command(prefills, decodes, kind=kind or router_kind(deployment), host=host,
-                          port=int(router["port"]), python=python,
+                          port=int(router.port or 0), python=python,
                           request_timeout_s=request_budget_s(deployment), served_model=served_model(deployment),
                           extra=extra)
 

@@ -24,13 +24,14 @@ Torch-free (the router's argv and the exports import it).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specctl.errors import SpecctlError
 from specctl.schemas.model_facts import load_model_facts
 
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment
+    from specctl.schemas.role_config import RoleConfig
 
 PD_STAGES = 3  # claim acknowledged, HTTP half paired with its claim, KV sent: each within transfer.timeout_s
 TOKEN_BOUND_S = 0.05  # the slowest a live decode may generate one token (one step of a full batch)
@@ -43,12 +44,12 @@ MAX_NEW_TOKENS = int(GENERATION_CEILING_S / TOKEN_BOUND_S)  # the most tokens on
 DEFAULT_CONTEXT = 4096  # the bound of a role whose model and pool say nothing
 
 
-def max_request_tokens(role: dict[str, Any]) -> int:
+def max_request_tokens(role: RoleConfig) -> int:
     """The most tokens (prompt + completion) one request of `role` can hold: the model's context, bounded by
     the KV pool (`cache.max_tokens`)."""
-    pool = int((role.get("cache") or {}).get("max_tokens") or 0)
+    pool = role.cache.max_tokens
     context = 0
-    target = (role.get("model") or {}).get("target")
+    target = role.model.target
     if target:
         try:
             context = int(load_model_facts(str(target), engine=False).config.get("max_position_embeddings") or 0)
@@ -58,7 +59,7 @@ def max_request_tokens(role: dict[str, Any]) -> int:
     return min(bounds) if bounds else DEFAULT_CONTEXT
 
 
-def generation_limit(role: dict[str, Any]) -> int:
+def generation_limit(role: RoleConfig) -> int:
     """The most tokens one request of `role` may generate: what its context and pool hold, at most
     `MAX_NEW_TOKENS`."""
     return min(max_request_tokens(role), MAX_NEW_TOKENS)
@@ -74,8 +75,8 @@ def budget_ceiling_s(timeout_s: float) -> float:
     return budget_for(timeout_s, MAX_NEW_TOKENS)
 
 
-def transfer_timeout_s(role: dict[str, Any]) -> float:
-    return float((role.get("transfer") or {}).get("timeout_s", DEFAULT_TIMEOUT_S))
+def transfer_timeout_s(role: RoleConfig) -> float:
+    return role.transfer.timeout_s
 
 
 def request_budget_s(deployment: Deployment) -> int:

@@ -366,7 +366,7 @@ def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc |
 
 
 def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
-    """The facts a deployment role asks for (a `Deployment.role(name)` dict), in the same vocabulary,
+    """The facts a deployment role asks for (a `Deployment.role(name).to_json()` dict), in the same vocabulary,
     so a running server compares against it field by field. Fields the deployment does not pin are None."""
     info = {K.ROLE: role.get("name"), K.RESOLVED_ROLE: role}
     facts = _from_specctl(url, info, {}, None)

@@ -19,9 +19,10 @@ from specctl.engine.checkpoint import load_model, save_model, write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.engine.speculative.drafter import DraftBuffers
+from specctl.schemas.role_config import SpeculativeConfig
 
 VOCAB = 260
 ALPHA = 0.001  # the stated significance level of every goodness-of-fit test (test_spec_verify/_sampling)
@@ -80,7 +81,7 @@ def write_models(root: Path) -> dict[str, str]:
 def engine_config(target: str, spec: dict[str, Any] | None = None, **kw: Any) -> EngineConfig:
     base: dict[str, Any] = dict(model_ref=target, device="cpu", page_size=4, max_tokens=4096, max_batch_size=8)
     base.update(kw)
-    return EngineConfig(speculative=spec or {"algorithm": "none"}, **base)
+    return EngineConfig(speculative=SpeculativeConfig.from_json(spec or {"algorithm": "none"}), **base)
 
 
 def spec_engine(cfg: EngineConfig, drafter: Any = None) -> tuple[Engine, SpeculativeDecoder]:
@@ -132,6 +133,7 @@ class ScriptedDrafter:
 
     name = "scripted"
     samples = False
+    runner = None
 
     def __init__(self, oracle: dict[tuple[int, ...], list[int]], wrong: Callable[[Any, int], bool]) -> None:
         self.oracle = oracle
@@ -159,6 +161,12 @@ class ScriptedDrafter:
 
     def stats(self) -> dict[str, Any]:
         return {"drafter": self.name, "proposed": self.proposed}
+
+    def export_request(self, seq: Any) -> None:
+        return None
+
+    def import_request(self, seq: Any, tensors: dict[str, torch.Tensor], length: int) -> None:
+        pass
 
 
 def always_right(seq: Any, pos: int) -> bool:

@@ -8,6 +8,7 @@ import math
 import msgspec
 import pytest
 
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd.bootstrap import BootstrapServer, HandshakeRejected, register
 from specctl.engine.pd.registration import (
     RegistrationInfo,
@@ -18,21 +19,22 @@ from specctl.engine.pd.registration import (
 )
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import load_model_facts
+from specctl.schemas.role_config import SpeculativeConfig
 
-SPEC = {
+SPEC = SpeculativeConfig.from_json({
     "algorithm": "draft",
     "draft": "builtin:tiny-draft",
     "num_steps": 3,
     "adaptive": {"buckets": {"1": {"candidate_steps": [1, 3, 5, 7]}, "8": {"candidate_steps": [0, 1, 3]}}},
-}
+})
 
 
-def _layout(facts, *, weights: str) -> dict:
+def _layout(facts, *, weights: str) -> CacheLayout:
     kinds = list(facts.layer_kinds)
     kv_bytes = 2 * facts.num_key_value_heads * facts.head_dim * 4
     types = list(facts.state_types)
     dims = {"mamba": [kinds.count("mamba"), 4096], "swa": [kinds.count("swa"), 2, facts.num_key_value_heads, 64]}
-    return {
+    return CacheLayout.from_json({
         "page_size": 16,
         "dtype": "float32",
         "kv_item_lens": [kv_bytes] * kinds.count("full"),
@@ -43,7 +45,7 @@ def _layout(facts, *, weights: str) -> dict:
         "architecture": facts.architecture,
         "layer_kinds": kinds,
         "vocab_size": facts.vocab_size,
-    }
+    })
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +162,8 @@ def test_all_mismatches_reported_not_the_first(pair) -> None:
 
 def test_max_draft_tokens_covers_every_selectable_step() -> None:
     assert max_draft_tokens(SPEC) == 8
-    assert max_draft_tokens({"algorithm": "ngram", "num_steps": 4}) == 5
-    assert max_draft_tokens({"algorithm": "none", "num_steps": 4}) == 0
+    assert max_draft_tokens(SpeculativeConfig(algorithm="ngram", num_steps=4)) == 5
+    assert max_draft_tokens(SpeculativeConfig(algorithm="none", num_steps=4)) == 0
     assert max_draft_tokens(None) == 0
 
 

@@ -21,6 +21,7 @@ import pytest
 from specctl.engine.serve.http import OpenAIServer, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
 from specctl.engine.serve.sglang_http import add_sglang_routes
+from specctl.schemas.role_config import RoleConfig
 
 from spec_support import write_models  # isort: skip
 
@@ -38,7 +39,7 @@ class Server:
         role = {"name": "colocated", "model": {"target": target, "dtype": "float32", "device": "cpu"},
                 "speculative": speculative, "cache": {"page_size": 4, "max_tokens": 2048},
                 "serve": {"max_batch_size": 8}, "host": "127.0.0.1", "port": 0}
-        self.ctx = RoleContext(deployment=None, role_name="colocated", role=role)
+        self.ctx = RoleContext(deployment=None, role_name="colocated", role=RoleConfig.from_json(role))
         self.backend = EngineBackend(self.ctx)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -203,7 +204,7 @@ def test_logit_bias_moves_greedy_choices(plain: Server, spec: Server) -> None:
 
 def top20(engine: Any, ids: list[int]) -> dict[int, float]:
     """The raw top-20 next-token log-probs after `ids`, by token id, from an offline Engine (the oracle)."""
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
 
     rid = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, logprobs=20, ignore_eos=True))
     while True:

@@ -29,6 +29,7 @@ from specctl.schemas.budget import (
     request_budget_s,
     transfer_timeout_s,
 )
+from specctl.schemas.role_config import RoleConfig
 from specctl.schemas.validator import load_deployment
 
 from test_router_command import parsed  # isort: skip
@@ -58,7 +59,7 @@ def test_every_presets_budget_is_finite_and_under_the_stated_ceiling(preset: str
 def test_the_ceiling_holds_whatever_the_context() -> None:
     """A context of a million tokens (the old budget counted it whole: 13,288 s for llama-3.1-8b-pd) is capped at
     what the ceiling lets a request generate."""
-    huge = {"cache": {"max_tokens": 1 << 20}, "transfer": {"timeout_s": 60}}
+    huge = RoleConfig.from_json({"cache": {"max_tokens": 1 << 20}, "transfer": {"timeout_s": 60}})
     assert generation_limit(huge) == MAX_NEW_TOKENS
     assert budget_for(60, generation_limit(huge)) == budget_ceiling_s(60) == PD_STAGES * 60 + GENERATION_CEILING_S
     assert MAX_NEW_TOKENS * TOKEN_BOUND_S <= GENERATION_CEILING_S
@@ -99,7 +100,7 @@ class _Front:
 
 def test_the_disaggregated_front_refuses_a_generation_longer_than_the_budget_allows() -> None:
     ok = parse_completion({"model": "m", "prompt": "hi", "max_tokens": MAX_NEW_TOKENS}, _Front(), vocab_size=None)
-    assert ok.params["max_tokens"] == MAX_NEW_TOKENS
+    assert ok.params.max_tokens == MAX_NEW_TOKENS
     with pytest.raises(RequestError) as err:
         parse_completion({"model": "m", "prompt": "hi", "max_tokens": MAX_NEW_TOKENS + 1}, _Front(), vocab_size=None)
     assert err.value.status == 400 and err.value.param == "max_tokens"

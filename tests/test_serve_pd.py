@@ -32,8 +32,9 @@ import pytest
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.orchestrate.ports import free_port, free_ports
+from specctl.schemas.role_config import RoleConfig
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +160,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def offline(models: dict[str, Path]) -> dict[str, list[int]]:
     role = {"model": {"target": str(models["target"]), "dtype": "float32", "device": "cpu"},
             "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
-    engine = Engine(EngineConfig.from_role(role))
+    engine = Engine(EngineConfig.from_role(RoleConfig.from_json(role)))
     prompts = [*PROMPTS, CORRUPT_MARK + " x = 1"]
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     return {p: r.token_ids for p, r in zip(prompts, results, strict=True)}
@@ -604,7 +605,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
             # The engine thread takes its inbox in order: gate 1, the request's admission, gate 2.
             first, second, in_second = threading.Event(), threading.Event(), threading.Event()
             held = asyncio.ensure_future(aengine.call(lambda eng: first.wait(10)))
-            task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), {"max_tokens": 4}))
+            task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), SamplingParams(max_tokens=4)))
             await asyncio.sleep(0.1)  # the task ran up to queueing its admission (event-loop work only)
             held_again = asyncio.ensure_future(aengine.call(lambda eng: (in_second.set(), second.wait(10))))
             await asyncio.sleep(0.1)  # that call is queued too (its task's first step: event-loop work only)
@@ -617,7 +618,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
                 await task
             second.set()
             await held_again
-            _, out = await backend._prefill(list(range(5, 20)), {"max_tokens": 4})  # later requests step on
+            _, out = await backend._prefill(list(range(5, 20)), SamplingParams(max_tokens=4))  # later requests step on
             assert out.finish_reason != "error", out
             return admitted, await aengine.call(lambda eng: len(backend._pending))
         finally:

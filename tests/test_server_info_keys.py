@@ -24,7 +24,7 @@ def test_the_key_list_has_no_two_names_for_one_key() -> None:
 
 @pytest.mark.parametrize("role_name", ["prefill", "decode"])
 def test_every_written_key_is_named_and_reads_back_as_the_deployment_asked(role_name: str) -> None:
-    role = load_deployment("tiny-pd").role(role_name)
+    role = load_deployment("tiny-pd").role(role_name).to_json()
     written = sglang_server_args(role, role_name, accept_length=2.5)
     assert set(written) <= KEYS, set(written) - KEYS
     doc = json.loads(json.dumps(written))  # what crosses HTTP
@@ -39,6 +39,6 @@ def test_every_written_key_is_named_and_reads_back_as_the_deployment_asked(role_
 
 
 def test_a_colocated_server_says_so() -> None:
-    role = load_deployment("tiny-colocated").role("colocated")
+    role = load_deployment("tiny-colocated").role("colocated").to_json()
     running = normalise("http://c", sglang_server_args(role, "colocated", accept_length=None))
     assert running.role == "colocated" and running.accept_length is None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from dataclasses import replace
 
 import msgspec
 import pytest
 import torch
 import zmq
 
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd import wire
 from specctl.engine.pd.registration import build_registration
 from specctl.engine.pd.transfer import (
@@ -27,9 +29,10 @@ from specctl.engine.pd.transfer import (
     cleanup_stale_segments,
     shm_dir,
 )
+from specctl.schemas.role_config import SpeculativeConfig
 
 # The runner's layout convention (engine/cache.py): kv pages per full layer; mamba = conv + ssm.
-LAYOUT = {
+LAYOUT_JSON = {
     "page_size": 16,
     "dtype": "float32",
     "kv_item_lens": [2 * 16 * 2 * 64 * 4],  # one page of k+v of the one full layer
@@ -42,8 +45,8 @@ LAYOUT = {
     "vocab_size": 260,
     "shapes": {"num_key_value_heads": 2, "head_dim": 64, "sliding_window": 8},
 }
-DRAFT_LAYOUT = {
-    **LAYOUT,
+DRAFT_LAYOUT_JSON = {
+    **LAYOUT_JSON,
     "kv_item_lens": [2 * 16 * 1 * 64 * 4],
     "state_types": [],
     "state_item_lens": [],
@@ -51,10 +54,13 @@ DRAFT_LAYOUT = {
     "layer_kinds": ["full"],
     "shapes": {"num_key_value_heads": 1, "head_dim": 64},
 }
+LAYOUT = CacheLayout.from_json(LAYOUT_JSON)
+DRAFT_LAYOUT = CacheLayout.from_json(DRAFT_LAYOUT_JSON)
 
 
 def _spec() -> PayloadSpec:
-    info = build_registration("decode", LAYOUT, draft_layout=DRAFT_LAYOUT, speculative={"algorithm": "draft"})
+    spec = SpeculativeConfig(algorithm="draft")
+    info = build_registration("decode", LAYOUT, draft_layout=DRAFT_LAYOUT, speculative=spec)
     return PayloadSpec.from_registration(info)
 
 
@@ -114,7 +120,7 @@ def test_spec_from_registration_names_and_sizes() -> None:
 
 
 def test_generic_state_component_without_the_runner_convention() -> None:
-    lay = {**LAYOUT, "state_types": ["mamba"], "state_item_lens": [64], "state_dims": [[4, 4]]}
+    lay = replace(LAYOUT, state_types=("mamba",), state_item_lens=(64,), state_dims=((4, 4),))
     spec = PayloadSpec.from_registration(build_registration("decode", lay))
     assert spec.names == ["kv", "mamba"]
     metas = [wire.TensorMeta("kv", "float32", (1, 2, 1, 16, 2, 64)), wire.TensorMeta("mamba", "float32", (4, 4))]
@@ -133,7 +139,7 @@ def test_real_runner_export_matches_its_registration() -> None:
     runner = ModelRunner("builtin:tiny-hybrid", **kw)
     draft = ModelRunner("builtin:tiny-draft", **kw)
     info = build_registration(
-        "decode", runner.layout(), speculative={"algorithm": "draft", "num_steps": 3},
+        "decode", runner.layout(), speculative=SpeculativeConfig(algorithm="draft", num_steps=3),
         draft_layout=draft.layout(), facts=runner.facts, draft_facts=draft.facts,
     )  # fmt: skip
     spec = PayloadSpec.from_registration(info)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
+from specctl.engine.serve.spec_stats import launch_steps
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
 from specctl.schemas.budget import MAX_NEW_TOKENS
 from specctl.schemas.server_info import Key, sglang_server_args
@@ -31,8 +32,10 @@ from specctl.schemas.server_info import Key, sglang_server_args
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
     from specctl.engine.model_runner import ModelRunner
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
+    from specctl.engine.serve.openai_request import PdRoute
     from specctl.schemas.deployment import Deployment
+    from specctl.schemas.role_config import RoleConfig, TransferConfig
 
 log = logging.getLogger("specctl.serve")
 
@@ -59,9 +62,9 @@ class RoleState:
 
 @dataclasses.dataclass
 class RoleContext:
-    deployment: Deployment | None  # None for a server a test builds in process from a role dict alone
+    deployment: Deployment | None  # None for a server a test builds in process from a role config alone
     role_name: str
-    role: dict[str, Any]
+    role: RoleConfig
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
     state: RoleState = dataclasses.field(default_factory=RoleState)
     started: float = dataclasses.field(default_factory=time.time)
@@ -69,12 +72,12 @@ class RoleContext:
     faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)  # tests only (serve/faults.py)
 
     @property
-    def transfer(self) -> dict[str, Any]:
-        return dict(self.role.get("transfer") or {})
+    def transfer(self) -> TransferConfig:
+        return self.role.transfer
 
     @property
     def timeout_s(self) -> float:
-        return float(self.transfer.get("timeout_s", 30))
+        return self.role.transfer.timeout_s
 
     def base_info(self) -> dict[str, Any]:
         dep = self.deployment
@@ -86,7 +89,7 @@ class RoleContext:
             "uptime_s": round(time.time() - self.started, 3),
             "deployment": {"name": dep.name if dep else None, "path": dep.path if dep else None,
                            "raw": dep.raw if dep else None},
-            Key.RESOLVED_ROLE: self.role,
+            Key.RESOLVED_ROLE: self.role.to_json(),
         }
 
 
@@ -102,26 +105,8 @@ class RoomFailure(Exception):
         self.status = status
 
 
-def sampling_params_of(params: dict[str, Any]) -> SamplingParams:
-    from specctl.engine.sampling import SamplingParams
-
-    return SamplingParams(
-        max_tokens=int(params.get("max_tokens", 128)),
-        temperature=float(params.get("temperature", 0.0)),
-        top_k=int(params.get("top_k", 0)),
-        top_p=float(params.get("top_p", 1.0)),
-        seed=params.get("seed"),
-        stop=tuple(params.get("stop") or ()),
-        ignore_eos=bool(params.get("ignore_eos", False)),
-        logprobs=params.get("logprobs"),
-        presence_penalty=float(params.get("presence_penalty", 0.0)),
-        frequency_penalty=float(params.get("frequency_penalty", 0.0)),
-        logit_bias=tuple((int(t), float(b)) for t, b in params.get("logit_bias") or ()),
-    )
-
-
-def model_name_of(role: dict[str, Any]) -> str:
-    return str((role.get("model") or {}).get("target") or "specctl")
+def model_name_of(role: RoleConfig) -> str:
+    return role.model.target or "specctl"
 
 
 def max_context_of(model_ref: str) -> int:
@@ -135,7 +120,7 @@ class TokenizingBackend:
     """What every HTTP backend shares: the served model's name and context, and its tokenizer
     (loaded by the subclass's `load()`), so every role tokenizes prompts the same way."""
 
-    def __init__(self, ctx: RoleContext, role: dict[str, Any]) -> None:
+    def __init__(self, ctx: RoleContext, role: RoleConfig) -> None:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
@@ -153,6 +138,14 @@ class TokenizingBackend:
                                code="service_unavailable")
         return self.tokenizer
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self.tokenizer.vocab_size if self.tokenizer is not None else None
+
+    @property
+    def launch_steps(self) -> int | None:
+        return launch_steps(self.ctx.role)
+
     def encode(self, text: str) -> list[int]:
         return prompt_token_ids(self.loaded_tokenizer(), text)  # the one rule every role shares
 
@@ -165,11 +158,13 @@ class EngineBackend(TokenizingBackend):
 
     supports_logprobs = True  # the engine's sequences carry them (engine/logprobs.py)
     supports_logit_processors = True  # logit_bias and penalties (engine/penalties.py)
+    front_counts_prompt_tokens = True  # the engine computes the prompt here
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
+        self.fatal = asyncio.Event()  # set when the role can no longer serve (the process then exits)
 
     async def load(self) -> None:
         from specctl.engine.config import EngineConfig
@@ -189,11 +184,16 @@ class EngineBackend(TokenizingBackend):
             return False, {"status": "down", "detail": "engine thread stopped"}
         return ready, detail
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
+        """A colocated engine serves every request the front accepted (a PD route is not needed, and ignored)."""
+
+    def load_info(self) -> dict[str, int]:
+        return {}  # the front's own count of requests in flight
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
         assert self.aengine is not None
-        sp = sampling_params_of(params)
-        async for item in self.aengine.generate(prompt_ids, sp, coalesce=not stream):
+        async for item in self.aengine.generate(prompt_ids, params, coalesce=not stream):
             yield item
 
     async def engine_stats(self) -> dict[str, Any]:
@@ -216,7 +216,7 @@ class EngineBackend(TokenizingBackend):
                                      "acceptance_histogram", "batches_per_steps", Key.MEAN_TOKENS_PER_VERIFY)}
         info["timing"] = self.timing()
         rate = (spec or {}).get(Key.MEAN_TOKENS_PER_VERIFY) if isinstance(spec, dict) else None
-        info.update(sglang_server_args(self.ctx.role, self.ctx.role_name,
+        info.update(sglang_server_args(self.ctx.role.to_json(), self.ctx.role_name,
                                        accept_length=float(rate) if isinstance(rate, (int, float)) else None))
         target = info[Key.FINGERPRINTS].get("target") or {}
         if target.get(Key.STATE_TYPES) is not None:
@@ -242,12 +242,13 @@ class EngineBackend(TokenizingBackend):
 
 def engine_fingerprints(engine: Engine | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    runner = getattr(engine, "runner", None)
-    if runner is not None:
+    if engine is not None:
+        runner = engine.runner
         with contextlib.suppress(Exception):
             layout = runner.layout()
-            out["target"] = {k: layout.get(k) for k in ("weights_hash", "architecture", "dtype", "page_size",
-                                                          "state_types")}
+            out["target"] = {"weights_hash": layout.weights_hash, "architecture": layout.architecture,
+                             "dtype": layout.dtype, "page_size": layout.page_size,
+                             "state_types": list(layout.state_types)}
     return out
 
 
@@ -255,8 +256,8 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
     if isinstance(stats, dict) and isinstance(stats.get("num_running"), int):
         metrics.running.set(stats["num_running"])
         metrics.waiting.set(int(stats.get("num_waiting") or 0))
-    runner = getattr(engine, "runner", None)
-    if runner is not None:
+    if engine is not None:
+        runner = engine.runner
         total = int(runner.num_total_pages)
         metrics.pages_total.set(total)
         metrics.pages_used.set(total - int(runner.num_free_pages))
@@ -277,7 +278,7 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
 
 
 def secret_of(ctx: RoleContext) -> str | None:
-    name = ctx.transfer.get("secret_env")
+    name = ctx.transfer.secret_env
     if not name:
         return None
     value = os.environ.get(str(name))
@@ -297,6 +298,4 @@ def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
 
 def draft_runner_of(engine: Engine | None) -> ModelRunner | None:
     """The draft model's runner (a draft-model drafter only; n-gram drafting and plain decoding have none)."""
-    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
-    runner: ModelRunner | None = getattr(drafter, "runner", None)
-    return runner
+    return engine.decoder.draft_runner if engine is not None else None

@@ -49,22 +49,23 @@ from specctl.engine.serve.backend import (
     RoleContext,
     RoomFailure,
     draft_runner_of,
-    sampling_params_of,
     secret_of,
     warn_unauthenticated,
 )
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
-from specctl.schemas.deployment import connect_host
+from specctl.schemas.role_config import connect_host
 
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
     from specctl.engine.pd.bootstrap import HandshakeRejected, Pairing
     from specctl.engine.pd.registration import RegistrationInfo
     from specctl.engine.pd.transfer import Payload, TransferReceiver
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence
+    from specctl.engine.serve.openai_request import PdRoute
+    from specctl.schemas.role_config import RoleConfig
 
 log = logging.getLogger("specctl.decode")
 
@@ -75,9 +76,11 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 class PrefillLink:
     """This decode's pairing with one prefill instance: its session, control socket and heartbeat."""
 
-    def __init__(self, backend: DecodeBackend, role: dict[str, Any]) -> None:
+    def __init__(self, backend: DecodeBackend, role: RoleConfig) -> None:
         self.backend = backend
-        self.port = int(role["bootstrap_port"])
+        if role.bootstrap_port is None:
+            raise RuntimeFailure("a prefill role needs roles.prefill.bootstrap_port (decode registers there)")
+        self.port = role.bootstrap_port
         self.endpoint = f"tcp://{connect_host(role)}:{self.port}"
         self.pairing: Pairing | None = None
         self.sock: zmq.asyncio.Socket | None = None
@@ -246,17 +249,17 @@ class DecodeBackend(EngineBackend):
         self.loop = asyncio.get_running_loop()
         # Admission never exceeds the batch: a request whose KV arrived waits here for a running slot.
         self._batch_slots = asyncio.Semaphore(self.engine.config.max_batch_size)
-        host = str(self.ctx.role.get("host") or "127.0.0.1")
+        host = self.ctx.role.host or "127.0.0.1"
         warn_unauthenticated(self.ctx, host)
         transfer = self.ctx.transfer
         bind = f"tcp://{host}:0"
-        if transfer.get("protocol") == "ipc":
+        if transfer.protocol == "ipc":
             import tempfile
 
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
-        backend = str(transfer.get("backend", "zmq"))
+        backend = transfer.backend
         runner = self.engine.runner
         draft = draft_runner_of(self.engine)
         speculative = self.engine.config.speculative
@@ -367,28 +370,29 @@ class DecodeBackend(EngineBackend):
         self.fatal.set()
 
     # Backend protocol -----------------------------------------------------------------------------
-    def check_params(self, params: dict[str, Any]) -> None:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
         from specctl.engine.serve.http import RequestError
 
-        if "bootstrap_room" not in params:
+        if route is None:
             raise RequestError("this is a decode server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
                                param="bootstrap_room")
-        if int(params["bootstrap_port"]) not in self.links:
-            raise RequestError(f"bootstrap_port {params['bootstrap_port']} is not a prefill this decode pairs with "
+        if route.port not in self.links:
+            raise RequestError(f"bootstrap_port {route.port} is not a prefill this decode pairs with "
                                f"(bootstrap ports: {sorted(self.links)})", param="bootstrap_port")
-        if room_key(int(params["bootstrap_room"])) in self.waiting:  # generate() would fail it as a 503
-            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this decode; "
+        if room_key(route.room) in self.waiting:  # generate() would fail it as a 503
+            raise RequestError(f"bootstrap_room {route.room} is already being served by this decode; "
                                "each request needs a room of its own", param="bootstrap_room", status=409,
                                code="room_in_use")
 
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self.waiting) + (self.aengine.num_live if self.aengine else 0)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
-        req_id = room_key(int(params["bootstrap_room"]))
-        link = self.links[int(params["bootstrap_port"])]
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+        assert route is not None  # check_params refused a request without one
+        req_id = room_key(route.room)
+        link = self.links[route.port]
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         payload: Payload | None = None
@@ -398,11 +402,11 @@ class DecodeBackend(EngineBackend):
                 raise RoomFailure(f"decode is not paired with prefill {link.endpoint} ({self.ctx.state.detail})")
             if req_id in self.waiting:
                 raise RoomFailure(f"{req_id} is already being served by this decode")
-            sp = sampling_params_of(params)
             fut = self.loop.create_future()
             self.waiting[req_id] = fut
             link.waiting.add(req_id)
-            await link.send(PdClaim(req_id=req_id, prompt_ids=list(prompt_ids), params=_plain(params),
+            await link.send(PdClaim(req_id=req_id, prompt_ids=list(prompt_ids),
+                                    params={**params.to_json(), **route.to_json()},
                                     pairing_id=link.pairing.session_id))
             claimed = True
             payload = await self._await_payload(link, req_id, fut)
@@ -417,10 +421,10 @@ class DecodeBackend(EngineBackend):
             self.ctx.metrics.transfer_seconds.observe(timings["transfer_s"])
             await self._batch_slots.acquire()
             slot = True
-            admit = _Admit(self, list(prompt_ids), sp, payload)
+            admit = _Admit(self, list(prompt_ids), params, payload)
             assert self.aengine is not None
             first_at: float | None = None
-            async for item in self.aengine.generate(prompt_ids, sp, admit=admit, coalesce=not stream):
+            async for item in self.aengine.generate(prompt_ids, params, admit=admit, coalesce=not stream):
                 if first_at is None:
                     first_at = time.perf_counter()
                     timings["decode_queue_s"] = first_at - received
@@ -549,8 +553,6 @@ class DecodeBackend(EngineBackend):
         return info
 
 
-def _plain(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
 
 
 class _Admit:

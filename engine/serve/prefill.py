@@ -53,7 +53,6 @@ from specctl.engine.serve.backend import (
     RoleContext,
     RoomFailure,
     draft_runner_of,
-    sampling_params_of,
     secret_of,
     warn_unauthenticated,
 )
@@ -66,7 +65,9 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.pd.bootstrap import BootstrapServer
     from specctl.engine.pd.registration import RegistrationInfo
     from specctl.engine.pd.transfer import TransferResult
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence
+    from specctl.engine.serve.openai_request import PdRoute
 
 log = logging.getLogger("specctl.prefill")
 
@@ -137,7 +138,7 @@ class PrefillBackend(EngineBackend):
         assert self.aengine is not None and self.engine is not None
         self.aengine.on_step = self._on_step
         engine = self.engine
-        host = str(self.ctx.role.get("host") or "127.0.0.1")
+        host = self.ctx.role.host or "127.0.0.1"
         warn_unauthenticated(self.ctx, host)
         self._sock = self._zctx.socket(zmq.ROUTER)
         # A claim carries a prompt of at most max_context ids (msgpack: <= 9 bytes each) and its parameters.
@@ -149,19 +150,19 @@ class PrefillBackend(EngineBackend):
         self.info = build_registration(
             "prefill", engine.runner.layout(), speculative=engine.config.speculative,
             draft_layout=draft.layout() if draft is not None else None,
-            transfer_backend=str(self.ctx.transfer.get("backend", "zmq")), endpoints={"control": control},
+            transfer_backend=self.ctx.transfer.backend, endpoints={"control": control},
             facts=engine.runner.facts, draft_facts=draft.facts if draft is not None else None,
         )  # fmt: skip
         # Components go out in the order the registration fixes; decode checks each payload against it.
         self._component_order = PayloadSpec.from_registration(self.info).names
-        bport = self.ctx.role.get("bootstrap_port")
+        bport = self.ctx.role.bootstrap_port
         if bport is None:
             from specctl.errors import UsageError
 
             raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
         self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
                                          on_pair=self._on_pair, on_unpair=self._on_unpair).start()
-        self._outbox = TransferOutbox(backend=str(self.ctx.transfer.get("backend", "zmq")),
+        self._outbox = TransferOutbox(backend=self.ctx.transfer.backend,
                                       timeout_s=self.ctx.timeout_s, liveness=self._session_age,
                                       stale_after_s=min(STALE_SESSION_S, self.bootstrap.peer_ttl_s))
         self._bg.append(asyncio.create_task(self._control_loop()))
@@ -201,16 +202,16 @@ class PrefillBackend(EngineBackend):
         await super().close()
 
     # Backend protocol -----------------------------------------------------------------------------
-    def check_params(self, params: dict[str, Any]) -> None:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
         from specctl.engine.serve.http import RequestError
 
-        if "bootstrap_room" not in params:
+        if route is None:
             raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
                                param="bootstrap_room")
-        room = self._rooms.get(room_key(int(params["bootstrap_room"])))
+        room = self._rooms.get(room_key(route.room))
         if room is not None and room.prompt_ids is not None:  # generate() would fail it as a 503
-            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this prefill; "
+            raise RequestError(f"bootstrap_room {route.room} is already being served by this prefill; "
                                "each request needs a room of its own", param="bootstrap_room", status=409,
                                code="room_in_use")
 
@@ -222,11 +223,12 @@ class PrefillBackend(EngineBackend):
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self._rooms)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
         """The HTTP half of one room: prefill it in the Engine, wait for its claim, send, answer token 1
         (one token either way, so `stream` changes nothing here)."""
-        key = room_key(int(params["bootstrap_room"]))
+        assert route is not None  # check_params refused a request without one
+        key = room_key(route.room)
         room = self._rooms.setdefault(key, _Room(key))
         if room.prompt_ids is not None:
             yield RequestOutput([], True, "error", f"{key} was already sent to this prefill")
@@ -301,10 +303,10 @@ class PrefillBackend(EngineBackend):
                 self._prefill_steps[seq] = (start, duration)
             self._pending.discard(seq)
 
-    async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[Sequence | None, RequestOutput]:
+    async def _prefill(self, prompt_ids: list[int], params: SamplingParams) -> tuple[Sequence | None, RequestOutput]:
         # Prefill samples token 1 only; decode applies the request's stop conditions to it (add_imported),
         # so here nothing may finish the request before its caches are exported.
-        sp = dataclasses.replace(sampling_params_of(params), max_tokens=2, stop=(), ignore_eos=True)
+        sp = dataclasses.replace(params, max_tokens=2, stop=(), ignore_eos=True)
         holder: dict[str, Sequence | None] = {}
 
         def admit(engine: Engine) -> int:
@@ -338,7 +340,7 @@ class PrefillBackend(EngineBackend):
         runner = draft_runner_of(self.engine)
         if runner is None:
             return {}
-        dtype = getattr(torch, str(runner.layout().get("dtype", "float32")))
+        dtype = getattr(torch, runner.layout().dtype)
         out = {}
         for name, shape in runner.cache.export_shapes(0).items():
             out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)

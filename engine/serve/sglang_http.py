@@ -21,9 +21,9 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
 
 `/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it
 (`specctl.schemas.server_info.sglang_server_args`, the one list of its keys).
-`openai_request.bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
-`bootstrap_port`, `bootstrap_room`); both the OpenAI and the native routes pass them to `Backend.generate`
-in the params dict. Every malformed request is a 4xx JSON error.
+The PD fields sglang-router adds to every request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) are
+read by `openai_request.pd_route`; both the OpenAI and the native routes pass them to `Backend.generate` as its
+`route`, beside the request's `SamplingParams`. Every malformed request is a 4xx JSON error.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from specctl.engine.serve.http import json_error, sampling_params
-from specctl.engine.serve.openai_request import RequestError, _check_ids, bootstrap_fields
+from specctl.engine.serve.http import json_error
+from specctl.engine.serve.openai_request import PdRoute, RequestError, _check_ids, pd_route, sampling_params
 from specctl.engine.serve.spec_stats import RequestClock, request_meta
 from specctl.schemas.server_info import model_paths
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.serve.http import OpenAIServer
 
 
@@ -91,8 +92,7 @@ class SglangRoutes:
         return await self.server.server_info(request)  # SGLang serves both names
 
     async def get_load(self, request: web.Request) -> web.Response:
-        load = getattr(self.backend, "load_info", None)
-        info = load() if callable(load) else {}
+        info = self.backend.load_info()
         return web.json_response([{"dp_rank": 0, "num_reqs": int(info.get("num_reqs", self.server.in_flight)),
                                    "num_waiting_reqs": int(info.get("num_waiting_reqs", 0)),
                                    "num_tokens": int(info.get("num_tokens", 0))}])
@@ -131,16 +131,14 @@ class SglangRoutes:
             ids = self.backend.encode(text)
         try:
             params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context,
-                                     max_new_tokens=getattr(self.backend, "max_new_tokens", None))
+                                     max_new_tokens=self.backend.max_new_tokens)
         except RequestError as exc:  # name the field as this request spelled it, not its OpenAI translation
             prompt = "input_ids" if body.get("input_ids") is not None else "text"
             exc.param = {"prompt": prompt, "messages": prompt, "max_tokens": "sampling_params.max_new_tokens",
                          None: None}.get(exc.param, f"sampling_params.{exc.param}")
             raise
-        params.update(bootstrap_fields(body))
-        check = getattr(self.backend, "check_params", None)
-        if check is not None:
-            check(params)
+        route = pd_route(body)
+        self.backend.check_params(params, route)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream must be a boolean", param="stream")
@@ -148,16 +146,16 @@ class SglangRoutes:
         self.server.in_flight += 1
         try:
             if stream:
-                return await self._stream(request, ids, params, rid)
-            return await self._unary(ids, params, rid)
+                return await self._stream(request, ids, params, route, rid)
+            return await self._unary(ids, params, route, rid)
         finally:
             self.server.in_flight -= 1
 
-    async def _unary(self, ids: list[int], params: dict[str, Any], rid: str) -> web.Response:
+    async def _unary(self, ids: list[int], params: SamplingParams, route: PdRoute | None, rid: str) -> web.Response:
         clock = RequestClock()
         out: list[int] = []
         final = None
-        async for item in self.backend.generate(ids, params, stream=False):
+        async for item in self.backend.generate(ids, params, route=route, stream=False):
             clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             if item.finished:
@@ -167,17 +165,17 @@ class SglangRoutes:
             code = (final.error_status if final else None) or 503
             self.server.metrics.http_errors.inc(code=str(code))
             return json_error((final.error if final else None) or "generation ended without a result", status=code)
-        meta = self.server.finished_meta(rid, len(ids), len(out), final, clock, params)
+        meta = self.server.finished_meta(rid, len(ids), len(out), final, clock, params, route)
         text = final.text if final.text is not None else self.backend.decode(out)
         return web.json_response({"text": text, "output_ids": out, "meta_info": meta})
 
-    async def _stream(self, request: web.Request, ids: list[int], params: dict[str, Any], rid: str
-                      ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, ids: list[int], params: SamplingParams, route: PdRoute | None,
+                      rid: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         clock = RequestClock()
         out: list[int] = []
-        async for item in self.backend.generate(ids, params):
+        async for item in self.backend.generate(ids, params, route=route):
             clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             final = item if item.finished else None
@@ -188,7 +186,7 @@ class SglangRoutes:
             text = final.text if final is not None and final.text is not None else \
                 self.backend.decode(out).rstrip("\ufffd")
             meta = (meta_info(rid, len(ids), out, None) if final is None
-                    else self.server.finished_meta(rid, len(ids), len(out), final, clock, params))
+                    else self.server.finished_meta(rid, len(ids), len(out), final, clock, params, route))
             chunk = {"text": text, "output_ids": list(out), "meta_info": meta}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if final is not None:

@@ -92,7 +92,7 @@ class RuntimeState:
 def _role_view(config: EngineConfig) -> dict[str, Any]:
     """The parts of a merged role dict that step coverage reads, rebuilt from an EngineConfig."""
     return {
-        "speculative": dict(config.speculative),
+        "speculative": config.speculative.to_json(),
         "serve": {"max_batch_size": config.max_batch_size, "graph_batch_sizes": list(config.graph_batch_sizes)},
     }
 
@@ -100,16 +100,15 @@ def _role_view(config: EngineConfig) -> dict[str, Any]:
 def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
     """The drafter the deployment's `speculative` block asks for (its own ModelRunner for a draft model)."""
     spec = config.speculative
-    algorithm = str(spec.get("algorithm") or "none")
+    algorithm = spec.algorithm
     if algorithm == "ngram":
-        ng = spec.get("ngram") or {}
         try:
-            return NgramDrafter(min_match=int(ng.get("min_match", 1)), max_match=int(ng.get("max_match", 4)))
+            return NgramDrafter(min_match=spec.ngram.min_match, max_match=spec.ngram.max_match)
         except ValueError as exc:
             raise RuntimeFailure(f"speculative.ngram: {exc}", hint="set 1 <= min_match <= max_match") from None
     if algorithm == "draft":
-        ref = spec.get("draft")
-        if not isinstance(ref, str) or not ref:
+        ref = spec.draft
+        if not ref:
             raise RuntimeFailure("speculative.algorithm is 'draft' but speculative.draft names no model",
                                  hint="set speculative.draft, e.g. builtin:tiny-draft")
         from specctl.engine.model_runner import runner_for
@@ -134,8 +133,8 @@ class SpeculativeDecoder:
         self.runner = runner
         self.config = config
         spec = config.speculative
-        topk = spec.get("topk", 1)
-        if topk not in (None, 1):
+        topk = spec.topk
+        if topk != 1:
             # Refuse rather than silently run a chain (SGLang quietly ignores adaptive with topk > 1).
             raise RuntimeFailure(f"speculative.topk is {topk}: tree drafting (topk > 1) is not implemented",
                                  hint="set speculative.topk: 1")
@@ -149,10 +148,10 @@ class SpeculativeDecoder:
         self.coverage = coverage
         self.initial_steps = coverage.initial_steps
         self.policy: AdaptivePolicy | None = None
-        if spec.get("adaptive") is not None:
+        if spec.adaptive is not None:
             from specctl.adaptive.policy import AdaptivePolicy
 
-            cfg, _ = parse_deployment_adaptive(spec["adaptive"])
+            cfg, _ = parse_deployment_adaptive(spec.adaptive)
             assert cfg is not None  # check_deployment_steps returned a coverage, so it parsed
             self.policy = AdaptivePolicy(cfg, initial_steps=self.initial_steps,
                                          graph_batch_sizes=config.graph_batch_sizes)
@@ -358,18 +357,19 @@ class SpeculativeDecoder:
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq.rid)
 
-    # -- PD: draft-model cache hand-over (optional; without it decode rebuilds the draft cache from tokens)
+    # -- PD: draft-model cache hand-over (a drafter without a cache hands nothing; decode rebuilds from tokens)
+    @property
+    def draft_runner(self) -> ModelRunner | None:
+        return self.drafter.runner
+
     def export_draft(self, seq: Sequence) -> tuple[dict[str, torch.Tensor], int] | None:
         """Prefill side: the draft model's cache of `seq` (all but the newest token) and its length, or None
         when the drafter keeps no cache (n-gram)."""
-        export = getattr(self.drafter, "export_request", None)
-        return export(seq) if export is not None else None
+        return self.drafter.export_request(seq)
 
     def import_draft(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
         """Decode side: install a draft cache received from prefill (`Engine.add_imported` calls this)."""
-        imp = getattr(self.drafter, "import_request", None)
-        if imp is not None:
-            imp(seq, tensors, length)
+        self.drafter.import_request(seq, tensors, length)
 
     # -- observability -------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

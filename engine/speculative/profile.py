@@ -47,7 +47,7 @@ from specctl.adaptive.cost import CostModel
 from specctl.adaptive.served_cost import PROFILE_PROMPT
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.errors import UsageError
 
@@ -100,7 +100,7 @@ def profile_costs(
         "deployment": config.name,
         "target": config.model_ref,
         "algorithm": config.algorithm,
-        "draft": config.speculative.get("draft"),
+        "draft": config.speculative.draft,
         "device": str(engine.runner.device),
         "threads": _threads(),
         "rounds": rounds,

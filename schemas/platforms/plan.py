@@ -178,16 +178,16 @@ def build_plan(deployment: Deployment, options: PlatformOptions, *, cluster: boo
                     i = argv.index(flag) + 1
                     argv[i] = posixpath.join(CONFIG_DIR, argv[i])
         cfg = instances[0]
-        devices.append(str(cfg["model"].get("device", "auto")))
+        devices.append(cfg.model.device)
         roles[role] = RolePlan(
-            role=role, argv=tuple(argv), replicas=len(instances), port=int(cfg["port"]),
-            bootstrap_port=int(cfg.get("bootstrap_port") or 8998) if role == "prefill" else None,
+            role=role, argv=tuple(argv), replicas=len(instances), port=int(cfg.port or 0),
+            bootstrap_port=(cfg.bootstrap_port or 8998) if role == "prefill" else None,
             gpus=0, nodes=options.nodes)
     gpus = options.gpus if options.gpus is not None else (0 if all(d == "cpu" for d in devices) else 1)
     roles = {r: replace(rp, gpus=gpus) for r, rp in roles.items()}
-    router = deployment.role("router") if "router" in deployment.roles else {"port": 30000}
+    router_port = (deployment.role("router").port if "router" in deployment.roles else None) or 30000
     return Plan(deployment=deployment, options=options, roles=roles, files=files,
-                model_dirs=_model_dirs(roles, options), router_port=int(router.get("port") or 30000),
+                model_dirs=_model_dirs(roles, options), router_port=router_port,
                 gpus=gpus)
 
 
@@ -207,7 +207,7 @@ def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str],
     decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
     addresses, with the request budget (schemas/budget.py) as its request timeout, as `up` runs it."""
 
-    target = str(plan.deployment.role("decode")["model"]["target"])
+    target = str(plan.deployment.role("decode").model.target)
     return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,
                           request_timeout_s=request_budget_s(plan.deployment), served_model=model_path(target))
 
