@@ -8,8 +8,10 @@ imports torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
 from specctl.errors import InvalidInput
 from specctl.schemas.role_config import RoleConfig, SpeculativeConfig
 
@@ -75,9 +77,7 @@ class EngineConfig:
 
 def _trace_settings() -> tuple[str | None, int | None]:
     """`trace_out` / `trace_steps` from the environment `serve --trace-out/--trace-steps` sets."""
-    import os
 
-    from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV
 
     out = os.environ.get(TRACE_OUT_ENV) or None
     raw = os.environ.get(TRACE_STEPS_ENV) or None

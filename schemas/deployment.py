@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specctl import presets
 from specctl.errors import UsageError
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import child_path
@@ -239,7 +240,6 @@ def resolve_source(source: str | Path) -> Path:
     p = Path(source)
     if p.exists():
         return p
-    from specctl import presets
 
     if str(source) in presets.names():
         return presets.path(str(source))

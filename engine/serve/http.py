@@ -52,6 +52,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import resource
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -626,7 +627,6 @@ CONNECTIONS = web.AppKey("connections", Connections)
 
 def connection_budget(limit: int = MAX_CONNECTIONS) -> int:
     """`limit`, bounded by this process's descriptor limit (raised to its hard limit first) less FD_RESERVE."""
-    import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):

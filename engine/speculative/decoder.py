@@ -40,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specctl.adaptive.policy import AdaptivePolicy
 from specctl.adaptive.trace import TraceWriter
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.logprobs import attach_verify as attach_verify_logprobs
+from specctl.engine.model_runner import ForwardItem, runner_for
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.penalties import adjust_verify as adjust_verify_logits
 from specctl.engine.sampling import greedy_ids, probs_from_logits, sample, temperature_only
@@ -50,6 +52,7 @@ from specctl.engine.sequence import Sequence
 from specctl.engine.speculative.drafter import DraftBuffers, Drafter, ModelDrafter, NgramDrafter
 from specctl.engine.speculative.verify import greedy_accept, rejection_accept, rejection_accept_logits
 from specctl.errors import RuntimeFailure
+from specctl.schemas.adaptive import check_deployment_steps, parse_deployment_adaptive
 
 if TYPE_CHECKING:
     from specctl.adaptive.policy import AdaptivePolicy
@@ -111,7 +114,6 @@ def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
         if not ref:
             raise RuntimeFailure("speculative.algorithm is 'draft' but speculative.draft names no model",
                                  hint="set speculative.draft, e.g. builtin:tiny-draft")
-        from specctl.engine.model_runner import runner_for
 
         draft_runner = runner_for(config, ref, device=str(runner.device))
         if draft_runner.facts.vocab_size != runner.facts.vocab_size:
@@ -128,8 +130,6 @@ class SpeculativeDecoder:
     """Draft k tokens, verify k + 1 positions in one target forward, accept per request, roll back the rest."""
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, *, drafter: Drafter | None = None) -> None:
-        from specctl.schemas.adaptive import check_deployment_steps, parse_deployment_adaptive
-
         self.runner = runner
         self.config = config
         spec = config.speculative
@@ -149,8 +149,6 @@ class SpeculativeDecoder:
         self.initial_steps = coverage.initial_steps
         self.policy: AdaptivePolicy | None = None
         if spec.adaptive is not None:
-            from specctl.adaptive.policy import AdaptivePolicy
-
             cfg, _ = parse_deployment_adaptive(spec.adaptive)
             assert cfg is not None  # check_deployment_steps returned a coverage, so it parsed
             self.policy = AdaptivePolicy(cfg, initial_steps=self.initial_steps,
@@ -210,8 +208,6 @@ class SpeculativeDecoder:
         return self.policy.steps_for_batch(batch_size) if self.policy is not None else self.initial_steps
 
     def decode(self, seqs: list[Sequence]) -> list[list[int]]:
-        from specctl.engine.model_runner import ForwardItem
-
         b = len(seqs)
         assert 0 < b <= self.max_batch_size, (b, self.max_batch_size)
         steps = self.current_steps(b)
@@ -283,7 +279,6 @@ class SpeculativeDecoder:
     def _decode_plain(self, seqs: list[Sequence]) -> list[list[int]]:
         """Steps 0: a one-position verify with no drafts is plain decoding, so it takes plain decoding's
         cost: one forward, one batched sample (the same draw as PlainDecoder for a seeded request)."""
-        from specctl.engine.model_runner import ForwardItem
 
         b = len(seqs)
         t0 = time.perf_counter()
