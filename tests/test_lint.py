@@ -157,6 +157,8 @@ STRICT = (
     "engine/pd/transfer.py",
     "engine/pd/wire.py",
     "engine/pd/outbox.py",
+    "engine/pd/rooms.py",
+    "engine/prefill_export.py",
     "schemas/budget.py",
     "schemas/sglang/router.py",
     "engine/model.py",

@@ -21,11 +21,12 @@ DEPTH = 100_000
 
 
 def _deep_claim() -> bytes:
-    """A pd.claim header whose `params` nest DEPTH maps deep (msgpack fixmap of one key, repeated)."""
+    """A pd.claim header with a field `params` nesting DEPTH maps deep (msgpack fixmap of one key, repeated): a
+    field the claim does not know is still walked by the decoder, so the depth must be refused, not crash it."""
     nested = b"\x81\xa1k" * DEPTH + b"\xc0"
     body = (b"\x85\xa3tag\xa8pd.claim\xa6req_id\xa6room-1\xaaprompt_ids\x91\x01\xa6params" + nested
             + b"\xaapairing_id\xa1x")
-    return b"\x95\xa7specctl\x01\xa8pd.claim" + body + b"\x90"
+    return b"\x95\xa7specctl" + msgspec.msgpack.encode(wire.PROTOCOL_VERSION) + b"\xa8pd.claim" + body + b"\x90"
 
 
 def _header(shape: list[int], dtype: str = "float32") -> bytes:
