@@ -237,8 +237,7 @@ class Engine:
         `draft_tensors` (the draft model's export, `draft_length` tokens) are handed to the decoder's
         optional `import_draft(seq, tensors, length)`; without it the drafter rebuilds its cache from
         the tokens. The request joins the running batch at once; RuntimeFailure when it can never fit,
-        or the batch or pool has no room (nothing is left
-        allocated then)."""
+        or the batch or pool has no room (nothing is left allocated then)."""
         params = _sampling_params(params)
         ids = [int(t) for t in prompt_ids]
         if not ids:
