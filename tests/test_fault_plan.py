@@ -62,9 +62,9 @@ def _env_reads(tree: ast.AST) -> set[str]:
 
 def test_no_serving_module_reads_a_test_fault_from_the_environment() -> None:
     root = Path(__file__).resolve().parents[1]
-    engine = root / "engine"
     read: set[str] = set()
-    for path in [*(engine / "serve").glob("*.py"), *(engine / "pd").glob("*.py"), *(root / "orchestrate").glob("*.py")]:
+    paths = [p for folder in ("engine/serve", "engine/pd", "orchestrate") for p in (root / folder).glob("*.py")]
+    for path in paths:
         text = path.read_text(encoding="utf-8")
         assert "SPECCTL_TEST" not in text, path
         read |= _env_reads(ast.parse(text))
