@@ -126,7 +126,7 @@ def worker(args: argparse.Namespace) -> dict:
     else:
         from specctl.engine.config import EngineConfig
         from specctl.engine.engine import Engine
-        from specctl.engine.sampling import SamplingParams
+        from specctl.engine.sampling_params import SamplingParams
 
         per_req = 2 * args.prompt_len + new + 16
         config = EngineConfig(

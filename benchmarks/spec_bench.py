@@ -98,7 +98,7 @@ import torch
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.schemas.model_facts import resolve_model_dir
 

@@ -153,14 +153,15 @@ def bench_raw(bind: str, size: int, reps: int, window: int) -> float:
 
 
 def bench_handshake(n: int = 30) -> float:
+    from specctl.engine.cache_layout import CacheLayout
     from specctl.engine.pd.bootstrap import BootstrapServer, register
     from specctl.engine.pd.registration import build_registration
 
-    layout = {
+    layout = CacheLayout.from_json({
         "page_size": 16, "dtype": "float32", "kv_item_lens": [512], "state_types": ["mamba", "swa"],
         "state_item_lens": [16384, 2048], "state_dims": [[1, 4096], [2, 256]], "weights_hash": "bench",
         "architecture": "SpecctlHybridForCausalLM", "layer_kinds": ["mamba", "swa", "full", "swa"], "vocab_size": 260,
-    }  # fmt: skip
+    })  # fmt: skip
     pre = build_registration("prefill", layout)
     dec = build_registration("decode", layout, endpoints={"transfer": "tcp://127.0.0.1:1"})
     times = []

@@ -75,7 +75,7 @@ def run_generate(
     """Load the deployment, run the engine on one prompt, return the JSON-ready result."""
     from specctl.engine.config import EngineConfig
     from specctl.engine.engine import Engine
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.schemas.deployment import load_deployment
 
     params = SamplingParams(**sampling)  # InvalidInput (exit 1) on bad values, before loading a model

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the engine modules import torch; this one stays light (the 
     from specctl.engine.engine import Engine
     from specctl.engine.logprobs import TokenLogprob
     from specctl.engine.prefill_export import PrefillExport
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence as EngineSequence
 
 log = logging.getLogger("specctl.async_engine")

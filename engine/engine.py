@@ -4,21 +4,25 @@ Contract:
 - `Engine(config)` builds the ModelRunner, a Scheduler over its cache verbs, and a Decoder chosen by
   `config.speculative` (`PlainDecoder` for `algorithm: none`, else
   `specctl.engine.speculative.decoder.SpeculativeDecoder(runner, config)`).
-- `add_request(prompt | ids, params) -> rid`; `step() -> [Sequence]` runs one scheduling step and
+- `add_request(prompt | ids, params: SamplingParams) -> rid`; `step() -> [Sequence]` runs one scheduling step and
   returns the sequences that got tokens or finished in it; `generate(prompts, params)` runs to
   completion and returns `GenerationResult`s in prompt order; `abort(rid)`; `stats()`.
 - A request that can never fit the KV pool, or whose batch hit an engine error, finishes with
   `finish_reason == "error"` and a message in `.error`; other requests carry on.
 
-The Decoder seam (speculative decoding plugs in here):
+The Decoder seam (speculative decoding plugs in here; every decoder implements all of it):
 - `decode(seqs) -> list[list[int]]`: at least one new token per sequence. Invariant before and
   after: `runner.cached_len(rid) == len(seq) - 1` (the newest token is not cached yet). The engine
   appends the returned tokens one by one through the stop conditions; a stop mid-way discards the rest.
-- `lookahead: int` (optional, default 1): cache slots per sequence one `decode()` may write beyond
-  the cached length; the scheduler guarantees that capacity before calling `decode()`.
-- `release(seq)` (optional): the sequence left the running set (finished, aborted or preempted for
-  recompute); free any per-request state the decoder keeps (e.g. draft-model caches).
-- `stats() -> dict` (optional): decoder-level statistics (acceptance histogram, step switches).
+- `lookahead: int`: cache slots per sequence one `decode()` may write beyond the cached length; the
+  scheduler guarantees that capacity before calling `decode()`.
+- `release(seq)`: the sequence left the running set (finished, aborted or preempted for recompute);
+  free any per-request state the decoder keeps (e.g. draft-model caches).
+- `stats() -> dict | None`: decoder-level statistics (acceptance histogram, step switches); None for
+  plain decoding.
+- `draft_runner`: the draft model's runner (None without a draft model); `export_draft(seq)` /
+  `import_draft(seq, tensors, length)` hand the draft cache over in PD (None / a no-op without one: decode
+  then rebuilds the draft cache from the tokens).
 
 The decode hot path is one batched forward for all running sequences, one on-device sampling call
 and one host transfer of the sampled ids per step.
@@ -31,10 +35,10 @@ import gc
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -42,7 +46,8 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.prefill_export import PrefillExport
-from specctl.engine.sampling import SamplingParams, make_generator, sample
+from specctl.engine.sampling import make_generator, sample
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
 from specctl.engine.tokenizer import prompt_token_ids
@@ -54,18 +59,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@runtime_checkable
 class Decoder(Protocol):
-    """The seam speculative decoding plugs into (module docstring). `lookahead`, `release` and
-    `stats` are optional: the engine falls back to 1, a no-op and no statistics."""
+    """The seam speculative decoding plugs into (module docstring)."""
 
+    @property
+    def lookahead(self) -> int: ...
+    @property
+    def draft_runner(self) -> ModelRunner | None: ...
     def decode(self, seqs: list[Sequence]) -> list[list[int]]: ...
+    def release(self, seq: Sequence) -> None: ...
+    def stats(self) -> dict[str, Any] | None: ...
+    def export_draft(self, seq: Sequence) -> tuple[dict[str, torch.Tensor], int] | None: ...
+    def import_draft(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None: ...
+
+
+DEFAULT_PARAMS = SamplingParams()
 
 
 class PlainDecoder:
     """One token per sequence per step: one batched forward, one batched sample."""
 
     lookahead = 1
+    draft_runner = None  # no draft model
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -80,6 +95,15 @@ class PlainDecoder:
         return [[t] for t in ids]
 
     def release(self, seq: Sequence) -> None:
+        pass
+
+    def stats(self) -> None:
+        return None
+
+    def export_draft(self, seq: Sequence) -> None:
+        return None
+
+    def import_draft(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
         pass
 
 
@@ -124,17 +148,6 @@ class GenerationResult:
         }
 
 
-def _sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-    if params is None:
-        return SamplingParams()
-    if isinstance(params, Mapping):
-        try:
-            return SamplingParams(**params)
-        except TypeError as exc:
-            raise InvalidInput(f"bad sampling parameters: {exc}") from None
-    return params
-
-
 def make_decoder(config: EngineConfig, runner: ModelRunner) -> Decoder:
     if config.algorithm == "none":
         return PlainDecoder(runner)
@@ -175,7 +188,7 @@ class Engine:
             page_size=config.page_size,
             max_batch_size=config.max_batch_size,
             max_prefill_tokens=config.max_prefill_tokens,
-            lookahead=int(getattr(self.decoder, "lookahead", 1)),
+            lookahead=self.decoder.lookahead,
         )
         self._rids = itertools.count()
         self._seqs: dict[int, Sequence] = {}  # unfinished requests by rid
@@ -189,18 +202,16 @@ class Engine:
     def add_request(
         self,
         prompt: str | Seq[int],
-        params: SamplingParams | Mapping[str, Any] | None = None,
+        params: SamplingParams = DEFAULT_PARAMS,
         *,
         export_after_prefill: bool = False,
     ) -> int:
         """Queue a request; returns its rid. Text is tokenized here; ids are taken as they are.
 
-        `params` may be a plain dict of SamplingParams fields (what the HTTP layer produces).
         `export_after_prefill` (PD prefill role): once the prompt is cached and the first token sampled,
         the request's caches, first token, random stream and prefill timings are exported into
         `seq.exported` (a `PrefillExport`) and it finishes with reason "prefilled", freeing its pages;
         the step() that does this returns it."""
-        params = _sampling_params(params)
         prompt_text = prompt if isinstance(prompt, str) else None
         ids = prompt_token_ids(self.tokenizer, prompt)
         vocab = self.runner.facts.vocab_size
@@ -222,7 +233,7 @@ class Engine:
         prompt_ids: Seq[int],
         first_token: int,
         tensors: dict[str, torch.Tensor],
-        params: SamplingParams | Mapping[str, Any] | None = None,
+        params: SamplingParams = DEFAULT_PARAMS,
         *,
         generator_state: torch.Tensor | bytes | None = None,
         draft_tensors: dict[str, torch.Tensor] | None = None,
@@ -235,10 +246,9 @@ class Engine:
         request may come back already finished; the next step() reports it). `generator_state`
         continues prefill's random stream (a generator state, or `PrefillExport.rng_state`).
         `draft_tensors` (the draft model's export, `draft_length` tokens) are handed to the decoder's
-        optional `import_draft(seq, tensors, length)`; without it the drafter rebuilds its cache from
+        `import_draft(seq, tensors, length)`; without it the drafter rebuilds its cache from
         the tokens. The request joins the running batch at once; RuntimeFailure when it can never fit,
         or the batch or pool has no room (nothing is left allocated then)."""
-        params = _sampling_params(params)
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise InvalidInput("an imported request needs its prompt ids")
@@ -261,9 +271,8 @@ class Engine:
             seq.generator.set_state(generator_state)
         self.runner.import_request(rid, tensors, len(ids))  # allocates; raises on a layout mismatch
         try:
-            importer = getattr(self.decoder, "import_draft", None)
-            if draft_tensors and importer is not None:
-                importer(seq, draft_tensors, draft_length)
+            if draft_tensors:
+                self.decoder.import_draft(seq, draft_tensors, draft_length)
             seq.num_cached = len(ids)
             seq.status = SequenceStatus.RUNNING
             sched.running.append(seq)
@@ -332,7 +341,7 @@ class Engine:
         else:
             items = list(prompts)
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(items)
+            params = [params or DEFAULT_PARAMS] * len(items)
         if len(params) != len(items):
             raise InvalidInput(f"{len(items)} prompts but {len(params)} sampling params")
         rids = [self.add_request(p, sp) for p, sp in zip(items, params, strict=True)]
@@ -356,9 +365,9 @@ class Engine:
             "allocator": self.runner.allocator.to_json(),
             **self._counters,
         }
-        decoder_stats = getattr(self.decoder, "stats", None)
-        if callable(decoder_stats):
-            out["speculative"] = decoder_stats()
+        decoder_stats = self.decoder.stats()
+        if decoder_stats is not None:
+            out["speculative"] = decoder_stats
         return out
 
     # -- phases --------------------------------------------------------------------------------
@@ -421,7 +430,7 @@ class Engine:
             updated.append(seq)
 
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
-        eos = None if seq.params.ignore_eos else getattr(self.tokenizer, "eos_token_id", None)
+        eos = None if seq.params.ignore_eos else self.tokenizer.eos_token_id
         pending, seq.pending_logprobs = seq.pending_logprobs, None
         for j, tok in enumerate(tokens):
             self._counters["generated_tokens"] += 1
@@ -440,6 +449,4 @@ class Engine:
         self.decoder_release(seq)
 
     def decoder_release(self, seq: Sequence) -> None:
-        release = getattr(self.decoder, "release", None)
-        if release is not None:
-            release(seq)
+        self.decoder.release(seq)

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from specctl.engine.alloc import AllocatorTuning, tune_allocator
 from specctl.engine.cache import HybridCache
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.checkpoint import load_model, model_config, weights_hash
 from specctl.engine.config import EngineConfig
 from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
@@ -277,35 +277,34 @@ class ModelRunner:
 
     # ---- PD facts --------------------------------------------------------------------------------
 
-    def layout(self) -> dict[str, Any]:
-        """Facts the PD handshake compares. Item lengths are bytes: `kv_item_lens` one page of K and V
-        per full layer; `state_item_lens` one request's state per state type (all its layers)."""
+    def layout(self) -> CacheLayout:
+        """Facts the PD handshake compares (engine/cache_layout.py), derived from the live caches."""
         c, cfg = self.cache, self.config
         esize = torch.empty(0, dtype=self.dtype).element_size()
         kv_item = 2 * c.page_size * cfg.num_kv_heads * cfg.head_dim * esize
         shapes = c.export_shapes(0)
-        state_dims: list[list[int]] = []
+        state_dims: list[tuple[int, ...]] = []
         state_lens: list[int] = []
         for st in self.facts.state_types:
             if st == "mamba":
                 conv, ssm = shapes["mamba_conv"], shapes["mamba_ssm"]
-                state_dims.append(list(conv) + list(ssm[1:]))
+                state_dims.append((*conv, *ssm[1:]))
                 state_lens.append(conv.numel() * esize + ssm.numel() * 4)  # ssm states are float32
             else:
-                state_dims.append(list(shapes["swa"]))
+                state_dims.append(tuple(shapes["swa"]))
                 state_lens.append(shapes["swa"].numel() * esize)
-        return {
-            "page_size": c.page_size,
-            "dtype": dtype_name(self.dtype),
-            "kv_item_lens": [kv_item] * len(c.full_index),
-            "state_types": list(self.facts.state_types),
-            "state_item_lens": state_lens,
-            "state_dims": state_dims,
-            "weights_hash": self.weights_hash,
-            "architecture": self.facts.architecture,
-            "layer_kinds": list(self.facts.layer_kinds),
-            "vocab_size": cfg.vocab_size,
-        }
+        return CacheLayout(
+            page_size=c.page_size,
+            dtype=dtype_name(self.dtype),
+            kv_item_lens=(kv_item,) * len(c.full_index),
+            state_types=tuple(self.facts.state_types),
+            state_item_lens=tuple(state_lens),
+            state_dims=tuple(state_dims),
+            weights_hash=self.weights_hash,
+            architecture=self.facts.architecture,
+            layer_kinds=tuple(self.facts.layer_kinds),
+            vocab_size=cfg.vocab_size,
+        )
 
     def export_request(self, rid: int) -> dict[str, torch.Tensor]:
         """Everything decode needs to continue `rid` from `cached_len(rid)` (see engine/cache.py)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.prefill_export import PrefillExport
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -155,7 +155,7 @@ def teacher_windows(
     student-generated text for this). Returns ([n, seq + 1] int16, stats)."""
     from specctl.engine.config import EngineConfig
     from specctl.engine.engine import Engine
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed + 7)

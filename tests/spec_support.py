@@ -19,7 +19,7 @@ from specctl.engine.checkpoint import load_model, save_model, write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.model_runner import ModelRunner
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.engine.speculative.drafter import DraftBuffers
 
@@ -132,6 +132,7 @@ class ScriptedDrafter:
 
     name = "scripted"
     samples = False
+    runner = None
 
     def __init__(self, oracle: dict[tuple[int, ...], list[int]], wrong: Callable[[Any, int], bool]) -> None:
         self.oracle = oracle
@@ -159,6 +160,12 @@ class ScriptedDrafter:
 
     def stats(self) -> dict[str, Any]:
         return {"drafter": self.name, "proposed": self.proposed}
+
+    def export_request(self, seq: Any) -> None:
+        return None
+
+    def import_request(self, seq: Any, tensors: dict[str, torch.Tensor], length: int) -> None:
+        pass
 
 
 def always_right(seq: Any, pos: int) -> bool:

@@ -191,18 +191,18 @@ def test_forward_rejects_wrong_start_pos(model_dir):
 def test_layout_is_derived_from_layer_kinds(model_dir):
     r = make_runner(model_dir, dtype="float32", page_size=4)
     lay = r.layout()
-    assert lay["state_types"] == ["mamba", "swa"]
-    assert lay["layer_kinds"] == list(KINDS)
-    assert lay["page_size"] == 4 and lay["dtype"] == "float32"
+    assert lay.state_types == ("mamba", "swa")
+    assert lay.layer_kinds == tuple(KINDS)
+    assert lay.page_size == 4 and lay.dtype == "float32"
     cfg = r.config
-    assert lay["kv_item_lens"] == [2 * 4 * cfg.num_kv_heads * cfg.head_dim * 4]  # one full layer
+    assert lay.kv_item_lens == (2 * 4 * cfg.num_kv_heads * cfg.head_dim * 4,)  # one full layer
     # item lengths are the byte sizes of what export_request sends for one request
     r.allocate(1, 3)
     r.forward([ForwardItem(1, [1, 2, 3], 0)])
     ex = r.export_request(1)
-    assert lay["state_item_lens"][0] == sum(ex[k].numel() * ex[k].element_size() for k in ("mamba_conv", "mamba_ssm"))
-    assert lay["state_item_lens"][1] == ex["swa"].numel() * ex["swa"].element_size()
-    assert len(lay["weights_hash"]) == 16
+    assert lay.state_item_lens[0] == sum(ex[k].numel() * ex[k].element_size() for k in ("mamba_conv", "mamba_ssm"))
+    assert lay.state_item_lens[1] == ex["swa"].numel() * ex["swa"].element_size()
+    assert len(lay.weights_hash) == 16
 
 
 def test_full_attention_only_models_truncate_across_forwards(tmp_path):

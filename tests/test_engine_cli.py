@@ -18,7 +18,7 @@ from specctl.cli.main import app
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 
 PROMPT = "def fib(n):"
 

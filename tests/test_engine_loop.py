@@ -14,7 +14,7 @@ import torch
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine, GenerationResult
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.sequence import SequenceStatus
 from specctl.errors import InvalidInput
 

@@ -8,7 +8,7 @@ import pytest
 
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model_runner import ForwardItem, ModelRunner
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.scheduler import Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
 

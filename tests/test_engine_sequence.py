@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specctl.engine.detokenizer import Detokenizer
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.sequence import Sequence
 from specctl.engine.tokenizer import BYTE_EOS, ByteTokenizer
 

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 import zmq
 
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import (
     Accepted,
@@ -35,7 +36,7 @@ from specctl.engine.pd.bootstrap import (
 )
 from specctl.engine.pd.registration import build_registration
 
-LAYOUT = {
+LAYOUT = CacheLayout.from_json({
     "page_size": 16,
     "dtype": "float32",
     "kv_item_lens": [512],
@@ -46,7 +47,7 @@ LAYOUT = {
     "architecture": "SpecctlHybridForCausalLM",
     "layer_kinds": ["mamba", "swa", "full", "swa"],
     "vocab_size": 260,
-}
+})
 
 
 def _pre():
@@ -208,8 +209,9 @@ def test_decode_in_another_process(tmp_path) -> None:
         """
         import json, sys
         from specctl.engine.pd.bootstrap import HandshakeRejected, register
+        from specctl.engine.cache_layout import CacheLayout
         from specctl.engine.pd.registration import build_registration
-        layout = json.loads(sys.argv[2])
+        layout = CacheLayout.from_json(json.loads(sys.argv[2]))
         info = build_registration("decode", layout, endpoints={"transfer": "tcp://127.0.0.1:7"})
         try:
             p = register(sys.argv[1], info, secret="s", timeout_s=5)
@@ -222,13 +224,13 @@ def test_decode_in_another_process(tmp_path) -> None:
     with BootstrapServer(_pre(), secret="s") as srv:
         env = {**os.environ, "PYTHONWARNINGS": "error", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         ok = subprocess.run(
-            [sys.executable, "-c", script, srv.endpoint, json.dumps(LAYOUT)],
+            [sys.executable, "-c", script, srv.endpoint, json.dumps(LAYOUT.to_json())],
             capture_output=True, text=True, timeout=60, env=env,
         )  # fmt: skip
         assert ok.returncode == 0, ok.stderr
         assert srv.peer is not None and srv.peer.session_id == ok.stdout.strip()
         bad = subprocess.run(
-            [sys.executable, "-c", script, srv.endpoint, json.dumps({**LAYOUT, "page_size": 32})],
+            [sys.executable, "-c", script, srv.endpoint, json.dumps({**LAYOUT.to_json(), "page_size": 32})],
             capture_output=True, text=True, timeout=60, env=env,
         )  # fmt: skip
         assert bad.returncode == 3, bad.stderr

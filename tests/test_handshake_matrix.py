@@ -8,6 +8,7 @@ import math
 import msgspec
 import pytest
 
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd.bootstrap import BootstrapServer, HandshakeRejected, register
 from specctl.engine.pd.registration import (
     RegistrationInfo,
@@ -27,12 +28,12 @@ SPEC = {
 }
 
 
-def _layout(facts, *, weights: str) -> dict:
+def _layout(facts, *, weights: str) -> CacheLayout:
     kinds = list(facts.layer_kinds)
     kv_bytes = 2 * facts.num_key_value_heads * facts.head_dim * 4
     types = list(facts.state_types)
     dims = {"mamba": [kinds.count("mamba"), 4096], "swa": [kinds.count("swa"), 2, facts.num_key_value_heads, 64]}
-    return {
+    return CacheLayout.from_json({
         "page_size": 16,
         "dtype": "float32",
         "kv_item_lens": [kv_bytes] * kinds.count("full"),
@@ -43,7 +44,7 @@ def _layout(facts, *, weights: str) -> dict:
         "architecture": facts.architecture,
         "layer_kinds": kinds,
         "vocab_size": facts.vocab_size,
-    }
+    })
 
 
 @pytest.fixture(scope="module")

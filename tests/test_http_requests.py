@@ -419,9 +419,9 @@ def test_a_stream_whose_backend_fails_midway_still_ends_with_an_error_event(mode
     s = Server(model_dir)
     real = s.backend.generate
 
-    async def failing(prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True) -> Any:
+    async def failing(prompt_ids: list[int], params: Any, *, route: Any = None, stream: bool = True) -> Any:
         """The real engine's stream, then a bug: a failure after the first chunk went out."""
-        async for item in real(prompt_ids, params, stream=stream):
+        async for item in real(prompt_ids, params, route=route, stream=stream):
             yield item
             raise RuntimeError("the backend broke mid-stream")
 

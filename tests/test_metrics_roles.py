@@ -153,7 +153,7 @@ def test_logit_bias_and_penalties_through_the_router(topology: dict[str, Any]) -
     # penalties: the same tokens as the offline engine (plain decoding) with the same penalties
     from specctl.engine.config import EngineConfig
     from specctl.engine.engine import Engine
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
 
     role = {"model": {"target": topology["model"], "dtype": "float32", "device": "cpu"},
             "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}

@@ -59,7 +59,7 @@ def test_hybrid_runner_state_types_and_greedy_text():
     facts = load_model_facts("builtin:tiny-hybrid")
     assert set(facts.layer_kinds) == {"full", "swa", "mamba"}
     runner = ModelRunner("builtin:tiny-hybrid", max_tokens=1024, max_requests=2)
-    assert runner.layout()["state_types"] == list(facts.state_types) == ["mamba", "swa"]
+    assert list(runner.layout().state_types) == list(facts.state_types) == ["mamba", "swa"]
     ids = runner.tokenizer.encode("def add(a, b):\n    ")
     runner.allocate(0, len(ids) + 40)
     nxt = int(runner.forward([ForwardItem(0, ids, 0)])[-1].argmax())

@@ -201,7 +201,7 @@ def test_logit_bias_moves_greedy_choices(plain: Server, spec: Server) -> None:
 
 def top20(engine: Any, ids: list[int]) -> dict[int, float]:
     """The raw top-20 next-token log-probs after `ids`, by token id, from an offline Engine (the oracle)."""
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
 
     rid = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0, logprobs=20, ignore_eos=True))
     while True:

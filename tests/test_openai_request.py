@@ -58,13 +58,13 @@ def _check(req: Any) -> None:
     """What an accepted request guarantees downstream (the engine never sees an unbounded value)."""
     p = req.params
     assert req.prompt_ids and all(0 <= t < VOCAB for t in req.prompt_ids)
-    assert 1 <= p["max_tokens"] and len(req.prompt_ids) + p["max_tokens"] <= Info.max_context
-    assert 0.0 <= p["temperature"] <= 2.0 and 0.0 < p["top_p"] <= 1.0 and 0 <= p["top_k"] <= 1 << 31
-    assert p["seed"] is None or MIN_INT <= p["seed"] <= MAX_INT
-    assert all(math.isfinite(v) for v in (p["temperature"], p["top_p"]))
-    for t, b in p.get("logit_bias", ()):
+    assert 1 <= p.max_tokens and len(req.prompt_ids) + p.max_tokens <= Info.max_context
+    assert 0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and 0 <= p.top_k <= 1 << 31
+    assert p.seed is None or MIN_INT <= p.seed <= MAX_INT
+    assert all(math.isfinite(v) for v in (p.temperature, p.top_p))
+    for t, b in p.logit_bias:
         assert 0 <= t < VOCAB and -100 <= b <= 100
-    json.dumps(p)  # wire-safe: the router sends it over msgpack
+    json.dumps(p.to_json())  # JSON-safe: written to SGLang's metrics file
 
 
 @settings(max_examples=400, deadline=None)
@@ -118,7 +118,7 @@ def test_sglangs_default_model_name_is_the_served_model() -> None:
 def test_vendor_extensions_pass_through_untouched() -> None:
     req = parse_completion({"prompt": "x", "bootstrap_host": "h", "bootstrap_room": 7}, Info(), vocab_size=VOCAB)
     assert req.extra == {"bootstrap_host": "h", "bootstrap_room": 7}
-    assert req.params["temperature"] == 1.0 and req.params["top_k"] == 0
+    assert req.params.temperature == 1.0 and req.params.top_k == 0
 
 
 valid_bodies = st.fixed_dictionaries(
@@ -140,4 +140,4 @@ def test_valid_bodies_are_accepted_and_bounded(body: dict[str, Any]) -> None:
         return
     req = parse_completion(parse_json_body(json.dumps(body).encode()), Info(), vocab_size=VOCAB)
     _check(req)
-    assert req.params["logprobs"] == body["logprobs"] if "logprobs" in body else "logprobs" not in req.params
+    assert req.params.logprobs == body.get("logprobs")

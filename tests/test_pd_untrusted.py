@@ -5,6 +5,7 @@ refused without a proven secret names the differing fields and the peer's own va
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import msgspec
 import numpy as np
@@ -82,8 +83,8 @@ def test_the_bootstrap_refuses_hostile_bytes_and_counts_them() -> None:
 
 
 def test_a_refusal_without_a_proven_secret_names_fields_never_prefills_values() -> None:
-    prefill = build_registration("prefill", {**LAYOUT, "page_size": 48, "weights_hash": "prefill-secret-hash"})
-    decode = build_registration("decode", {**LAYOUT, "page_size": 32}, endpoints={"transfer": "tcp://127.0.0.1:7"})
+    prefill = build_registration("prefill", replace(LAYOUT, page_size=48, weights_hash="prefill-secret-hash"))
+    decode = build_registration("decode", replace(LAYOUT, page_size=32), endpoints={"transfer": "tcp://127.0.0.1:7"})
     with BootstrapServer(prefill) as srv:
         ctx = zmq.Context.instance()
         hello = wire.request(ctx, srv.endpoint, Hello(client_nonce=b"c" * 32), timeout_s=5).msg

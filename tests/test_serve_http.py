@@ -23,7 +23,7 @@ import torch
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.serve.http import OpenAIServer, chat_prompt, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
 
@@ -180,7 +180,7 @@ def test_non_streaming_requests_get_their_tokens_in_two_deltas(server: Server, o
 
     async def deltas(prompt: str, stream: bool) -> list[Any]:
         ids = server.backend.encode(prompt)
-        params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
         return [item async for item in server.backend.generate(ids, params, stream=stream)]
 
     async def both() -> list[tuple[list[Any], list[Any]]]:

@@ -32,7 +32,7 @@ import pytest
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.orchestrate.ports import free_port, free_ports
 
 pytestmark = pytest.mark.slow
@@ -604,7 +604,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
             # The engine thread takes its inbox in order: gate 1, the request's admission, gate 2.
             first, second, in_second = threading.Event(), threading.Event(), threading.Event()
             held = asyncio.ensure_future(aengine.call(lambda eng: first.wait(10)))
-            task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), {"max_tokens": 4}))
+            task = asyncio.ensure_future(backend._prefill(list(range(3, 40)), SamplingParams(max_tokens=4)))
             await asyncio.sleep(0.1)  # the task ran up to queueing its admission (event-loop work only)
             held_again = asyncio.ensure_future(aengine.call(lambda eng: (in_second.set(), second.wait(10))))
             await asyncio.sleep(0.1)  # that call is queued too (its task's first step: event-loop work only)
@@ -618,7 +618,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
                 await task
             second.set()
             await held_again
-            out = await backend._prefill(list(range(5, 20)), {"max_tokens": 4})  # later requests step on
+            out = await backend._prefill(list(range(5, 20)), SamplingParams(max_tokens=4))  # later ones step on
             assert out.finish_reason == "prefilled" and out.prefilled is not None, out
             assert out.prefilled.length == 15 and out.prefilled.tensors
             return admitted, await aengine.call(lambda eng: (

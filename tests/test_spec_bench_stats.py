@@ -105,7 +105,7 @@ def test_interleaved_runs_take_turns_and_count_their_own_slices(spec_bench: Modu
     from specctl.engine.checkpoint import write_random_model
     from specctl.engine.config import EngineConfig
     from specctl.engine.engine import Engine
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
 
     model = write_random_model(tmp_path / "m", sliding_window=6)
 

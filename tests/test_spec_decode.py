@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 
 from spec_support import (  # isort: skip
     PROMPTS, ScriptedDrafter, engine_config, noisy, plain_outputs, run_join_leave, spec_engine, write_models,

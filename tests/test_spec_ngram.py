@@ -71,7 +71,7 @@ def test_incremental_index_follows_a_growing_request(seed: int) -> None:
 
     import torch
 
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence
     from specctl.engine.speculative.drafter import DraftBuffers
 

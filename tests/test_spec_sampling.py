@@ -39,6 +39,7 @@ class FixedTokenDrafter:
 
     name = "fixed"
     samples = False
+    runner = None
 
     def __init__(self, token: int) -> None:
         self.token = token
@@ -56,6 +57,12 @@ class FixedTokenDrafter:
 
     def stats(self) -> dict:
         return {}
+
+    def export_request(self, seq) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    def import_request(self, seq, tensors, length) -> None:  # type: ignore[no-untyped-def]
+        pass
 
 
 @pytest.fixture(scope="module")

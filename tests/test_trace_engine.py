@@ -23,7 +23,7 @@ from specctl.adaptive.trace import TRACE_OUT_ENV, TRACE_STEPS_ENV, read_trace
 from specctl.adaptive.tune import CostModel, Runs, Unanswerable, fixed_config, replay, replay_positions
 from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
-from specctl.engine.sampling import SamplingParams
+from specctl.engine.sampling_params import SamplingParams
 from specctl.errors import InvalidInput
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "class Parser:\n    def __init__(self, ", "for i in range(10):\n"]

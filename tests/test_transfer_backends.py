@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from dataclasses import replace
 
 import msgspec
 import pytest
 import torch
 import zmq
 
+from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd import wire
 from specctl.engine.pd.messages import PrefillResult
 from specctl.engine.pd.registration import build_registration
@@ -30,7 +32,7 @@ from specctl.engine.pd.transfer import (
 )
 
 # The runner's layout convention (engine/cache.py): kv pages per full layer; mamba = conv + ssm.
-LAYOUT = {
+LAYOUT_JSON = {
     "page_size": 16,
     "dtype": "float32",
     "kv_item_lens": [2 * 16 * 2 * 64 * 4],  # one page of k+v of the one full layer
@@ -43,8 +45,8 @@ LAYOUT = {
     "vocab_size": 260,
     "shapes": {"num_key_value_heads": 2, "head_dim": 64, "sliding_window": 8},
 }
-DRAFT_LAYOUT = {
-    **LAYOUT,
+DRAFT_LAYOUT_JSON = {
+    **LAYOUT_JSON,
     "kv_item_lens": [2 * 16 * 1 * 64 * 4],
     "state_types": [],
     "state_item_lens": [],
@@ -52,6 +54,8 @@ DRAFT_LAYOUT = {
     "layer_kinds": ["full"],
     "shapes": {"num_key_value_heads": 1, "head_dim": 64},
 }
+LAYOUT = CacheLayout.from_json(LAYOUT_JSON)
+DRAFT_LAYOUT = CacheLayout.from_json(DRAFT_LAYOUT_JSON)
 
 
 def _spec() -> PayloadSpec:
@@ -115,7 +119,7 @@ def test_spec_from_registration_names_and_sizes() -> None:
 
 
 def test_generic_state_component_without_the_runner_convention() -> None:
-    lay = {**LAYOUT, "state_types": ["mamba"], "state_item_lens": [64], "state_dims": [[4, 4]]}
+    lay = replace(LAYOUT, state_types=("mamba",), state_item_lens=(64,), state_dims=((4, 4),))
     spec = PayloadSpec.from_registration(build_registration("decode", lay))
     assert spec.names == ["kv", "mamba"]
     metas = [wire.TensorMeta("kv", "float32", (1, 2, 1, 16, 2, 64)), wire.TensorMeta("mamba", "float32", (4, 4))]

@@ -9,7 +9,7 @@ endpoints where this process receives.
 
 `compare(prefill, decode)` returns one `Mismatch(field, prefill_value, decode_value, fix)` for every
 field that differs — all of them, not the first — so a refused decode prints the whole diff. Both
-sides derive the info from their live `ModelRunner.layout()` (never from the config alone), so what
+sides derive the info from their live `ModelRunner.layout()` (a `CacheLayout`, never from the config alone), so what
 is compared is what the caches really hold.
 
 Torch-free: it travels inside handshake messages and `specctl validate` may reuse the comparison.
@@ -28,6 +28,7 @@ import msgspec
 from specctl.engine.pd.wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
+    from specctl.engine.cache_layout import CacheLayout
     from specctl.schemas.model_facts import ModelFacts
 
 ROLES = ("prefill", "decode")
@@ -125,8 +126,8 @@ def max_draft_tokens(speculative: Mapping[str, Any] | None) -> int:
     return top + 1 if top > 0 else 0
 
 
-def _shapes(layout: Mapping[str, Any], facts: ModelFacts | None) -> dict[str, int]:
-    shapes = {k: int(v) for k, v in dict(layout.get("shapes") or {}).items()}
+def _shapes(layout: CacheLayout, facts: ModelFacts | None) -> dict[str, int]:
+    shapes = dict(layout.shapes)
     if facts is not None:
         shapes.setdefault("vocab_size", int(facts.vocab_size))
         shapes.setdefault("hidden_size", int(facts.hidden_size))
@@ -135,15 +136,15 @@ def _shapes(layout: Mapping[str, Any], facts: ModelFacts | None) -> dict[str, in
         shapes.setdefault("num_key_value_heads", int(facts.num_key_value_heads))
         shapes.setdefault("head_dim", int(facts.head_dim))
         shapes.setdefault("sliding_window", int(facts.sliding_window or 0))
-    if "vocab_size" in layout:
-        shapes.setdefault("vocab_size", int(layout["vocab_size"]))
+    if layout.vocab_size:
+        shapes.setdefault("vocab_size", layout.vocab_size)
     return shapes
 
 
-def tokenizer_fingerprint(facts: ModelFacts | None, layout: Mapping[str, Any] | None = None) -> str:
+def tokenizer_fingerprint(facts: ModelFacts | None, layout: CacheLayout | None = None) -> str:
     """ "bytes" for the builtin byte tokenizer, else a hash of tokenizer.json (or "unknown")."""
-    if layout and layout.get("tokenizer"):
-        return str(layout["tokenizer"])
+    if layout is not None and layout.tokenizer:
+        return layout.tokenizer
     if facts is None:
         return "unknown"
     if facts.config.get("tokenizer") == "bytes":
@@ -157,64 +158,55 @@ def tokenizer_fingerprint(facts: ModelFacts | None, layout: Mapping[str, Any] | 
         return "unknown"
 
 
-def model_fingerprint(layout: Mapping[str, Any], facts: ModelFacts | None = None) -> ModelFingerprint:
-    """Fingerprint from a `ModelRunner.layout()` dict (plus `ModelFacts` for shapes and tokenizer)."""
+def model_fingerprint(layout: CacheLayout, facts: ModelFacts | None = None) -> ModelFingerprint:
+    """Fingerprint from a `ModelRunner.layout()` (plus `ModelFacts` for shapes and tokenizer)."""
     return ModelFingerprint(
-        architecture=str(layout.get("architecture") or (facts.architecture if facts else "?")),
-        layer_kinds=tuple(layout.get("layer_kinds") or (facts.layer_kinds if facts else ())),
+        architecture=layout.architecture or (facts.architecture if facts else "?"),
+        layer_kinds=layout.layer_kinds or (tuple(facts.layer_kinds) if facts else ()),
         shapes=_shapes(layout, facts),
-        dtype=str(layout["dtype"]).removeprefix("torch."),
+        dtype=layout.dtype.removeprefix("torch."),
         tokenizer=tokenizer_fingerprint(facts, layout),
-        weights_hash=str(layout.get("weights_hash") or ""),
+        weights_hash=layout.weights_hash,
     )
-
-
-def _state(layout: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    types = tuple(str(t) for t in layout.get("state_types") or ())
-    lens = tuple(int(x) for x in layout.get("state_item_lens") or ())
-    dims = tuple(tuple(int(d) for d in ds) for ds in layout.get("state_dims") or ())
-    return types, lens, dims
 
 
 def build_registration(
     role: str,
-    layout: Mapping[str, Any],
+    layout: CacheLayout,
     *,
     speculative: Mapping[str, Any] | None = None,
-    draft_layout: Mapping[str, Any] | None = None,
+    draft_layout: CacheLayout | None = None,
     transfer_backend: str = "zmq",
     endpoints: Mapping[str, str] | None = None,
     facts: ModelFacts | None = None,
     draft_facts: ModelFacts | None = None,
     host: str | None = None,
 ) -> RegistrationInfo:
-    """RegistrationInfo of one process from its runner's layout() and its speculative settings.
+    """RegistrationInfo of one process from its runner's `layout()` and its speculative settings.
 
     `draft_layout` is the draft runner's layout() when this side produces (prefill) or consumes
     (decode) draft KV, i.e. when `speculative.algorithm == "draft"`; None otherwise.
     """
-    types, lens, dims = _state(layout)
     draft = None
     if draft_layout is not None:
-        d_types, d_lens, d_dims = _state(draft_layout)
         draft = DraftInfo(
             model=model_fingerprint(draft_layout, draft_facts),
-            page_size=int(draft_layout["page_size"]),
-            kv_item_lens=tuple(int(x) for x in draft_layout.get("kv_item_lens") or ()),
-            state_types=d_types,
-            state_item_lens=d_lens,
-            state_dims=d_dims,
+            page_size=draft_layout.page_size,
+            kv_item_lens=draft_layout.kv_item_lens,
+            state_types=draft_layout.state_types,
+            state_item_lens=draft_layout.state_item_lens,
+            state_dims=draft_layout.state_dims,
         )
     return RegistrationInfo(
         protocol_version=PROTOCOL_VERSION,
         engine_version=_engine_version(),
         role=role,
         model=model_fingerprint(layout, facts),
-        page_size=int(layout["page_size"]),
-        kv_item_lens=tuple(int(x) for x in layout.get("kv_item_lens") or ()),
-        state_types=types,
-        state_item_lens=lens,
-        state_dims=dims,
+        page_size=layout.page_size,
+        kv_item_lens=layout.kv_item_lens,
+        state_types=layout.state_types,
+        state_item_lens=layout.state_item_lens,
+        state_dims=layout.state_dims,
         draft=draft,
         speculative_algorithm=str((speculative or {}).get("algorithm") or "none"),
         max_draft_tokens=max_draft_tokens(speculative),

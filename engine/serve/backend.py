@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
+from specctl.engine.serve.spec_stats import launch_steps
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
     from specctl.engine.model_runner import ModelRunner
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
+    from specctl.engine.serve.openai_request import PdRoute
     from specctl.schemas.deployment import Deployment
 
 log = logging.getLogger("specctl.serve")
@@ -91,24 +93,6 @@ class RoleContext:
 # How to fix a PD room whose other half never came (prefill and decode both say it, with a 408).
 
 
-def sampling_params_of(params: dict[str, Any]) -> SamplingParams:
-    from specctl.engine.sampling import SamplingParams
-
-    return SamplingParams(
-        max_tokens=int(params.get("max_tokens", 128)),
-        temperature=float(params.get("temperature", 0.0)),
-        top_k=int(params.get("top_k", 0)),
-        top_p=float(params.get("top_p", 1.0)),
-        seed=params.get("seed"),
-        stop=tuple(params.get("stop") or ()),
-        ignore_eos=bool(params.get("ignore_eos", False)),
-        logprobs=params.get("logprobs"),
-        presence_penalty=float(params.get("presence_penalty", 0.0)),
-        frequency_penalty=float(params.get("frequency_penalty", 0.0)),
-        logit_bias=tuple((int(t), float(b)) for t, b in params.get("logit_bias") or ()),
-    )
-
-
 def model_name_of(role: dict[str, Any]) -> str:
     return str((role.get("model") or {}).get("target") or "specctl")
 
@@ -140,6 +124,14 @@ class TokenizingBackend:
                                code="service_unavailable")
         return self.tokenizer
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self.tokenizer.vocab_size if self.tokenizer is not None else None
+
+    @property
+    def launch_steps(self) -> int | None:
+        return launch_steps(self.ctx.role)
+
     def encode(self, text: str) -> list[int]:
         return prompt_token_ids(self.loaded_tokenizer(), text)  # the one rule every role shares
 
@@ -152,11 +144,13 @@ class EngineBackend(TokenizingBackend):
 
     supports_logprobs = True  # the engine's sequences carry them (engine/logprobs.py)
     supports_logit_processors = True  # logit_bias and penalties (engine/penalties.py)
+    front_counts_prompt_tokens = True  # the engine computes the prompt here
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx, ctx.role)
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
+        self.fatal = asyncio.Event()  # set when the role can no longer serve (the process then exits)
 
     async def load(self) -> None:
         from specctl.engine.config import EngineConfig
@@ -176,11 +170,16 @@ class EngineBackend(TokenizingBackend):
             return False, {"status": "down", "detail": "engine thread stopped"}
         return ready, detail
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
+        """A colocated engine serves every request the front accepted (a PD route is not needed, and ignored)."""
+
+    def load_info(self) -> dict[str, int]:
+        return {}  # the front's own count of requests in flight
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
         assert self.aengine is not None
-        sp = sampling_params_of(params)
-        async for item in self.aengine.generate(prompt_ids, sp, coalesce=not stream):
+        async for item in self.aengine.generate(prompt_ids, params, coalesce=not stream):
             yield item
 
     async def engine_stats(self) -> dict[str, Any]:
@@ -231,12 +230,13 @@ class EngineBackend(TokenizingBackend):
 
 def engine_fingerprints(engine: Engine | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    runner = getattr(engine, "runner", None)
-    if runner is not None:
+    if engine is not None:
+        runner = engine.runner
         with contextlib.suppress(Exception):
             layout = runner.layout()
-            out["target"] = {k: layout.get(k) for k in ("weights_hash", "architecture", "dtype", "page_size",
-                                                          "state_types")}
+            out["target"] = {"weights_hash": layout.weights_hash, "architecture": layout.architecture,
+                             "dtype": layout.dtype, "page_size": layout.page_size,
+                             "state_types": list(layout.state_types)}
     return out
 
 
@@ -244,8 +244,8 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
     if isinstance(stats, dict) and isinstance(stats.get("num_running"), int):
         metrics.running.set(stats["num_running"])
         metrics.waiting.set(int(stats.get("num_waiting") or 0))
-    runner = getattr(engine, "runner", None)
-    if runner is not None:
+    if engine is not None:
+        runner = engine.runner
         total = int(runner.num_total_pages)
         metrics.pages_total.set(total)
         metrics.pages_used.set(total - int(runner.num_free_pages))
@@ -286,6 +286,4 @@ def warn_unauthenticated(ctx: RoleContext, host: str) -> None:
 
 def draft_runner_of(engine: Engine | None) -> ModelRunner | None:
     """The draft model's runner (a draft-model drafter only; n-gram drafting and plain decoding have none)."""
-    drafter = getattr(getattr(engine, "decoder", None), "drafter", None)
-    runner: ModelRunner | None = getattr(drafter, "runner", None)
-    return runner
+    return engine.decoder.draft_runner if engine is not None else None

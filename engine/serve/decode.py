@@ -49,7 +49,6 @@ from specctl.engine.serve.backend import (
     EngineBackend,
     RoleContext,
     draft_runner_of,
-    sampling_params_of,
     secret_of,
     warn_unauthenticated,
 )
@@ -64,8 +63,9 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.pd.messages import PrefillResult
     from specctl.engine.pd.registration import RegistrationInfo
     from specctl.engine.pd.transfer import Payload, TransferReceiver
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence
+    from specctl.engine.serve.openai_request import PdRoute
 
 log = logging.getLogger("specctl.decode")
 
@@ -343,28 +343,29 @@ class DecodeBackend(EngineBackend):
         self.fatal.set()
 
     # Backend protocol -----------------------------------------------------------------------------
-    def check_params(self, params: dict[str, Any]) -> None:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
         from specctl.engine.serve.http import RequestError
 
-        if "bootstrap_room" not in params:
+        if route is None:
             raise RequestError("this is a decode server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
                                param="bootstrap_room")
-        if int(params["bootstrap_port"]) not in self.links:
-            raise RequestError(f"bootstrap_port {params['bootstrap_port']} is not a prefill this decode pairs with "
+        if route.port not in self.links:
+            raise RequestError(f"bootstrap_port {route.port} is not a prefill this decode pairs with "
                                f"(bootstrap ports: {sorted(self.links)})", param="bootstrap_port")
-        if room_key(int(params["bootstrap_room"])) in self.rooms:  # generate() would fail it as a 503
-            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this decode; "
+        if room_key(route.room) in self.rooms:  # generate() would fail it as a 503
+            raise RequestError(f"bootstrap_room {route.room} is already being served by this decode; "
                                "each request needs a room of its own", param="bootstrap_room", status=409,
                                code="room_in_use")
 
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self.rooms) + (self.aengine.num_live if self.aengine else 0)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
-        req_id = room_key(int(params["bootstrap_room"]))
-        link = self.links[int(params["bootstrap_port"])]
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
+        assert route is not None  # check_params refused a request without one
+        req_id = room_key(route.room)
+        link = self.links[route.port]
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         payload: Payload | None = None
@@ -372,7 +373,6 @@ class DecodeBackend(EngineBackend):
         try:
             if not link.ready or link.pairing is None:
                 raise RoomFailure(f"decode is not paired with prefill {link.endpoint} ({self.ctx.state.detail})")
-            sp = sampling_params_of(params)
             self.rooms.open(req_id, link.port)
             opened = True
             await link.send(PdClaim(req_id=req_id, prompt_ids=list(prompt_ids), pairing_id=link.pairing.session_id))
@@ -391,10 +391,10 @@ class DecodeBackend(EngineBackend):
             self.ctx.metrics.transfer_seconds.observe(timings["transfer_s"])
             await self._batch_slots.acquire()
             slot = True
-            admit = _Admit(self, list(prompt_ids), sp, payload, result)
+            admit = _Admit(self, list(prompt_ids), params, payload, result)
             assert self.aengine is not None
             first_at: float | None = None
-            async for item in self.aengine.generate(prompt_ids, sp, admit=admit, coalesce=not stream):
+            async for item in self.aengine.generate(prompt_ids, params, admit=admit, coalesce=not stream):
                 if first_at is None:
                     first_at = time.perf_counter()
                     timings["decode_queue_s"] = first_at - received

@@ -68,21 +68,23 @@ from specctl.engine.serve.openai_request import (
     DEFAULT_MAX_TOKENS,
     MAX_REQUEST_BYTES,
     GenerationRequest,
+    PdRoute,
     RequestError,
-    _sampling,
     chat_prompt,
     parse_chat,
     parse_completion,
     parse_json_body,
+    pd_route,
 )
-from specctl.engine.serve.spec_stats import MetricsFile, RequestClock, launch_steps, request_meta, spec_tokens_details
+from specctl.engine.serve.spec_stats import MetricsFile, RequestClock, request_meta, spec_tokens_details
 
 if TYPE_CHECKING:
     from specctl.engine.logprobs import TokenLogprob  # torch; the front stays light
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.tokenizer import Tokenizer
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Backend", "OpenAIServer", "RequestError", "chat_prompt", "error_body",
-           "json_error", "sampling_params", "start_http"]
+           "json_error", "start_http"]
 
 log = logging.getLogger("specctl.http")
 
@@ -98,18 +100,33 @@ RETRY_AFTER_S = 1
 
 
 class Backend(Protocol):
-    """What the HTTP layer needs from whatever generates tokens."""
+    """What the HTTP layer needs from whatever generates tokens (every backend implements all of it)."""
 
     model_name: str
     max_context: int  # prompt + completion tokens one request may use
+    supports_logprobs: bool  # reports each token's log-prob (engine/logprobs.py)
+    supports_logit_processors: bool  # applies penalties and logit_bias (engine/penalties.py)
+    # Prompt tokens are counted where they are computed: a PD role's front reads the prompt but prefill's
+    # engine counts it (`record_prefill`), and decode never computes it.
+    front_counts_prompt_tokens: bool
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids a request may carry are below this (None: not known yet, the model still loads)."""
+    @property
+    def launch_steps(self) -> int | None:
+        """The role's launch-time draft length (None: no speculation), for SGLang's statistics."""
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def loaded_tokenizer(self) -> Tokenizer:
         """The tokenizer; a 503 RequestError while it still loads."""
     def health(self) -> tuple[bool, dict[str, Any]]: ...
-    def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                 ) -> AsyncIterator[RequestOutput]:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
+        """A RequestError (4xx) when this role cannot serve the request, before any stream starts."""
+    def load_info(self) -> dict[str, int]:
+        """SGLang's /get_load counts this role knows (`num_reqs`, ...); a key left out is the front's count."""
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                 stream: bool = True) -> AsyncIterator[RequestOutput]:
         """Deltas of one request; `stream=False` when only its first tokens and its end are needed."""
     async def server_info(self) -> dict[str, Any]: ...
     async def refresh_metrics(self, metrics: ServingMetrics) -> None: ...
@@ -140,21 +157,6 @@ def token_repr(backend: Backend, token_id: int) -> tuple[str, str, list[int] | N
     if "\ufffd" in text or not text:
         return f"token_id:{token_id}", text, None
     return text, text, list(text.encode())
-
-
-@dataclasses.dataclass
-class _Limits:
-    model_name: str
-    max_context: int
-
-    def encode(self, text: str) -> list[int]:  # pragma: no cover - sampling_params never encodes
-        raise NotImplementedError
-
-
-def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
-    """OpenAI request fields -> the wire-safe sampling dict, with the front's bounds (for routes of other
-    modules that build their own prompt; the OpenAI routes go through `openai_request` whole)."""
-    return _sampling(body, prompt_len=prompt_len, info=_Limits("", max_context))
 
 
 def logprobs_of(backend: Backend, ids: list[int], entries: list[TokenLogprob | None] | None, *, chat: bool,
@@ -210,7 +212,7 @@ class OpenAIServer:
         self.metrics = metrics or ServingMetrics()
         self.body_timeout_s = body_timeout_s
         self.metrics.set_model_name(backend.model_name)
-        self.launch_steps = launch_steps(backend)
+        self.launch_steps = backend.launch_steps
         self.metrics_file = MetricsFile.from_env()
         self.app = web.Application(client_max_size=max_request_bytes, middlewares=[self._errors])
         self.app.add_routes([
@@ -287,11 +289,6 @@ class OpenAIServer:
         except Exception:  # metrics must keep answering even when the engine is busy or down
             log.debug("refresh_metrics failed", exc_info=True)
         text = self.metrics.render()
-        mirror = getattr(self.backend, "mirrored_metrics", None)
-        if mirror is not None:
-            # Metric families another role owns (the router shows prefill's transfer metrics).
-            prefix, extra = await mirror()
-            text = self.metrics.render(skip=(prefix,)) + extra
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})
 
@@ -325,10 +322,7 @@ class OpenAIServer:
         return json_error(f"server not ready ({detail.get('status')}): {reason}", status=503)
 
     def _vocab_size(self) -> int | None:
-        size = getattr(self.backend, "vocab_size", None)
-        if size is None:
-            size = getattr(getattr(self.backend, "tokenizer", None), "vocab_size", None)
-        return int(size) if isinstance(size, int) else None
+        return self.backend.vocab_size
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -345,12 +339,8 @@ class OpenAIServer:
         return await self._generate(request, parse_chat(body, self.backend, vocab_size=self._vocab_size()))
 
     async def _generate(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
-        from specctl.engine.serve.sglang_http import bootstrap_fields
-
-        req.params.update(bootstrap_fields(req.extra))  # sglang-router's PD fields reach the backend
-        check = getattr(self.backend, "check_params", None)
-        if check is not None:
-            check(req.params)  # a role that cannot serve these params says why (4xx) before any stream starts
+        req = dataclasses.replace(req, route=pd_route(req.extra))  # sglang-router's PD fields reach the backend
+        self.backend.check_params(req.params, req.route)  # a role that cannot serve them says why (4xx) here
         if self.in_flight >= self.max_queued_requests:  # the queue is full: shed, and say when to come back
             self.shed += 1
             self.metrics.http_errors.inc(code="503")
@@ -370,7 +360,7 @@ class OpenAIServer:
             self.in_flight -= 1
 
     def finished_meta(self, rid: str, prompt_len: int, completion: int, final: RequestOutput, clock: RequestClock,
-                      params: dict[str, Any]) -> dict[str, Any]:
+                      params: SamplingParams, route: PdRoute | None) -> dict[str, Any]:
         """SGLang's `meta_info` of a finished request (serve/spec_stats.py), appended to the metrics file when
         one is set; a metrics file that cannot be written is logged, never a failed request."""
         meta = request_meta(rid, prompt_tokens=prompt_len, completion_tokens=completion,
@@ -381,7 +371,8 @@ class OpenAIServer:
             meta["error"] = final.error
         if self.metrics_file is not None:
             try:
-                self.metrics_file.write({"rid": rid, "sampling_params": params}, meta)
+                sampling = {**params.to_json(), **(route.to_json() if route is not None else {})}
+                self.metrics_file.write({"rid": rid, "sampling_params": sampling}, meta)
             except (OSError, TypeError, ValueError) as exc:
                 log.warning("cannot append to the metrics file in %s: %s", self.metrics_file.dir, exc)
         return meta
@@ -393,9 +384,7 @@ class OpenAIServer:
 
     @property
     def _counts_prompts(self) -> bool:
-        """Prompt tokens are counted where they are computed: a PD role's front reads the prompt but prefill's
-        engine counts it (`record_prefill`), and decode never computes it."""
-        return bool(getattr(self.backend, "front_counts_prompt_tokens", True))
+        return self.backend.front_counts_prompt_tokens
 
     def _record(self, *, t0: float, first: float | None, ids: list[int], final: RequestOutput | None,
                 status: str) -> None:
@@ -412,7 +401,7 @@ class OpenAIServer:
         out: list[int] = []
         lps: list[TokenLogprob | None] = []
         final: RequestOutput | None = None
-        async for item in self.backend.generate(ids, req.params, stream=False):
+        async for item in self.backend.generate(ids, req.params, route=req.route, stream=False):
             times.tokens(item.token_ids)
             if item.token_ids:
                 clock.tokens(len(item.token_ids))
@@ -445,7 +434,7 @@ class OpenAIServer:
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": req.model, "choices": [choice], "usage": usage, "timings": final.timings,
         }
-        sglext = self._sglext(req, self.finished_meta(rid, len(ids), len(out), final, times, req.params))
+        sglext = self._sglext(req, self.finished_meta(rid, len(ids), len(out), final, times, req.params, req.route))
         if sglext is not None:
             body["sglext"] = sglext
         return web.json_response(body)
@@ -464,7 +453,7 @@ class OpenAIServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
-        stops = req.params.get("stop") or []
+        stops = req.params.stop
         detok = Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
 
         offset = [len(self._echo(req))]  # text_offset of the next token (completions' logprobs)
@@ -500,7 +489,7 @@ class OpenAIServer:
                      "logprobs": None}]})
             elif req.echo:
                 await send(chunk(self._echo(req), None))
-            async for item in self.backend.generate(ids, req.params):
+            async for item in self.backend.generate(ids, req.params, route=req.route):
                 times.tokens(item.token_ids)
                 if item.token_ids:
                     clock.tokens(len(item.token_ids))
@@ -516,7 +505,8 @@ class OpenAIServer:
                     c = chunk(text, item.finish_reason, token_ids=item.token_ids, logprobs=item.logprobs)
                     c["timings"] = item.timings
                     await send(c)
-                    sglext = self._sglext(req, self.finished_meta(rid, len(ids), count, item, times, req.params))
+                    meta = self.finished_meta(rid, len(ids), count, item, times, req.params, req.route)
+                    sglext = self._sglext(req, meta)
                     if sglext is not None:  # SGLang: its own chunk, no choices, before the usage chunk
                         await send({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
                                     "sglext": sglext})

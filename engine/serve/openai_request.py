@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from specctl.engine.sampling_params import SamplingParams
+from specctl.errors import InvalidInput
 from specctl.schemas.sglang.router import DEFAULT_MODEL_NAME  # what SGLang's clients send when naming no model
 
 # The largest request body the engines read (413 beyond it); the router of `up` refuses the same bodies itself.
@@ -58,6 +60,8 @@ class ModelInfo(Protocol):
 
     model_name: str
     max_context: int
+    supports_logprobs: bool  # the engine reports each token's log-prob (engine/logprobs.py)
+    supports_logit_processors: bool  # the engine applies penalties and logit_bias (engine/penalties.py)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -174,8 +178,9 @@ class GenerationRequest:
     chat: bool
     prompt_ids: list[int]
     prompt_text: str | None  # the prompt as text (echo), None for token-id prompts
-    params: dict[str, Any]  # the wire-safe sampling dict engines build SamplingParams from
+    params: SamplingParams
     model: str
+    route: PdRoute | None = None  # sglang-router's disaggregation fields (`pd_route(extra)`), set by the server
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
@@ -271,31 +276,32 @@ def _logit_processors(body: dict[str, Any], info: ModelInfo, vocab_size: int | N
                 raise RequestError(f"logit_bias key {key[:20]!r} is not a token id{bound}", param="logit_bias")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
                 raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100]", param="logit_bias")
-            pairs.append([int(key), float(value)])
+            pairs.append((int(key), float(value)))
         if pairs:
-            out["logit_bias"] = pairs
-    if out and not getattr(info, "supports_logit_processors", False):
+            out["logit_bias"] = tuple(pairs)
+    if out and not info.supports_logit_processors:
         name = next(iter(out))
         raise _refuse(name, "this role's engine does not apply logit processors (the colocated builtin "
                             "engine does)")
     return out
 
 
-def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict[str, Any]:
+def _sampling(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
+    """The sampling fields every route shares, as `SamplingParams` keywords (checked with OpenAI's ranges)."""
     n = _integer(body, "n", 1, lo=1, hi=MAX_INT)
     if n != 1:
         raise RequestError("only n=1 is supported (one completion per request)", param="n")
-    room = info.max_context - prompt_len
+    room = max_context - prompt_len
     prompt_param = "prompt" if "prompt" in body else "messages"
     if room < 1:
-        raise RequestError(f"prompt is {prompt_len} tokens; this model's context is {info.max_context} tokens",
+        raise RequestError(f"prompt is {prompt_len} tokens; this model's context is {max_context} tokens",
                            param=prompt_param, code="context_length_exceeded")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, name, min(DEFAULT_MAX_TOKENS, room), lo=1, hi=MAX_INT)
     assert max_tokens is not None
     if max_tokens > room:
         raise RequestError(
-            f"{name}={max_tokens} plus the {prompt_len}-token prompt exceeds the context of {info.max_context} tokens",
+            f"{name}={max_tokens} plus the {prompt_len}-token prompt exceeds the context of {max_context} tokens",
             param=name, code="context_length_exceeded")
     stop = body.get("stop")
     if stop is None:
@@ -314,9 +320,58 @@ def _sampling(body: dict[str, Any], *, prompt_len: int, info: ModelInfo) -> dict
         "top_p": top_p,
         "top_k": max(0, top_k or 0),  # -1 (vLLM, SGLang) and 0 both mean no top-k filter
         "seed": _integer(body, "seed", None, lo=MIN_INT, hi=MAX_INT),
-        "stop": stop,
+        "stop": tuple(stop),
         "ignore_eos": _boolean(body, "ignore_eos"),
     }
+
+
+def _params(fields: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**fields)
+    except InvalidInput as exc:  # the checks above are stricter; a gap between the two is still the client's
+        raise RequestError(str(exc)) from None
+
+
+def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> SamplingParams:
+    """OpenAI's sampling fields -> `SamplingParams`, with the front's bounds (for routes that build their own
+    prompt, SGLang's /generate; the OpenAI routes go through `parse_completion` / `parse_chat` whole)."""
+    return _params(_sampling(body, prompt_len=prompt_len, max_context=max_context))
+
+
+# sglang-router's disaggregation fields ---------------------------------------------------------------
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+@dataclass(frozen=True)
+class PdRoute:
+    """Where sglang-router sent one disaggregated request: prefill's bootstrap host and port, and the room
+    that pairs the request's prefill half with its decode half."""
+
+    host: str
+    port: int
+    room: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bootstrap_host": self.host, "bootstrap_port": self.port, "bootstrap_room": self.room}
+
+
+def pd_route(body: dict[str, Any]) -> PdRoute | None:
+    """The PD routing fields of a request (all three, or none), type-checked."""
+    present = [k for k in BOOTSTRAP_FIELDS if body.get(k) is not None]
+    if not present:
+        return None
+    if len(present) != len(BOOTSTRAP_FIELDS):
+        missing = [k for k in BOOTSTRAP_FIELDS if k not in present]
+        raise RequestError(f"{', '.join(missing)} missing: a disaggregated request carries all of "
+                           f"{', '.join(BOOTSTRAP_FIELDS)}", param=missing[0])
+    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise RequestError("bootstrap_host must be a host name or address", param="bootstrap_host")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
+    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
+        raise RequestError("bootstrap_room must be a non-negative 64-bit integer", param="bootstrap_room")
+    return PdRoute(host=host, port=int(port), room=int(room))
 
 
 def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: list[int],
@@ -332,15 +387,15 @@ def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: li
         include_usage = _boolean(options, "include_usage", where="stream_options.")
     echo = False if chat else _boolean(body, "echo")
     logprobs = _logprobs(body, chat=chat)
-    params = _sampling(body, prompt_len=len(prompt_ids), info=info)
-    params.update(_logit_processors(body, info, vocab_size))
+    fields = _sampling(body, prompt_len=len(prompt_ids), max_context=info.max_context)
+    fields.update(_logit_processors(body, info, vocab_size))
     if logprobs is not None:
-        if not getattr(info, "supports_logprobs", False):
+        if not info.supports_logprobs:
             raise _refuse("logprobs", "this role's engine does not report log-probabilities (the colocated "
                                       "builtin engine does)")
-        params["logprobs"] = logprobs
+        fields["logprobs"] = logprobs
     return GenerationRequest(
-        chat=chat, prompt_ids=prompt_ids, prompt_text=prompt_text, params=params, model=_model(body, info),
+        chat=chat, prompt_ids=prompt_ids, prompt_text=prompt_text, params=_params(fields), model=_model(body, info),
         stream=stream, include_usage=include_usage, return_token_ids=_boolean(body, "return_token_ids"),
         echo=echo, logprobs=logprobs, extra={k: v for k, v in body.items() if k not in KNOWN_FIELDS},
     )

@@ -53,7 +53,6 @@ from specctl.engine.serve.backend import (
     EngineBackend,
     RoleContext,
     draft_runner_of,
-    sampling_params_of,
     secret_of,
     warn_unauthenticated,
 )
@@ -66,6 +65,8 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.pd.registration import RegistrationInfo
     from specctl.engine.pd.transfer import TransferResult
     from specctl.engine.prefill_export import PrefillExport
+    from specctl.engine.sampling_params import SamplingParams
+    from specctl.engine.serve.openai_request import PdRoute
 
 log = logging.getLogger("specctl.prefill")
 
@@ -183,15 +184,15 @@ class PrefillBackend(EngineBackend):
         await super().close()
 
     # Backend protocol -----------------------------------------------------------------------------
-    def check_params(self, params: dict[str, Any]) -> None:
+    def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
         from specctl.engine.serve.http import RequestError
 
-        if "bootstrap_room" not in params:
+        if route is None:
             raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
                                param="bootstrap_room")
-        if self.rooms.serving(room_key(int(params["bootstrap_room"]))):  # generate() would fail it as a 503
-            raise RequestError(f"bootstrap_room {params['bootstrap_room']} is already being served by this prefill; "
+        if self.rooms.serving(room_key(route.room)):  # generate() would fail it as a 503
+            raise RequestError(f"bootstrap_room {route.room} is already being served by this prefill; "
                                "each request needs a room of its own", param="bootstrap_room", status=409,
                                code="room_in_use")
 
@@ -203,11 +204,12 @@ class PrefillBackend(EngineBackend):
     def load_info(self) -> dict[str, int]:
         return {"num_reqs": len(self.rooms)}
 
-    async def generate(self, prompt_ids: list[int], params: dict[str, Any], *, stream: bool = True
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
+                       stream: bool = True) -> AsyncIterator[RequestOutput]:
         """The HTTP half of one room: prefill it in the Engine, wait for its claim, send, answer token 1
         (one token either way, so `stream` changes nothing here)."""
-        key = room_key(int(params["bootstrap_room"]))
+        assert route is not None  # check_params refused a request without one
+        key = room_key(route.room)
         try:
             room = self.rooms.open(key, list(prompt_ids))
         except RoomFailure as exc:
@@ -247,11 +249,11 @@ class PrefillBackend(EngineBackend):
         if error != "aborted":
             yield RequestOutput([], True, "error", error, error_status=error_status)
 
-    async def _prefill(self, prompt_ids: list[int], params: dict[str, Any]) -> RequestOutput:
+    async def _prefill(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
         """Run the prompt through the Engine with `export_after_prefill`; the final output carries the export."""
         # Prefill samples token 1 only; decode applies the request's stop conditions to it (add_imported),
         # so here nothing may finish the request before its caches are exported.
-        sp = dataclasses.replace(sampling_params_of(params), max_tokens=2, stop=(), ignore_eos=True)
+        sp = dataclasses.replace(params, max_tokens=2, stop=(), ignore_eos=True)
         assert self.aengine is not None
         final = RequestOutput([], True, "error", "prefill produced no result")
         async for item in self.aengine.generate(
@@ -270,7 +272,7 @@ class PrefillBackend(EngineBackend):
         runner = draft_runner_of(self.engine)
         if runner is None:
             return {}
-        dtype = getattr(torch, str(runner.layout().get("dtype", "float32")))
+        dtype = getattr(torch, runner.layout().dtype)
         out = {}
         for name, shape in runner.cache.export_shapes(0).items():
             out[f"draft.{name}"] = torch.zeros(shape, dtype=torch.float32 if name == "mamba_ssm" else dtype)

@@ -22,9 +22,9 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
 
 `/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it (`sglang_server_args`).
-`bootstrap_fields(body)` reads the PD fields sglang-router adds to every request (`bootstrap_host`,
-`bootstrap_port`, `bootstrap_room`); both the OpenAI and the native routes pass them to `Backend.generate`
-in the params dict. Every malformed request is a 4xx JSON error.
+The PD fields sglang-router adds to every request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) are
+read by `openai_request.pd_route`; both the OpenAI and the native routes pass them to `Backend.generate` as its
+`route`, beside the request's `SamplingParams`. Every malformed request is a 4xx JSON error.
 """
 
 from __future__ import annotations
@@ -37,35 +37,16 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from specctl.engine.detokenizer import Detokenizer
-from specctl.engine.serve.http import RequestError, json_error, sampling_params
-from specctl.engine.serve.openai_request import _check_ids
+from specctl.engine.serve.http import RequestError, json_error
+from specctl.engine.serve.openai_request import PdRoute, _check_ids, pd_route, sampling_params
 from specctl.engine.serve.spec_stats import RequestClock, request_meta
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.serve.http import OpenAIServer
 
-BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 VERSION = "specctl-0.1.0"
-
-
-def bootstrap_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """The PD routing fields of a request (all three, or none), type-checked."""
-    present = [k for k in BOOTSTRAP_FIELDS if body.get(k) is not None]
-    if not present:
-        return {}
-    if len(present) != len(BOOTSTRAP_FIELDS):
-        missing = [k for k in BOOTSTRAP_FIELDS if k not in present]
-        raise RequestError(f"{', '.join(missing)} missing: a disaggregated request carries all of "
-                           f"{', '.join(BOOTSTRAP_FIELDS)}", param=missing[0])
-    host, port, room = body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]
-    if not isinstance(host, str) or not host or len(host) > 255:
-        raise RequestError("bootstrap_host must be a host name or address", param="bootstrap_host")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise RequestError("bootstrap_port must be a port number", param="bootstrap_port")
-    if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
-        raise RequestError("bootstrap_room must be a non-negative 64-bit integer", param="bootstrap_room")
-    return {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": int(room)}
 
 
 def tokenizer_dir(model_dir: Path) -> Path:
@@ -176,8 +157,7 @@ class SglangRoutes:
         return await self.server.server_info(request)  # SGLang serves both names
 
     async def get_load(self, request: web.Request) -> web.Response:
-        load = getattr(self.backend, "load_info", None)
-        info = load() if callable(load) else {}
+        info = self.backend.load_info()
         return web.json_response([{"dp_rank": 0, "num_reqs": int(info.get("num_reqs", self.server.in_flight)),
                                    "num_waiting_reqs": int(info.get("num_waiting_reqs", 0)),
                                    "num_tokens": int(info.get("num_tokens", 0))}])
@@ -221,10 +201,8 @@ class SglangRoutes:
             exc.param = {"prompt": prompt, "messages": prompt, "max_tokens": "sampling_params.max_new_tokens",
                          None: None}.get(exc.param, f"sampling_params.{exc.param}")
             raise
-        params.update(bootstrap_fields(body))
-        check = getattr(self.backend, "check_params", None)
-        if check is not None:
-            check(params)
+        route = pd_route(body)
+        self.backend.check_params(params, route)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream must be a boolean", param="stream")
@@ -232,16 +210,16 @@ class SglangRoutes:
         self.server.in_flight += 1
         try:
             if stream:
-                return await self._stream(request, ids, params, rid)
-            return await self._unary(ids, params, rid)
+                return await self._stream(request, ids, params, route, rid)
+            return await self._unary(ids, params, route, rid)
         finally:
             self.server.in_flight -= 1
 
-    async def _unary(self, ids: list[int], params: dict[str, Any], rid: str) -> web.Response:
+    async def _unary(self, ids: list[int], params: SamplingParams, route: PdRoute | None, rid: str) -> web.Response:
         clock = RequestClock()
         out: list[int] = []
         final = None
-        async for item in self.backend.generate(ids, params, stream=False):
+        async for item in self.backend.generate(ids, params, route=route, stream=False):
             clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             if item.finished:
@@ -251,22 +229,21 @@ class SglangRoutes:
             code = (final.error_status if final else None) or 503
             self.server.metrics.http_errors.inc(code=str(code))
             return json_error((final.error if final else None) or "generation ended without a result", status=code)
-        meta = self.server.finished_meta(rid, len(ids), len(out), final, clock, params)
+        meta = self.server.finished_meta(rid, len(ids), len(out), final, clock, params, route)
         text = final.text if final.text is not None else self.backend.decode(out)
         return web.json_response({"text": text, "output_ids": out, "meta_info": meta})
 
-    async def _stream(self, request: web.Request, ids: list[int], params: dict[str, Any], rid: str
-                      ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, ids: list[int], params: SamplingParams, route: PdRoute | None,
+                      rid: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         clock = RequestClock()
         out: list[int] = []
         # The one incremental detokenizer, as the OpenAI stream uses it: O(window) work per token, and the tail
         # a stop string may still cut is held back until the engine's final text decides it.
-        stops = params.get("stop") or []
-        detok = Detokenizer(self.backend, holdback=max((len(x) for x in stops), default=1) - 1)
+        detok = Detokenizer(self.backend, holdback=max((len(x) for x in params.stop), default=1) - 1)
         text = ""
-        async for item in self.backend.generate(ids, params):
+        async for item in self.backend.generate(ids, params, route=route):
             clock.tokens(item.token_ids)
             out.extend(item.token_ids)
             final = item if item.finished else None
@@ -276,7 +253,7 @@ class SglangRoutes:
                 break
             text += detok.push(item.token_ids, final=final is not None, final_text=item.text)
             meta = (meta_info(rid, len(ids), out, None) if final is None
-                    else self.server.finished_meta(rid, len(ids), len(out), final, clock, params))
+                    else self.server.finished_meta(rid, len(ids), len(out), final, clock, params, route))
             chunk = {"text": text, "output_ids": list(out), "meta_info": meta}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if final is not None:

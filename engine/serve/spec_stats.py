@@ -25,17 +25,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 EXPORT_DIR_ENV = "SPECCTL_EXPORT_METRICS_TO_FILE_DIR"
 
 
-def launch_steps(backend: object) -> int | None:
-    """The launch-time draft length of a serving backend's role (None: no speculation, or unknown)."""
-    role = getattr(getattr(backend, "ctx", None), "role", None)
-    spec = role.get("speculative") if isinstance(role, dict) else None
+def launch_steps(role: Mapping[str, Any]) -> int | None:
+    """The launch-time draft length of a serving role (its merged config; None: no speculation, or unknown)."""
+    spec = role.get("speculative")
     if not isinstance(spec, dict) or str(spec.get("algorithm") or "none") == "none":
         return None
     steps = spec.get("num_steps")

@@ -356,18 +356,19 @@ class SpeculativeDecoder:
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq.rid)
 
-    # -- PD: draft-model cache hand-over (optional; without it decode rebuilds the draft cache from tokens)
+    # -- PD: draft-model cache hand-over (a drafter without a cache hands nothing; decode rebuilds from tokens)
+    @property
+    def draft_runner(self) -> ModelRunner | None:
+        return self.drafter.runner
+
     def export_draft(self, seq: Sequence) -> tuple[dict[str, torch.Tensor], int] | None:
         """Prefill side: the draft model's cache of `seq` (all but the newest token) and its length, or None
         when the drafter keeps no cache (n-gram)."""
-        export = getattr(self.drafter, "export_request", None)
-        return export(seq) if export is not None else None
+        return self.drafter.export_request(seq)
 
     def import_draft(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
         """Decode side: install a draft cache received from prefill (`Engine.add_imported` calls this)."""
-        imp = getattr(self.drafter, "import_request", None)
-        if imp is not None:
-            imp(seq, tensors, length)
+        self.drafter.import_request(seq, tensors, length)
 
     # -- observability -------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

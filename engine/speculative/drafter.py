@@ -55,8 +55,15 @@ class DraftBuffers:
 
 
 class Drafter(Protocol):
+    """What the speculative decoder asks of a drafter (every drafter implements all of it). `runner` is
+    the draft model's runner (None for a drafter without a model); `export_request` / `import_request`
+    hand its cache of one request over in PD (None / a no-op for a drafter that keeps no cache)."""
+
     name: str
     samples: bool
+
+    @property
+    def runner(self) -> ModelRunner | None: ...
 
     def propose(self, seqs: Seq[Sequence], budgets: Seq[int], buf: DraftBuffers) -> None: ...
 
@@ -65,6 +72,10 @@ class Drafter(Protocol):
     def release(self, rid: int) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def export_request(self, seq: Sequence) -> tuple[dict[str, torch.Tensor], int] | None: ...
+
+    def import_request(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None: ...
 
 
 class NgramIndex:
@@ -112,6 +123,7 @@ class NgramDrafter:
 
     name = "ngram"
     samples = False
+    runner = None  # no draft model
 
     def __init__(self, *, min_match: int = 1, max_match: int = 4) -> None:
         if not 1 <= min_match <= max_match:
@@ -160,6 +172,13 @@ class NgramDrafter:
 
     def release(self, rid: int) -> None:
         self._index.pop(rid, None)
+
+    def export_request(self, seq: Sequence) -> None:
+        """No cache to hand over: decode's index is rebuilt from the request's tokens."""
+        return None
+
+    def import_request(self, seq: Sequence, tensors: dict[str, torch.Tensor], length: int) -> None:
+        pass
 
     def stats(self) -> dict[str, Any]:
         return {"drafter": self.name, "min_match": self.min_match, "max_match": self.max_match,

@@ -159,7 +159,7 @@ def _measure(
     greedy and the sampled prices alike. Measured one table after the other, a slow phase priced a sampled
     plain step below a greedy one, though a sampled step does more (it draws), and `tune` weighed sampled traces
     at flatter prices (benchmarks/RESULTS.md)."""
-    from specctl.engine.sampling import SamplingParams
+    from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.speculative.decoder import SpeculativeDecoder
 
     decoder = engine.decoder
