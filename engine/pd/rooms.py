@@ -27,7 +27,9 @@ Prefill's side, `PrefillRooms` (one per prefill process, used from its event loo
 Decode's side, `DecodeRooms`: each claimed room's wait for its payload, timed by prefill's liveness, and the
 session keys of rooms just closed (see the class).
 
-Nothing outlives its bound: every room either completes, fails or expires within `timeout_s` of its first half.
+Every room leaves its table: completed, failed, or expired (a claim without its HTTP half, or an HTTP half without
+its claim, `timeout_s` after it came; a claimed room waiting for its payload, `timeout_s` after prefill's last sign
+of progress).
 """
 
 from __future__ import annotations
