@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from specctl.bench.probe import merge_server_info
 from specctl.bench.runner import Provenance
+from specctl.preflight.reader import get_json
 from specctl.schemas import server_info as si
 
 if TYPE_CHECKING:
@@ -88,9 +89,7 @@ def engine_roles(launcher: Launcher) -> tuple[tuple[str, str], ...]:
 
 
 def _get_info(url: str) -> dict[str, Any] | None:
-    """The server's /server_info, or None when it did not answer one (the launcher's `_get_json`: no server,
-    an error status, or an answer that is not HTTP or not a JSON object)."""
-    from specctl.orchestrate.launcher import _get_json
-
-    body, code = _get_json(url.rstrip("/") + "/server_info", timeout=5)
+    """The server's /server_info, or None when it did not answer one (no server, an error status, or an
+    answer that is not HTTP or not a JSON object)."""
+    body, code = get_json(url.rstrip("/") + "/server_info", 5.0)
     return body if code == 200 and body else None

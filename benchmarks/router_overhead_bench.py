@@ -88,7 +88,7 @@ def main() -> int:
             if time.monotonic() > deadline or router.poll() is not None:
                 raise SystemExit(f"sglang-router did not become ready; log: {tmp / 'router.log'}")
             time.sleep(0.2)
-        body = {"model": dep.role("colocated")["model"]["target"], "prompt": "def parse(path):\n",
+        body = {"model": dep.role("colocated").model.target, "prompt": "def parse(path):\n",
                 "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
         for url in (direct_url, router_url):  # warm-up: connections, first forwards
             for _ in range(3):

@@ -101,6 +101,7 @@ from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.schemas.model_facts import resolve_model_dir
+from specctl.schemas.role_config import SpeculativeConfig
 
 # the batch sizes every engine here pads to (its graph sizes); adaptive buckets route by them
 GRAPH_BATCH_SIZES = (1, 2, 4, 8)
@@ -208,7 +209,7 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int, kind: str =
                 max_batch_size=max(max_batch, 1), graph_batch_sizes=GRAPH_BATCH_SIZES)
     steps = [int(s) for s in args.steps.split(",")]
     if name == "none":
-        return Engine(EngineConfig(speculative={"algorithm": "none"}, **base))  # type: ignore[arg-type]
+        return Engine(EngineConfig(**base))  # type: ignore[arg-type]
     drafter_kind, _, mode = name.partition(":")
     spec: dict[str, Any] = {"algorithm": "draft", "draft": args.draft}
     if drafter_kind == "ngram":
@@ -227,7 +228,7 @@ def make_engine(args: argparse.Namespace, name: str, max_batch: int, kind: str =
     trace = {}
     if getattr(args, "trace_out_now", None):
         trace = {"trace_out": args.trace_out_now, "trace_steps": args.trace_steps}
-    cfg = EngineConfig(speculative=spec, **base, **trace)  # type: ignore[arg-type]
+    cfg = EngineConfig(speculative=SpeculativeConfig.from_json(spec), **base, **trace)  # type: ignore[arg-type]
     if drafter_kind == "never":
         runner = ModelRunner(cfg.model_ref, device=args.device, page_size=cfg.page_size, max_tokens=cfg.max_tokens,
                              max_requests=cfg.max_batch_size, max_draft_tokens=cfg.max_draft_tokens)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -141,20 +141,20 @@ def load_setup(
                 f"{config}: no decode or colocated role (roles: {', '.join(dep.roles)}); nothing decodes here",
             )
         role = dep.role(role_name)
-        spec, serve = role["speculative"], role["serve"]
-        if not spec.get("adaptive") or spec.get("algorithm") == "none":
+        spec, serve = role.speculative, role.serve
+        if not spec.adaptive or spec.algorithm == "none":
             raise UsageError(
-                f"{config}: the {role_name} role has no adaptive steps (algorithm {spec.get('algorithm')}, "
-                f"fixed num_steps {spec.get('num_steps')}); nothing to simulate",
+                f"{config}: the {role_name} role has no adaptive steps (algorithm {spec.algorithm}, "
+                f"fixed num_steps {spec.num_steps}); nothing to simulate",
                 hint="add speculative.adaptive with buckets, or pass an SGLang adaptive JSON",
             )
         base = override_path(dep.raw, role_name, "speculative", "adaptive")
         init_path = override_path(dep.raw, role_name, "speculative", "num_steps")
-        cfg, findings = parse_deployment_adaptive(spec["adaptive"], base_path=base)
+        cfg, findings = parse_deployment_adaptive(spec.adaptive, base_path=base)
         if initial_steps is None:
-            initial_steps = spec.get("num_steps")
-        graphs = tuple(serve.get("graph_batch_sizes") or ()) if graph_batch_sizes is None else tuple(graph_batch_sizes)
-        max_bs = serve.get("max_batch_size")
+            initial_steps = spec.num_steps
+        graphs = serve.graph_batch_sizes if graph_batch_sizes is None else tuple(graph_batch_sizes)
+        max_bs = serve.max_batch_size
         if doc is None:
             doc = load_document(dep.path) if dep.path else None
     coverage = None
@@ -326,14 +326,49 @@ def _engine_config(config: str, overrides: Sequence[str]) -> tuple[Any, str]:
 
 @adaptive_app.command("profile")
 def profile_command(
-    config: Annotated[str, typer.Option("-c", "--config", help="Deployment file or preset (its decode or "
-                                        "colocated role is profiled).", show_default=False)],
+    config: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "-c", "--config", help="Deployment file or preset: its decode (or colocated) role is profiled in this "
+        "process, or, with --relaunch (implied by engine: sglang), the deployment is launched at each of --steps "
+        "in turn and measured as it serves.", show_default=False)] = None,
+    url: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
+        "--url", metavar="URL", help="Measure a running server (specctl's or SGLang's, directly or behind a "
+        "router) at the steps it runs; repeat for servers at other fixed steps (a server without speculation "
+        "gives steps 0). The server must run fixed steps (adaptive off).", show_default=False)] = None,
+    relaunch: Annotated[bool, typer.Option(
+        "--relaunch", help="With -c: launch the deployment at each of --steps (speculative.num_steps=K, adaptive "
+        "off; K = 0 without speculation), measure it as --url does, and stop it. Implied by engine: sglang "
+        "(which needs the GPU SGLang runs on).")] = False,
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", metavar="1,2,4,8",
                                              help="Batch sizes to measure.")] = "1,2,4,8",
-    steps: Annotated[str, typer.Option("--steps", metavar="0,1,...", help="Speculative steps to measure "
-                                       "(0 = plain decoding).")] = "0,1,2,3,4,5,6,7",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds over the steps.")] = 6,
-    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round.")] = 6,
+    steps: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--steps", metavar="0,1,...", help="Speculative steps to measure (0 = plain decoding; default "
+        "0,1,...,7). Not with --url: a server measures the steps it runs.", show_default=False)] = None,
+    rounds: Annotated[Optional[int], typer.Option(  # noqa: UP045
+        "--rounds", min=1, help="Interleaved rounds over the steps (in process; default 6), or waves per batch "
+        "size (served; default 3).", show_default=False)] = None,
+    iters: Annotated[int, typer.Option("--iters", min=1, help="Timed engine steps per point and round "
+                                       "(in process).")] = 6,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", min=2, help="Served: tokens each request generates (ignore_eos); longer requests "
+        "time more steps each.")] = 64,
+    request_timeout: Annotated[float, typer.Option(
+        "--request-timeout", min=1.0, help="Served: seconds one request may take.")] = 300.0,
+    estimate_steps: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--estimate-steps", metavar="1,2,4", help="Add these steps, not measured, as an ESTIMATE: linear in the "
+        "steps through the two nearest measured ones at each batch size. The cost model is then labelled an "
+        "estimate (meta.estimate), and `tune` says so.", show_default=False)] = None,
+    aic_system: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--aiconfigurator-system", metavar="SYSTEM", help="Measure nothing: ESTIMATE every point with NVIDIA's "
+        "aiconfigurator (pip install \"specctl[aiconfigurator]\") for this GPU system (e.g. h100_sxm), offline, "
+        "for the models it ships configs for; labelled an estimate in the JSON and in what `tune` prints.",
+        show_default=False)] = None,
+    aic_model: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        "--aiconfigurator-model", metavar="ID", help="The model aiconfigurator estimates (a Hugging Face id it "
+        "ships, or a local model directory; default: -c's model.target).", show_default=False)] = None,
+    aic_backend: Annotated[str, typer.Option(
+        "--aiconfigurator-backend", help="The serving engine's performance database: sglang, vllm or trtllm.")]
+    = "sglang",
+    aic_tp: Annotated[int, typer.Option("--aiconfigurator-tp", min=1, help="Tensor parallel size estimated.")] = 1,
     temperature: Annotated[float, typer.Option(
         "--temperature", min=0.0, help="Sampling temperature of the profiled requests: match the workload's "
         "(sampled verify is rejection sampling, which costs somewhat more than greedy).")] = 0.0,
@@ -353,47 +388,169 @@ def profile_command(
         show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option(  # noqa: UP045
         "--output", "-o", help="Write the cost model here (default: stdout).", show_default=False)] = None,
+    report_format: Annotated[OutputFormat, typer.Option(
+        "--format", help="With --output: the summary on stdout as text or one JSON object (without --output, "
+        "stdout is the cost model's JSON).")] = OutputFormat.text,
     set_values: SetOption = None,
 ) -> None:
-    """Measure one decode step's wall time (draft + verify) per (batch size, steps): the cost model `tune` reads.
+    """Measure one decode step's time (draft + verify) per (batch size, steps): the cost model `tune` reads.
 
-    Runs the deployment's engine in this process (no server), greedy requests kept decoding at each batch
-    size while the decoder is pinned to each step in turn; medians over interleaved rounds. For a colocated
-    role each point also measures its refill: what the steps after a request joins (its prefill, in the
-    same process) take beyond settled ones, which `tune` adds at every replayed step where requests joined.
-    A PD decode role prefills nothing itself: no refill is measured or priced there. Progress on stderr;
-    the JSON goes to --output or stdout.
+    Measured three ways, one JSON. In process (-c DEPLOY): runs the deployment's engine here (no server), requests kept
+    decoding at each batch size while the decoder is pinned to each step in turn; medians over interleaved
+    rounds. For a colocated role each point also measures its refill: what the steps after a request joins
+    take beyond settled ones, which `tune` adds where requests joined; a PD decode role prefills nothing
+    itself: no refill there.
+
+    On a running server (--url URL): waves of --batch-sizes streamed requests sent together; each request's
+    first-to-last-token time over its verify count (SGLang's spec_verify_ct, in sglext.spec_tokens_details)
+    is one step at that batch size; medians over --rounds waves. A server runs one fixed step K, so it gives
+    the column K (a server without speculation gives 0, which tune needs for its baseline): repeat --url for
+    servers at other steps. The times are served steps (they include the serving loop's turn).
+
+    Relaunched (-c DEPLOY --relaunch --steps 0,3,5): the deployment launched at each step in turn (on free
+    ports) and measured as --url does: every K measured on the engine the deployment names (engine: sglang
+    needs its GPU). --estimate-steps fills steps nobody measured, and --aiconfigurator-system prices every point
+    from NVIDIA's aiconfigurator (an optional extra) where no GPU is at hand: both labelled an estimate, in the
+    JSON and in what `tune` prints. Progress on stderr.
+    Exit codes: 0 ok, 2 bad options or an adaptive server, 3 a server that fails or cannot launch.
     """
     with handle_errors():
-        from specctl.engine.install import require_engine
-
-        require_engine("specctl adaptive profile")
-        if clock not in ("wall", "cpu"):
-            raise UsageError(f"--clock {clock!r}: expected wall or cpu", hint="pass --clock wall or --clock cpu")
         sizes = parse_int_list(batch_sizes, option="--batch-sizes")
-        step_list = _parse_steps(steps)
-        cfg, role = _engine_config(config, set_values or ())
-        from specctl.engine.speculative.profile import profile_costs
+        if sorted(set(sizes)) != sorted(sizes) or min(sizes) < 1:
+            raise UsageError(f"--batch-sizes {batch_sizes!r}: expected distinct integers >= 1, e.g. 1,2,4,8")
+        step_list = _parse_steps(steps) if steps is not None else list(range(8))
 
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
         def progress(line: str) -> None:
             sys.stderr.write(line + "\n")
 
-        cost = profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
-                             sampled_temperature=sampled_temperature, clock=clock, prompt_tokens=prompt_tokens,
-                             refill=role == "colocated", progress=progress)
-        text = json.dumps(cost.to_json(), indent=2) + "\n"
-        if output is None:
-            sys.stdout.write(text)
+        if url and config is not None:
+            raise UsageError("give --url URL (a running server) or -c DEPLOY, not both")
+        if relaunch and config is None:
+            raise UsageError("--relaunch launches a deployment: give -c DEPLOY")
+        if aic_system is not None:
+            if url or relaunch:
+                raise UsageError("--aiconfigurator-system estimates instead of measuring: not with --url or --relaunch")
+            cost = _aiconfigurator_estimate(config, set_values or (), aic_model, aic_system, aic_backend, aic_tp,
+                                            sizes, step_list, prompt_tokens, progress)
+            _write_cost(cost, output, report_format)
+            return
+        if url or relaunch or _sglang_engine(config, set_values or ()):
+            unsupported = [name for name, given in (("--sampled-temperature", sampled_temperature is not None),
+                                                    ("--temperature", temperature != 0.0),
+                                                    ("--threads", threads is not None), ("--clock", clock != "wall"))
+                           if given]
+            if unsupported:
+                raise UsageError(f"{', '.join(unsupported)}: in-process options; a served measurement sends greedy "
+                                 "requests and times them by the wall clock",
+                                 hint="drop them, or profile in process (-c DEPLOY without --relaunch)")
+        if url:
+            from specctl.adaptive.served_cost import merge_cost_models
+            from specctl.bench.step_cost import profile_urls
+
+            if steps is not None:
+                raise UsageError("--steps applies to -c DEPLOY: a server measures the steps it runs",
+                                 hint="run servers at other fixed steps and repeat --url, or use -c DEPLOY --relaunch")
+            profiles = profile_urls(url, sizes, rounds=rounds or 3, max_tokens=max_tokens, timeout_s=request_timeout,
+                                    prompt_tokens=prompt_tokens, progress=progress)
+            cost = merge_cost_models([p.model for p in profiles])
+        elif config is None:
+            raise UsageError("give -c DEPLOY (in process, or --relaunch) or --url URL (a running server)")
+        elif relaunch or _sglang_engine(config, set_values or ()):
+            from specctl.bench.step_cost import profile_relaunch
+
+            cost = profile_relaunch(config, step_list, sizes, overrides=set_values or (), rounds=rounds or 3,
+                                    max_tokens=max_tokens, timeout_s=request_timeout, prompt_tokens=prompt_tokens,
+                                    progress=progress)
         else:
-            try:
-                output.write_text(text)
-            except OSError as exc:
-                raise UsageError(f"{output}: cannot write the cost model: {exc.strerror or exc}") from None
-            sys.stderr.write(f"wrote {output}\n")
+            cost = _profile_in_process(config, set_values or (), sizes, step_list, rounds=rounds or 6, iters=iters,
+                                       temperature=temperature, sampled_temperature=sampled_temperature,
+                                       threads=threads, clock=clock, prompt_tokens=prompt_tokens, progress=progress)
+        if estimate_steps is not None:
+            from specctl.adaptive.served_cost import with_estimated_steps
+
+            cost = with_estimated_steps(cost, _parse_steps(estimate_steps),
+                                        "--estimate-steps: no measurement at these steps")
+        _write_cost(cost, output, report_format)
+
+
+def _aiconfigurator_estimate(config: str | None, overrides: Sequence[str], model: str | None, system: str,
+                             backend: str, tp: int, sizes: Sequence[int], step_list: Sequence[int],
+                             prompt_tokens: int | None, progress: Callable[[str], None]) -> Any:
+    """aiconfigurator's labelled estimate of the deployment's (or --aiconfigurator-model's) steps."""
+    from specctl.adaptive.aiconfigurator_cost import estimate_costs
+
+    if model is None:
+        if config is None:
+            raise UsageError("--aiconfigurator-system needs the model: -c DEPLOY or --aiconfigurator-model ID")
+        from specctl.schemas.deployment import load_deployment
+
+        dep = load_deployment(config, overrides=overrides)
+        role = next((r for r in ("decode", "colocated") if r in dep.roles), None)
+        target = dep.role(role).model.target if role is not None else None
+        if not isinstance(target, str) or not target:
+            raise UsageError(f"{config}: no model.target to estimate", hint="pass --aiconfigurator-model ID")
+        model = target
+    return estimate_costs(model, system, sizes, step_list, backend=backend, isl=prompt_tokens or 512, tp_size=tp,
+                          progress=progress)
+
+
+def _sglang_engine(config: str | None, overrides: Sequence[str]) -> bool:
+    """Whether the deployment runs SGLang (which this process cannot run: it is measured relaunched)."""
+    if config is None:
+        return False
+    from specctl.schemas.deployment import load_deployment
+
+    return load_deployment(config, overrides=overrides).engine == "sglang"
+
+
+def _profile_in_process(config: str, overrides: Sequence[str], sizes: Sequence[int], step_list: Sequence[int], *,
+                        rounds: int, iters: int, temperature: float, sampled_temperature: float | None,
+                        threads: int | None, clock: str, prompt_tokens: int | None,
+                        progress: Callable[[str], None]) -> Any:
+    from specctl.engine.install import require_engine
+
+    require_engine("specctl adaptive profile")
+    if clock not in ("wall", "cpu"):
+        raise UsageError(f"--clock {clock!r}: expected wall or cpu", hint="pass --clock wall or --clock cpu")
+    cfg, role = _engine_config(config, overrides)
+    from specctl.engine.speculative.profile import profile_costs
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return profile_costs(cfg, sizes, step_list, rounds=rounds, iters=iters, temperature=temperature,
+                         sampled_temperature=sampled_temperature, clock=clock, prompt_tokens=prompt_tokens,
+                         refill=role == "colocated", progress=progress)
+
+
+def _write_cost(cost: Any, output: Path | None, report_format: OutputFormat) -> None:
+    """The cost model to --output (and a summary on stdout) or to stdout; a missing steps 0 is said."""
+    text = json.dumps(cost.to_json(), indent=2) + "\n"
+    notes = []
+    if 0 not in cost.steps:
+        notes.append("no steps 0 (plain decoding) measured: `tune` prices no speculation with it; add a server "
+                     "without speculation (another --url), or --relaunch with 0 in --steps")
+    if cost.estimate is not None:
+        notes.append(f"an ESTIMATE, not a measurement: {cost.estimate}")
+    for note in notes:
+        sys.stderr.write(f"note: {note}\n")
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"{output}: cannot write the cost model: {exc.strerror or exc}") from None
+    summary = {"output": str(output), "batch_sizes": list(cost.batch_sizes), "steps": list(cost.steps),
+               "measured_steps": cost.meta.get("served_steps", list(cost.steps)), "estimate": cost.estimate,
+               "step_s": {str(b): {str(k): t for k, t in row.items()} for b, row in sorted(cost.step_s.items())},
+               "notes": notes}
+    if report_format is OutputFormat.json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        sys.stdout.write(f"wrote {output}: steps {list(cost.steps)} at batch sizes {list(cost.batch_sizes)}"
+                         + (" (an ESTIMATE)" if cost.estimate is not None else "") + "\n")
 
 
 def _parse_steps(text: str) -> list[int]:

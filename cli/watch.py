@@ -109,12 +109,12 @@ def _build(prefill: str | None, decode: str | None, router: str | None, config: 
             prefill, decode = prefill or p_url, decode or d_url
         if router is None and "router" in dep.roles:
             r = dep.role("router")
-            host = "127.0.0.1" if r.get("host") in (None, "0.0.0.0", "::", "") else str(r.get("host"))
-            router = f"http://{host}:{r.get('port')}" if isinstance(r.get("port"), int) else None
-        got = roles.get("decode", {}).get("speculative")
-        spec: dict[str, Any] = dict(got) if isinstance(got, dict) else {}
-        steps = spec.get("num_steps")
-        tier = policy_tier(spec.get("adaptive"), steps if isinstance(steps, int) else 1)
+            host = "127.0.0.1" if r.host in ("0.0.0.0", "::", "") else r.host
+            router = f"http://{host}:{r.port}" if r.port is not None else None
+        decode_role = roles.get("decode")
+        spec = decode_role.speculative if decode_role is not None else None
+        steps = spec.num_steps if spec is not None else None
+        tier = policy_tier(spec.adaptive if spec is not None else None, steps if steps is not None else 1)
     elif sets:
         raise UsageError("--set applies to a deployment (-c)")
     if prefill is None or decode is None:

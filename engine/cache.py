@@ -30,14 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specctl.engine import smallgemm
+from specctl.engine import ops
 from specctl.engine.model import ModelConfig, attention_mask, sdpa
 from specctl.errors import RuntimeFailure
 
 # Key position of padding: larger than any query position, so the causal mask always hides it.
 _PAD_POS = 1 << 40
-# Forwards of at most this many positions per item (decode steps, verifies) attend in the small-row kernel.
-KERNEL_ATTENTION_MAX_LEN = 16
 
 
 @dataclass
@@ -464,10 +462,6 @@ class Group:
     def keep_states(self) -> int:
         return self.cache.rollback_tokens
 
-    @property
-    def fused_max_len(self) -> int:
-        return KERNEL_ATTENTION_MAX_LEN
-
     def full_plan(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor,
                                  torch.Tensor] | None:
         c = self.cache
@@ -557,16 +551,24 @@ class Group:
             store = c.kv[c.full_index[layer]]
             self._write("full", store, k, v)
             slots, kpos = self._keys("full", "full", [0] * len(ends), ends)
-            fast = self._kernel_attention(q, store, slots, kpos, 0)
-            if fast is not None:
-                return fast
-            # single-token items that all end at the same position see every cached key: no mask needed
-            mask = None if (self.lmax == 1 and min(ends) == max(ends)) else self._mask("full", kpos, None)
-            base = c._contiguous_base(self.reqs[0]) if len(self.reqs) == 1 else None
-            if base is not None:
-                # one request on consecutive pages: its keys are a view of the pool, no gather
-                return sdpa(q, store[0].narrow(0, base, ends[0])[None], store[1].narrow(0, base, ends[0])[None], mask)
-            return sdpa(q, _gather(store[0], slots), _gather(store[1], slots), mask)
+            return ops.attention(q, store, slots, kpos, self.positions, self._qvalid, 0,
+                                 lambda: self._full_sdpa(q, store, slots, kpos))
+        return self._swa_attention(layer, q, k, v)
+
+    def _full_sdpa(self, q: torch.Tensor, store: torch.Tensor, slots: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
+        """A full layer's attention in torch: sdpa over the keys up to each item's end (written already)."""
+        c, ends = self.cache, self.ends_list
+        # single-token items that all end at the same position see every cached key: no mask needed
+        mask = None if (self.lmax == 1 and min(ends) == max(ends)) else self._mask("full", kpos, None)
+        base = c._contiguous_base(self.reqs[0]) if len(self.reqs) == 1 else None
+        if base is not None:
+            # one request on consecutive pages: its keys are a view of the pool, no gather
+            return sdpa(q, store[0].narrow(0, base, ends[0])[None], store[1].narrow(0, base, ends[0])[None], mask)
+        return sdpa(q, _gather(store[0], slots), _gather(store[1], slots), mask)
+
+    def _swa_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        ends = self.ends_list
         store = c.swa[c.swa_index[layer]]
         lo = [max(0, s - c.window + 1) for s in self.starts_list]
         if self.short:
@@ -574,10 +576,9 @@ class Group:
             # window before it: write first, then read [start - window + 1, end).
             self._write("swa", store, k, v)
             slots, kpos = self._keys("swa", "swa", lo, ends)
-            fast = self._kernel_attention(q, store, slots, kpos, c.window)
-            if fast is not None:
-                return fast
-            return sdpa(q, _gather(store[0], slots), _gather(store[1], slots), self._mask("swa", kpos, c.window))
+            return ops.attention(q, store, slots, kpos, self.positions, self._qvalid, c.window,
+                                 lambda: sdpa(q, _gather(store[0], slots), _gather(store[1], slots),
+                                              self._mask("swa", kpos, c.window)))
         # A long forward would overwrite its own window in the ring: read the cached part first.
         slots, kpos_old = self._keys("swa_old", "swa", lo, self.starts_list)
         keys = torch.cat((_gather(store[0], slots), k), dim=1)
@@ -587,21 +588,10 @@ class Group:
         self._write("swa", store, k, v)
         return out
 
-    def _kernel_attention(self, q: torch.Tensor, store: torch.Tensor, slots: torch.Tensor, kpos: torch.Tensor,
-                          window: int) -> torch.Tensor | None:
-        """A decode step's or a verify's attention in the small-row kernel (`smallgemm.SmallGemm.attention`),
-        reading the keys and values where the pools hold them; None where it does not apply (a longer
-        forward, no kernel, not float32 on the CPU), and torch's sdpa over gathered keys runs.
-
-        Why: for the few queries of a step, sdpa's own cost, the gathers of keys and values and the mask
-        were most of an attention layer's time (batch 8: 296-384 us per layer per decode step here)."""
-        if self.lmax > KERNEL_ATTENTION_MAX_LEN or q.dtype != torch.float32 or not q.is_cpu:
-            return None
-        sg = smallgemm.kernel()
-        if sg is None or store.dtype != torch.float32 or not store.is_contiguous():
-            return None
-        return sg.attention(q, store[0], store[1], slots, kpos, self.positions,
-                            None if self.all_valid else self._valid, window)
+    @property
+    def _qvalid(self) -> torch.Tensor | None:
+        """The queries' validity [b, L] (False at padding), or None when every query is real."""
+        return None if self.all_valid else self._valid
 
     def _write(self, kind: str, store: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this forward's k/v ([b, L, KV, d]) at their positions (index computed once per kind)."""

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specctl.engine import smallgemm
+from specctl.engine import ops
+from specctl.engine.ops import PackedLinear
 from specctl.schemas.model_facts import ModelFacts
 
 SSD_CHUNK = 64
@@ -50,32 +51,10 @@ CONV_UNFOLD_MAX_LEN = 8  # causal_conv: longer inputs take F.conv1d
 # torch >= 2.5 shares K/V heads inside SDPA; older versions need them repeated (pyproject allows torch 2.1).
 _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 _SDPA_GQA = _TORCH >= (2, 5)
-_FUSED_RMS_NORM = _TORCH >= (2, 4)
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sign-folded sin), each [b, L, 1, head_dim]
-# oneDNN's prepacked fp32 linear has a larger fixed cost a call but grows slowly with the rows; the
-# default kernel costs little for one row and grows linearly. Inside a whole forward (weights no longer hot
-# in cache) the packed kernel only wins from about 16 rows (benchmarks/RESULTS.md).
-PACKED_MIN_ROWS = 16
-# A larger weight (a Llama's lm_head or MLP) pays the packed kernel's fixed cost back sooner: from 8 rows a
-# random Llama (hidden 256, vocab 4096) decodes batch 8 at 4,570 vs 3,860 tok/s, while the builtin hybrid's
-# smaller matrices gain nothing there (4,115-4,420 either way), so they keep 16.
-PACKED_MIN_ROWS_LARGE = 8
-PACKED_LARGE_ELEMENTS = 1 << 18
 # forward_lone: spans of more tokens than this (a new request's prompt) attend alone, not padded with the rest
 LONE_SHORT = 16
 PACKED_MAX_BYTES = 1 << 30  # packing keeps a second copy of the weights: only for models up to 1 GiB
-# The small-row kernel (engine/smallgemm.py) up to this many rows, with one torch thread: the builtin hybrid's
-# 17 weights, hot, take 110 / 148 / 255 / 497 us at 4 / 8 / 16 / 32 rows there against oneDNN's 252 / 308 /
-# 401 / 636 (a random Llama, hidden 256: 236 / 285 / 552 / 1205 against 347 / 471 / 686 / 1194). With more
-# threads, torch's kernels spread larger products over the cores: the single-threaded kernel keeps <= 8.
-# On an AVX2-only CPU the kernel's AVX2 path is ahead up to 8 rows and close to oneDNN at 16-32; it keeps
-# 32 there too, so a verify of up to 32 rows gets its rows' decode-step bits. The AVX-512 path keeps 64
-# (SMALL_MAX_ROWS_AVX512): where both kernels run near the core's peak from 32 rows up, a batch-8 forward
-# over 5 and 8 positions (40 and 64 rows) is faster with it than with oneDNN past 32 (verify_bench.py;
-# benchmarks/RESULTS.md), and a batch-8 verify of steps 4-7 gets its decode-step bits too.
-SMALL_MAX_ROWS = 32
-SMALL_MAX_ROWS_AVX512 = 64
-SMALL_MAX_ROWS_THREADED = 8
 
 
 @dataclass(frozen=True)
@@ -225,11 +204,6 @@ class CacheContext(Protocol):
         """Every row of the group is a real token (no padding)."""
         ...
 
-    @property
-    def fused_max_len(self) -> int:
-        """The longest item a whole-model kernel call (`HybridForCausalLM._fused_layers`) may take."""
-        ...
-
     def full_plan(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor,
                                  torch.Tensor] | None:
         """For a model whose layers are all full attention, what a kernel that runs them all needs: (per layer
@@ -237,68 +211,6 @@ class CacheContext(Protocol):
         items' key slots [b, K] and key positions [b, K] as `attention` reads them); None where the
         cache cannot hand them out (then the layers go one by one through `attention`)."""
         ...
-
-
-def _can_pack(weight: torch.Tensor) -> bool:
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call, unused-ignore]
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
-
-
-def small_max_rows(kernel: smallgemm.SmallGemm) -> int:
-    """Up to how many rows (one torch thread) `kernel` multiplies rather than oneDNN (see SMALL_MAX_ROWS)."""
-    return SMALL_MAX_ROWS_AVX512 if kernel.isa == 512 else SMALL_MAX_ROWS
-
-
-class PackedLinear:
-    """y = x W^T + b through whichever CPU kernel is fastest for this many rows: up to `small_max_rows` the
-    small-row kernel (`engine/smallgemm.py`, when it builds here), else below `min_rows` (see
-    PACKED_MIN_ROWS) torch's default kernel, from there oneDNN's packed one.
-
-    The weight stays the module's parameter (loading and saving use it); the packed copy is oneDNN's
-    blocked layout of the same values and `wt` the small-row kernel's (transposed, in panels), so every kernel
-    computes the same function (up to rounding)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
-        self.out_features, self.in_features = weight.shape
-        self.min_rows = PACKED_MIN_ROWS_LARGE if weight.numel() >= PACKED_LARGE_ELEMENTS else PACKED_MIN_ROWS
-        self.small = smallgemm.kernel() if weight.dtype == torch.float32 else None
-        self.small_rows = small_max_rows(self.small) if self.small is not None else 0  # with one torch thread
-        self._pack()
-
-    def _pack(self) -> None:
-        w = self.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        self.wt = None
-        if self.small is not None and (self.bias is None or self.bias.is_contiguous()):
-            self.wt = self.small.pack(w)
-        self.version = self.weight._version  # in-place updates of the weight bump it: repack then
-
-    def small_weight(self) -> torch.Tensor | None:
-        """The small-row kernel's copy of the weight, current (repacked after an in-place update), or None."""
-        if self.wt is None or not self.weight.is_cpu:
-            return None
-        if self.weight._version != self.version:
-            self._pack()
-        return self.wt
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cpu or not self.weight.is_cpu:
-            return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self.version:
-            self._pack()
-        rows = x.numel() // self.in_features
-        if self.wt is not None and self.small is not None and rows <= (
-                self.small_rows if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED):
-            return self.small.linear(x, self.wt, self.out_features, self.bias)
-        if rows < self.min_rows:
-            return F.linear(x, self.weight, self.bias)
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return out
 
 
 def _linear(
@@ -327,20 +239,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.is_cpu and self.weight.is_cpu
-                and not torch.is_grad_enabled()):
-            # Serving on the CPU: one call of the small-row kernel (no autograd, so training keeps torch's).
-            sg = smallgemm.kernel()
-            if sg is not None:
-                return sg.rms_norm(x, self.weight, self.eps)
-        # Normalise in float32 like the reference implementations, so bf16/fp16 runs stay stable.
-        if _FUSED_RMS_NORM:
-            if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-                return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one op (same values)
-            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -631,7 +530,7 @@ class Mamba(nn.Module):
         self.norm = GatedRMSNorm(self.d_inner, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
         # see _short_consts: (the parameters, their versions, what was built from them)
-        self._consts: tuple[tuple[torch.Tensor, ...], tuple[int, ...], smallgemm.MambaConsts] | None = None
+        self._consts: tuple[tuple[torch.Tensor, ...], tuple[int, ...], ops.MambaConsts] | None = None
 
     @torch.no_grad()
     def init_ssm(self, generator: torch.Generator | None = None) -> None:
@@ -644,19 +543,27 @@ class Mamba(nn.Module):
     def forward(self, x: torch.Tensor, ctx: CacheContext | None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[b, n, hidden] -> [b, n, hidden]; with `rows` (flat indices into b * n) only those rows' outputs,
         [len(rows), hidden] (the state still advances over every position)."""
-        b, n, _ = x.shape
+        n = x.shape[1]
         zxbcdt = apply_linear(x, self.in_proj)
+        if ctx is not None and (n == 1 or n <= ctx.keep_states or self.prompt_by_recurrence):
+            # a decode step, a verify, or a prompt of a small state: the position-by-position recurrence
+            y = ops.mamba_mixer(zxbcdt, lambda sg: self._short_kernel(sg, zxbcdt, ctx),
+                                lambda: self._mixer(zxbcdt, ctx))
+        else:
+            y = self._mixer(zxbcdt, ctx)
+        return apply_linear(_take_rows(y, rows), self.out_proj)
+
+    def _mixer(self, zxbcdt: torch.Tensor, ctx: CacheContext | None) -> torch.Tensor:
+        """The mixer's torch form after in_proj: zxbcdt [b, n, width] -> the input of out_proj [b, n, d_inner],
+        the states read from and committed to `ctx` (None: zero states, nothing kept)."""
+        b, n, _ = zxbcdt.shape
         if ctx is None:
             conv_state = zxbcdt.new_zeros(b, self.conv_dim, self.d_conv - 1)
-            h0 = x.new_zeros(b, self.heads, self.head_dim, self.d_state, dtype=torch.float32)
+            h0 = zxbcdt.new_zeros(b, self.heads, self.head_dim, self.d_state, dtype=torch.float32)
             valid = None
             keep = 0
         else:
             keep = ctx.keep_states
-            if n == 1 or n <= keep or self.prompt_by_recurrence:
-                y = self._short_kernel(zxbcdt, ctx)
-                if y is not None:
-                    return apply_linear(_take_rows(y, rows), self.out_proj)
             conv_state, h0 = ctx.mamba_state(self.layer)
             valid = ctx.valid
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
@@ -684,21 +591,18 @@ class Mamba(nn.Module):
         if ctx is not None:
             ctx.mamba_commit(self.layer, xcat.transpose(1, 2), tail if tail is not None else h[:, None])
         y = y + self.D.float()[:, None] * xh
-        y = self.norm(y.reshape(b, n, self.d_inner).to(x.dtype), z)
-        return apply_linear(_take_rows(y, rows), self.out_proj)
+        out: torch.Tensor = self.norm(y.reshape(b, n, self.d_inner).to(zxbcdt.dtype), z)
+        return out
 
-    def _short_kernel(self, zxbcdt: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
+    def _short_kernel(self, sg: ops.SmallGemm, zxbcdt: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
         """A decode step's, a verify's or (a small state: RECURRENCE_MAX_STATE) a prompt's conv, scan and gated
-        norm in one call of the small-row kernel's `mamba_short` (float32 on the CPU), committed to the cache,
-        with the states a rollback can reach; the input of out_proj. None where the
-        kernel does not apply (nothing committed then): the torch path runs.
+        norm in one call of the small-row kernel's `mamba_short`, committed to the cache, with the states a
+        rollback can reach; the input of out_proj. None where the cache keeps no pools for the kernel (nothing
+        committed then): the torch form runs.
 
         Why: at batch 8 this mixer was the costliest layer of a step, ~45 small torch ops of a few
         microseconds each (582 us per decode step, 1053 per 4-position verify here), and a verify kept its
         per-position states by one torch op per position."""
-        sg = smallgemm.kernel()
-        if sg is None or not zxbcdt.is_cpu or zxbcdt.dtype != torch.float32:
-            return None
         pools = ctx.mamba_pools(self.layer)
         if pools is None:
             return None
@@ -713,7 +617,7 @@ class Mamba(nn.Module):
         assert bias is not None
         return bias
 
-    def _short_consts(self) -> smallgemm.MambaConsts:
+    def _short_consts(self) -> ops.MambaConsts:
         """The weights `mamba_short` takes, in its layouts; rebuilt when a parameter changes in place."""
         cached = self._consts
         params: tuple[torch.Tensor, ...] = cached[0] if cached is not None else (
@@ -721,7 +625,7 @@ class Mamba(nn.Module):
         version = tuple(t._version for t in params)
         if cached is None or cached[1] != version:
             with torch.no_grad():
-                consts = smallgemm.MambaConsts(
+                consts = ops.MambaConsts(
                     d_inner=self.d_inner, conv_dim=self.conv_dim, heads=self.heads, head_dim=self.head_dim,
                     d_state=self.d_state, d_conv=self.d_conv, eps=self.norm.eps,
                     conv_wt=self.conv1d.weight.detach()[:, 0, :].t().float().contiguous(),
@@ -954,7 +858,7 @@ class HybridForCausalLM(nn.Module):
         # rms_norm's one-op form)
         self._lone_layers: tuple[tuple[Any, ...], ...] = ()
         # _kernel_model's last result and what it was built from (pools, rope tables, weight versions)
-        self._kernel_cache: tuple[tuple[Any, ...], tuple[smallgemm.LoneModel, list[smallgemm.LoneLayer]]] | None = None
+        self._kernel_cache: tuple[tuple[Any, ...], tuple[ops.LoneModel, list[ops.LoneLayer]]] | None = None
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
@@ -999,7 +903,7 @@ class HybridForCausalLM(nn.Module):
     def _pack(self) -> None:
         """Prepack every serving matmul for oneDNN (CPU float32 only; see PackedLinear)."""
         nbytes = sum(p.numel() * p.element_size() for p in self.parameters())
-        if nbytes > PACKED_MAX_BYTES or not _can_pack(self.lm_head.weight):
+        if nbytes > PACKED_MAX_BYTES or not ops.can_pack(self.lm_head.weight):
             return
         try:
             for layer in self.model.decoder_layers:
@@ -1118,7 +1022,7 @@ class HybridForCausalLM(nn.Module):
         return F.rms_norm(x, dims, self.model.norm.weight, eps)
 
     def _kernel_model(self, pools: Sequence[tuple[torch.Tensor, torch.Tensor]], bound: int
-                      ) -> tuple[smallgemm.LoneModel, list[smallgemm.LoneLayer]] | None:
+                      ) -> tuple[ops.LoneModel, list[ops.LoneLayer]] | None:
         """This full-attention model's weights as the small-row kernel's fused loops take them (`lone_chains`,
         `full_layers`), with per layer the (keys, values) pools of `pools` and rope tables covering positions
         < bound; None where they do not apply (a model with swa or mamba layers, a weight without the
@@ -1139,7 +1043,7 @@ class HybridForCausalLM(nn.Module):
         if lm_w is None:
             return None
         cfg = self.config
-        layers: list[smallgemm.LoneLayer] = []
+        layers: list[ops.LoneLayer] = []
         for (w1, qkv, o, w2, gu, down), (keys, values) in zip(self._lone_layers, pools, strict=True):
             lins = (qkv, o, gu, down)
             if not all(isinstance(f, PackedLinear) for f in lins):
@@ -1150,9 +1054,9 @@ class HybridForCausalLM(nn.Module):
                 return None
             wq, wo, wgu, wd = packed
             assert wq is not None and wo is not None and wgu is not None and wd is not None
-            layers.append(smallgemm.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
+            layers.append(ops.LoneLayer(w1.detach(), wq, qkv.bias, wo, w2.detach(), wgu, wd, keys, values))
         cos_t, sin_t = table
-        model = smallgemm.LoneModel(
+        model = ops.LoneModel(
             hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
             embed=self.model.embed_tokens.weight.detach(), final_norm=self.model.norm.weight.detach(),
@@ -1161,18 +1065,19 @@ class HybridForCausalLM(nn.Module):
         return model, layers
 
     def _fused_layers(self, input_ids: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
-        """A decode step's or a verify's layers in one call of the small-row kernel (`SmallGemm.full_layers`)
-        for a full-attention model: the output of its last layer [b, L, hidden], the cache written as the
-        layer-by-layer path writes it; None where it does not apply (not float32 on the CPU, no kernel, more
-        rows than the kernel's matmuls take, a longer forward than the kernel's attention takes, swa or
-        mamba layers), and nothing is written then. The same function as the layer-by-layer path (its
+        """A decode step's or a verify's layers in one call of the small-row kernel (`ops.full_layers`) for a
+        full-attention model: the output of its last layer [b, L, hidden], the cache written as the
+        layer-by-layer path writes it; None where it does not apply (see `ops.full_layers`; also not float32,
+        swa or mamba layers), and nothing is written then. The same function as the layer-by-layer path (its
         matmuls, norms and attention are these kernels), to float32 rounding: rope and silu round as C does."""
-        sg = smallgemm.kernel()
         b, n = input_ids.shape
-        if (sg is None or not self._lone_layers or not input_ids.is_cpu or n > ctx.fused_max_len
-                or self.config.head_dim > 1024  # the kernel's rope scratch
-                or b * n > (small_max_rows(sg) if torch.get_num_threads() == 1 else SMALL_MAX_ROWS_THREADED)):
+        if not self._lone_layers:
             return None
+        return ops.full_layers(b * n, n, self.config.head_dim, input_ids.is_cpu,
+                               lambda sg: self._full_layers_call(sg, input_ids, ctx))
+
+    def _full_layers_call(self, sg: ops.SmallGemm, input_ids: torch.Tensor, ctx: CacheContext) -> torch.Tensor | None:
+        """`_fused_layers`' kernel call, or None (nothing written) where the cache or the weights do not fit it."""
         plan = ctx.full_plan()
         if plan is None:
             return None
@@ -1198,10 +1103,10 @@ class HybridForCausalLM(nn.Module):
         feeds: Sequence[Sequence[int]],
         steps: Sequence[int],
         logits_out: torch.Tensor | None = None,
-        sampling: smallgemm.ChainSampling | None = None,
+        sampling: ops.ChainSampling | None = None,
     ) -> list[list[int]] | None:
         """Draft chains, all the requests in one call of the small-row kernel's fused loop
-        (`smallgemm.SmallGemm.lone_chains`, their positions side by side): request i feeds `feeds[i]`
+        (`ops.lone_chains`, their positions side by side): request i feeds `feeds[i]`
         from position `starts[i]` (slot bases[i] + p of `pools`, as `forward_lone`), then `steps[i]`
         argmax tokens (drawn ones with `sampling`), each but the last fed; `logits_out` [requests, max
         steps, vocab], when given, gets every chosen position's logits. None, with nothing written, where
@@ -1209,9 +1114,23 @@ class HybridForCausalLM(nn.Module):
         on the CPU); then `forward_lone` per step. The same function as that loop, to float32 rounding.
         The fused loop feeds token by token, so a feed longer than LONE_SHORT tokens (a new request's
         prompt) is cached by one batched `cache_lone` first, all of it but its last token."""
-        sg = smallgemm.kernel()
-        if sg is None or not all(feeds) or min(steps) < 1:
+        if not all(feeds) or min(steps) < 1:
             return None
+        return ops.lone_chains(lambda sg: self._lone_chains_call(sg, pools, bases, starts, feeds, steps, logits_out,
+                                                                 sampling))
+
+    def _lone_chains_call(
+        self,
+        sg: ops.SmallGemm,
+        pools: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        bases: Sequence[int],
+        starts: Sequence[int],
+        feeds: Sequence[Sequence[int]],
+        steps: Sequence[int],
+        logits_out: torch.Tensor | None,
+        sampling: ops.ChainSampling | None,
+    ) -> list[list[int]] | None:
+        """`lone_chain`'s kernel call, or None (nothing written) where the pools or the weights do not fit it."""
         ends = [s + len(f) + k for s, f, k in zip(starts, feeds, steps, strict=True)]
         kernel_model = self._kernel_model(pools, max(ends))
         if kernel_model is None:

@@ -30,7 +30,7 @@ from specctl.engine.checkpoint import load_model, model_config, weights_hash
 from specctl.engine.config import EngineConfig
 from specctl.engine.device import dtype_name, resolve_device, resolve_dtype
 from specctl.engine.model import apply_linear
-from specctl.engine.smallgemm import ChainSampling
+from specctl.engine.ops import ChainSampling
 from specctl.engine.tokenizer import Tokenizer, load_tokenizer
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import ModelFacts, resolve_model_dir

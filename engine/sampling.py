@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specctl.engine import smallgemm
+from specctl.engine import ops
 from specctl.engine.sampling_params import SamplingParams
 
 
@@ -119,15 +119,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(dim=-1)`, by the small-row kernel's `argmax` for float32 CPU logits (the same first
-    maximal index; torch's took ~90 us of a batch-32 step over 4,096 tokens, the kernel ~20), else torch's."""
-    if logits.is_cpu and logits.dtype == torch.float32 and logits.dim() >= 1 and logits.shape[-1] > 0:
-        sg = smallgemm.kernel()
-        if sg is not None:
-            ids = sg.argmax(logits)
-            if ids is not None:  # None: a NaN, which torch ranks highest
-                return ids
-    return logits.argmax(dim=-1)
+    """`logits.argmax(dim=-1)` (`ops.argmax`: the small-row kernel's for float32 CPU logits)."""
+    return ops.argmax(logits)
 
 
 def sample(
@@ -141,13 +134,12 @@ def sample(
     if all(p.greedy for p in params):
         return greedy_ids(logits)
     vocab = logits.shape[-1]
-    if logits.is_cpu and logits.dtype == torch.float32 and all(temperature_only(p, vocab) for p in params):
-        sg = smallgemm.kernel()
-        if sg is not None and all(g is None or g.device.type == "cpu" for g in generators):
-            u = host_uniforms(generators)
-            ids = sg.sample(logits, [0.0 if p.greedy else float(p.temperature) for p in params], u)
-            if ids is not None:
-                return ids
-            # a greedy row holds a NaN (torch ranks it highest): torch's path, with the uniforms already drawn
-            return inverse_cdf(probs_from_logits(logits, params), torch.tensor(u))
-    return sample_from_probs(probs_from_logits(logits, params), generators)
+    temperatures = None
+    if all(temperature_only(p, vocab) for p in params) and all(g is None or g.device.type == "cpu" for g in generators):
+        temperatures = [0.0 if p.greedy else float(p.temperature) for p in params]
+
+    def by_probs(u: list[float] | None) -> torch.Tensor:
+        probs = probs_from_logits(logits, params)
+        return sample_from_probs(probs, generators) if u is None else inverse_cdf(probs, torch.tensor(u))
+
+    return ops.sample(logits, temperatures, lambda: host_uniforms(generators), by_probs)

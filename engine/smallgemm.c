@@ -185,8 +185,10 @@ static void rows(int mr, int K, int N, const float *x, long ldx, const float *wp
  * loops). */
 int specctl_sgemm_isa(void) { return ISA; }
 
-/* y [M, N] = x [M, K] (row stride ldx) times the packed weight wp, plus bias [N] when not NULL. */
+/* The columns of one panel of a packed weight (smallgemm.py `pack`). */
 int specctl_sgemm_panel(void) { return PANEL; }
+
+/* y [M, N] = x [M, K] (row stride ldx) times the packed weight wp, plus bias [N] when not NULL. */
 
 void specctl_sgemm(int M, int N, int K, const float *x, long ldx, const float *wp, const float *bias, float *y) {
 #if ISA == 512
@@ -215,6 +217,9 @@ typedef struct {
     const float *norm1, *wqkv, *bqkv, *wo, *norm2, *wgu, *wd; /* w*: packed panels (specctl_sgemm) */
     float *kpool, *vpool;                                       /* [slots, hkv, d] */
 } lone_layer;
+
+/* sizeof(lone_layer), which smallgemm.py checks its ctypes mirror against before any call passes one. */
+long specctl_sizeof_lone_layer(void) { return (long)sizeof(lone_layer); }
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 /* the sum of a vector's 8 lanes */

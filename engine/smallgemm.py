@@ -23,7 +23,10 @@ How: `kernel()` compiles smallgemm.c once per machine with the system C compiler
 ~/.cache/specctl), named by a hash of the source, the compiler and this CPU's feature flags (a cache shared
 between machines never loads a build for another CPU), and loads it with ctypes. ctypes releases the GIL
 for the call. With no compiler, a failed build, `SPECCTL_SMALL_GEMM=0`, or a platform other than Linux or
-macOS, `kernel()` is None and callers keep torch's kernels (the same function up to rounding).
+macOS, `kernel()` is None and callers keep torch's kernels (the same function up to rounding). The ctypes
+bindings are made from one table (SIGNATURES); a library whose `lone_layer` differs in size from this
+module's mirror is refused at load (one log line; torch's kernels then). The engine calls this module
+through `engine/ops.py` alone, which chooses kernel or torch per operation.
 """
 
 from __future__ import annotations
@@ -56,49 +59,86 @@ _LONG = ctypes.c_long
 _PTR = ctypes.c_void_p
 
 
+# The C entry points of smallgemm.c as Python passes their arguments: name -> "return (type name, ...)". Types:
+# int, long, float (scalars); ptr (an address: a tensor's data_ptr(), or None for NULL); int[], long[], float[]
+# (a ctypes array, or None); layers (a `lone_layer` array). The argtypes and restypes are made from this table
+# alone, and tests/test_smallgemm.py checks it against the prototypes in smallgemm.c.
+SIGNATURES: dict[str, str] = {
+    "sgemm_isa": "int ()",
+    "sgemm_panel": "int ()",
+    "sizeof_lone_layer": "long ()",
+    "sgemm": "void (int M, int N, int K, ptr x, long ldx, ptr wp, ptr bias, ptr y)",
+    "argmax": "int (int rows, int n, ptr x, ptr out)",
+    "rmsnorm": "void (int rows, int n, ptr x, ptr w, float eps, ptr out)",
+    "lone_chains": "int (int n_layers, layers layers, int hidden, int hq, int hkv, int d, int inter, int vocab, "
+                   "float eps, ptr embed, ptr final_norm, ptr lm_head, ptr cos_t, ptr sin_t, int n_req, long[] base, "
+                   "int[] start, long[] feed, int[] feed_off, int[] steps, long[] out, int stride, ptr logits_out, "
+                   "float[] temps, float[] unif, ptr probs_out)",
+    "mamba_short": "int (int b, int n, int d_inner, int conv_dim, int H, int P, int N, int dconv, ptr zxbcdt, "
+                   "ptr conv_pool, ptr ssm_pool, long[] slots, int[] lens, ptr conv_wt, ptr conv_b, ptr dt_bias, "
+                   "ptr A, ptr D, ptr norm_w, float eps, ptr y_out, ptr xcat, ptr states, int nkeep)",
+    "paged_attention": "int (int b, int L, int H, int KV, int d, int kmax, ptr q, ptr kstore, ptr vstore, ptr slots, "
+                       "ptr kpos, ptr qpos, ptr qvalid, long window, float scale, ptr out)",
+    "full_layers": "int (int n_layers, layers layers, int hidden, int hq, int hkv, int d, int inter, float eps, int b, "
+                   "int L, ptr x, ptr cos_rows, ptr sin_rows, ptr dst, int kmax, ptr slots, ptr kpos, ptr qpos, "
+                   "ptr qvalid)",
+    "rejection": "int (int b, int k1, int vocab, ptr logits, float[] temps, long[] drafts, int[] nd, ptr q, "
+                 "float[] unif, ptr scratch, int[] accepted, long[] tokens)",
+    "sample": "int (int rows, int vocab, ptr logits, float[] temps, float[] unif, ptr scratch, ptr out)",
+}
+PREFIX = "specctl_"  # every entry point's C name is PREFIX + its key in SIGNATURES
+
+
+def parse_signature(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """A SIGNATURES entry as (return type, [(argument type, argument name), ...])."""
+    ret, _, rest = text.partition(" (")
+    args = rest.rstrip(")").strip()
+    return ret, [(kind, name) for kind, _, name in (a.strip().rpartition(" ") for a in args.split(",") if args)]
+
+
+class KernelMismatch(RuntimeError):
+    """The loaded library does not match this module's mirror of it (a struct's size differs)."""
+
+
+def _bind(lib: ctypes.CDLL) -> dict[str, Any]:
+    """Every SIGNATURES entry of `lib`, its argtypes and restype set from the table."""
+    kinds: dict[str, Any] = {
+        "int": _INT, "long": _LONG, "float": ctypes.c_float, "ptr": _PTR, "void": None,
+        "int[]": ctypes.POINTER(_INT), "long[]": ctypes.POINTER(_LONG), "float[]": ctypes.POINTER(ctypes.c_float),
+        "layers": ctypes.POINTER(_LoneLayer),
+    }
+    fns: dict[str, Any] = {}
+    for name, text in SIGNATURES.items():
+        ret, args = parse_signature(text)
+        fn = getattr(lib, PREFIX + name)
+        fn.argtypes = [kinds[kind] for kind, _ in args]
+        fn.restype = kinds[ret]
+        fns[name] = fn
+    return fns
+
+
+def check_structs(lib: ctypes.CDLL, structs: dict[str, type[ctypes.Structure]]) -> None:
+    """Raise KernelMismatch unless each mirrored struct has the size the library reports
+    (`specctl_sizeof_<name>`): a mirror that drifted from the C would pass every pointer one field off."""
+    for name, mirror in structs.items():
+        fn = getattr(lib, f"{PREFIX}sizeof_{name}")
+        fn.argtypes, fn.restype = [], _LONG
+        c_size, py_size = int(fn()), ctypes.sizeof(mirror)
+        if c_size != py_size:
+            raise KernelMismatch(f"struct {name} is {c_size} bytes in C but its ctypes mirror {mirror.__name__} "
+                                 f"is {py_size}")
+
+
 class SmallGemm:
-    """The loaded kernel: `linear(x, pack(W), N, b)` = x W^T + b for float32 CPU tensors."""
+    """The loaded kernel: `linear(x, pack(W), N, b)` = x W^T + b for float32 CPU tensors, and the other entry
+    points of smallgemm.c. Raises KernelMismatch when a mirrored struct's size differs from the library's."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self._fn = lib.specctl_sgemm
-        self._fn.argtypes = [_INT, _INT, _INT, _PTR, _LONG, _PTR, _PTR, _PTR]
-        self._fn.restype = None
-        isa, panel = lib.specctl_sgemm_isa, lib.specctl_sgemm_panel
-        isa.argtypes = panel.argtypes = []
-        isa.restype = panel.restype = _INT
-        self.isa = int(isa())  # 512: AVX-512 intrinsics; 256: AVX2 and FMA; 0: compiler-vectorised loops
-        self._chain = lib.specctl_lone_chains
-        self._chain.argtypes = [_INT, ctypes.POINTER(_LoneLayer), _INT, _INT, _INT, _INT, _INT, _INT,
-                                ctypes.c_float, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, ctypes.POINTER(ctypes.c_long),
-                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT),
-                                ctypes.POINTER(_INT), ctypes.POINTER(ctypes.c_long), _INT, _PTR, _PTR, _PTR, _PTR]
-        self._chain.restype = _INT
-        self._full = lib.specctl_full_layers
-        full: list[Any] = [_INT, ctypes.POINTER(_LoneLayer)] + [_INT] * 5 + [ctypes.c_float, _INT, _INT]
-        self._full.argtypes = full + [_PTR] * 4 + [_INT] + [_PTR] * 4
-        self._full.restype = _INT
-        self._mamba = lib.specctl_mamba_short
-        ints: list[Any] = [_INT] * 8
-        ptrs: list[Any] = [_PTR, _PTR, _PTR, ctypes.POINTER(ctypes.c_long), ctypes.POINTER(_INT)] + [_PTR] * 6
-        self._mamba.argtypes = ints + ptrs + [ctypes.c_float, _PTR, _PTR, _PTR, _INT]
-        self._mamba.restype = _INT
-        self._attn = lib.specctl_paged_attention
-        self._attn.argtypes = [_INT] * 6 + [_PTR] * 7 + [_LONG, ctypes.c_float, _PTR]
-        self._attn.restype = _INT
-        self._argmax = lib.specctl_argmax
-        self._argmax.argtypes = [_INT, _INT, _PTR, _PTR]
-        self._argmax.restype = _INT
-        self._rejection = lib.specctl_rejection
-        self._rejection.argtypes = [_INT, _INT, _INT] + [_PTR] * 9
-        self._rejection.restype = _INT
-        self._sample = lib.specctl_sample
-        self._sample.argtypes = [_INT, _INT] + [_PTR] * 5
-        self._sample.restype = _INT
-        self._rms = lib.specctl_rmsnorm
-        self._rms.argtypes = [_INT, _INT, _PTR, _PTR, ctypes.c_float, _PTR]
-        self._rms.restype = None
-        self.panel = int(panel())
+        check_structs(lib, STRUCTS)
+        self._c = _bind(lib)
+        self.isa = int(self._c["sgemm_isa"]())  # 512: AVX-512 intrinsics; 256: AVX2 and FMA; 0: compiler-vectorised
+        self.panel = int(self._c["sgemm_panel"]())
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """W [N, K] (float32) as the kernel reads it: W^T cut into panels of `panel` columns,
@@ -125,8 +165,8 @@ class SmallGemm:
         y = torch.empty(shape, dtype=torch.float32)
         rows = x.numel() // k if k else 0
         if rows and n:
-            self._fn(rows, n, k, x.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(),
-                     y.data_ptr())
+            self._c["sgemm"](
+                rows, n, k, x.data_ptr(), k, wp.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr())
         return y
 
     def lone_chains(self, model: LoneModel, layers: Sequence[LoneLayer], bases: Sequence[int],
@@ -158,13 +198,12 @@ class SmallGemm:
         for feed in feeds:
             offsets.append(offsets[-1] + len(feed))
         toks = (ctypes.c_long * (n * width))()
-        rc = self._chain(len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim,
-                         model.intermediate, model.vocab, model.eps, model.embed.data_ptr(),
-                         model.final_norm.data_ptr(), model.lm_head.data_ptr(), model.cos.data_ptr(),
-                         model.sin.data_ptr(), n, (ctypes.c_long * n)(*bases), (_INT * n)(*starts),
-                         (ctypes.c_long * offsets[-1])(*(t for feed in feeds for t in feed)),
-                         (_INT * (n + 1))(*offsets), (_INT * n)(*steps), toks, width,
-                         None if logits_out is None else logits_out.data_ptr(), temps, unif, probs)
+        rc = self._c["lone_chains"](
+            len(layers), arr, model.hidden, model.heads, model.kv_heads, model.head_dim, model.intermediate,
+            model.vocab, model.eps, model.embed.data_ptr(), model.final_norm.data_ptr(), model.lm_head.data_ptr(),
+            model.cos.data_ptr(), model.sin.data_ptr(), n, (ctypes.c_long * n)(*bases), (_INT * n)(*starts),
+            (ctypes.c_long * offsets[-1])(*(t for feed in feeds for t in feed)), (_INT * (n + 1))(*offsets),
+            (_INT * n)(*steps), toks, width, None if logits_out is None else logits_out.data_ptr(), temps, unif, probs)
         if rc != 0:
             raise RuntimeError("smallgemm: the lone chain could not run (scratch allocation or head size)")
         return [list(toks[i * width:i * width + k]) for i, k in enumerate(steps)]
@@ -194,9 +233,10 @@ class SmallGemm:
         cos_rows, sin_rows = cos_rows.contiguous(), sin_rows.contiguous()
         dst, slots, kpos, qpos = dst.contiguous(), slots.contiguous(), kpos.contiguous(), qpos.contiguous()
         valid = None if qvalid is None else qvalid.to(torch.uint8).contiguous()
-        rc = self._full(len(layers), arr, hidden, model.heads, model.kv_heads, d, model.intermediate, model.eps,
-                        b, n, x.data_ptr(), cos_rows.data_ptr(), sin_rows.data_ptr(), dst.data_ptr(), slots.shape[1],
-                        slots.data_ptr(), kpos.data_ptr(), qpos.data_ptr(), None if valid is None else valid.data_ptr())
+        rc = self._c["full_layers"](
+            len(layers), arr, hidden, model.heads, model.kv_heads, d, model.intermediate, model.eps, b, n,
+            x.data_ptr(), cos_rows.data_ptr(), sin_rows.data_ptr(), dst.data_ptr(), slots.shape[1], slots.data_ptr(),
+            kpos.data_ptr(), qpos.data_ptr(), None if valid is None else valid.data_ptr())
         if rc != 0:
             raise RuntimeError("smallgemm: full_layers could not run (scratch allocation or shapes)")
 
@@ -230,11 +270,11 @@ class SmallGemm:
         y = torch.empty(b, n, k.d_inner, dtype=torch.float32)
         xcat = torch.empty(b, k.d_conv - 1 + n, k.conv_dim, dtype=torch.float32)
         states = torch.empty(b, keep, *hpn, dtype=torch.float32)
-        rc = self._mamba(b, n, k.d_inner, k.conv_dim, k.heads, k.head_dim, k.d_state, k.d_conv,
-                         zxbcdt.data_ptr(), conv_pool.data_ptr(), ssm_pool.data_ptr(), (ctypes.c_long * b)(*slots),
-                         (_INT * b)(*lens), k.conv_wt.data_ptr(), k.conv_b.data_ptr(), k.dt_bias.data_ptr(),
-                         k.A.data_ptr(), k.D.data_ptr(), k.norm.data_ptr(), k.eps, y.data_ptr(), xcat.data_ptr(),
-                         states.data_ptr(), keep)
+        rc = self._c["mamba_short"](
+            b, n, k.d_inner, k.conv_dim, k.heads, k.head_dim, k.d_state, k.d_conv, zxbcdt.data_ptr(),
+            conv_pool.data_ptr(), ssm_pool.data_ptr(), (ctypes.c_long * b)(*slots), (_INT * b)(*lens),
+            k.conv_wt.data_ptr(), k.conv_b.data_ptr(), k.dt_bias.data_ptr(), k.A.data_ptr(), k.D.data_ptr(),
+            k.norm.data_ptr(), k.eps, y.data_ptr(), xcat.data_ptr(), states.data_ptr(), keep)
         if rc != 0:
             raise RuntimeError("smallgemm: mamba_short could not run (scratch allocation or shapes)")
         return y, xcat, states
@@ -250,7 +290,7 @@ class SmallGemm:
         rows = out.numel()
         if n == 0:
             raise ValueError("smallgemm: argmax over an empty last dimension")
-        if rows and self._argmax(rows, n, x.data_ptr(), out.data_ptr()) != 0:
+        if rows and self._c["argmax"](rows, n, x.data_ptr(), out.data_ptr()) != 0:
             return None
         return out
 
@@ -280,9 +320,9 @@ class SmallGemm:
         scratch = torch.empty(2 * vocab, dtype=torch.float32)
         accepted = (_INT * b)()
         tokens = (ctypes.c_long * b)()
-        self._rejection(b, k1, vocab, logits.data_ptr(), (ctypes.c_float * b)(*temperatures), flat,
-                        (_INT * b)(*nd), None if q is None else q.data_ptr(), unif, scratch.data_ptr(), accepted,
-                        tokens)
+        self._c["rejection"](
+            b, k1, vocab, logits.data_ptr(), (ctypes.c_float * b)(*temperatures), flat, (_INT * b)(*nd),
+            None if q is None else q.data_ptr(), unif, scratch.data_ptr(), accepted, tokens)
         return list(accepted), list(tokens)
 
     def sample(self, logits: torch.Tensor, temperatures: Sequence[float], uniforms: Sequence[float]
@@ -297,8 +337,9 @@ class SmallGemm:
         logits = logits.contiguous()
         out = torch.empty(n, dtype=torch.long)
         scratch = torch.empty(vocab, dtype=torch.float32)
-        rc = self._sample(n, vocab, logits.data_ptr(), (ctypes.c_float * n)(*temperatures),
-                          (ctypes.c_float * n)(*uniforms), scratch.data_ptr(), out.data_ptr())
+        rc = self._c["sample"](
+            n, vocab, logits.data_ptr(), (ctypes.c_float * n)(*temperatures), (ctypes.c_float * n)(*uniforms),
+            scratch.data_ptr(), out.data_ptr())
         return out if rc == 0 else None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -313,7 +354,7 @@ class SmallGemm:
         out = torch.empty_like(x)
         rows = x.numel() // n if n else 0
         if rows:
-            self._rms(rows, n, x.data_ptr(), weight.data_ptr(), eps, out.data_ptr())
+            self._c["rmsnorm"](rows, n, x.data_ptr(), weight.data_ptr(), eps, out.data_ptr())
         return out
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
@@ -335,9 +376,10 @@ class SmallGemm:
         qpos = qpos.contiguous()
         ok = None if qvalid is None else qvalid.to(torch.uint8).contiguous()
         out = torch.empty_like(q)
-        rc = self._attn(b, n, heads, keys.shape[1], d, slots.shape[1], q.data_ptr(), keys.data_ptr(),
-                        values.data_ptr(), slots.data_ptr(), kpos.data_ptr(), qpos.data_ptr(),
-                        None if ok is None else ok.data_ptr(), window, 1.0 / math.sqrt(d), out.data_ptr())
+        rc = self._c["paged_attention"](
+            b, n, heads, keys.shape[1], d, slots.shape[1], q.data_ptr(), keys.data_ptr(), values.data_ptr(),
+            slots.data_ptr(), kpos.data_ptr(), qpos.data_ptr(), None if ok is None else ok.data_ptr(), window,
+            1.0 / math.sqrt(d), out.data_ptr())
         if rc != 0:
             raise RuntimeError("smallgemm: attention could not run (scratch allocation or shapes)")
         return out
@@ -403,6 +445,11 @@ class MambaConsts:
 
 class _LoneLayer(ctypes.Structure):
     _fields_ = [(name, _PTR) for name in ("norm1", "wqkv", "bqkv", "wo", "norm2", "wgu", "wd", "kpool", "vpool")]
+
+
+# The C structs this module mirrors, by their C name: `SmallGemm` refuses a library whose `specctl_sizeof_<name>`
+# differs from the mirror's ctypes.sizeof.
+STRUCTS: dict[str, type[ctypes.Structure]] = {"lone_layer": _LoneLayer}
 
 
 @dataclass(frozen=True)
@@ -515,7 +562,10 @@ def _load() -> SmallGemm | None:
             log.info("smallgemm: could not build %s with %s; using torch's matmul kernels", SOURCE.name, cc)
             return None
         return SmallGemm(ctypes.CDLL(str(path)), path)
-    except OSError as exc:
+    except KernelMismatch as exc:
+        log.warning("smallgemm: %s does not match engine/smallgemm.py (%s); using torch's kernels", path, exc)
+        return None
+    except (OSError, AttributeError) as exc:
         log.info("smallgemm: %s unusable (%s); using torch's matmul kernels", path, exc)
         return None
 

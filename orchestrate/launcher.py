@@ -30,14 +30,13 @@ Contract (mini-sglang style: the launcher blocks on every worker's readiness bef
   with the itemized rows, and the router is never started. `preflight_reports` keeps the result.
 - While a process does not answer yet, its status detail is the last line of its log (model loading
   takes minutes on a GPU); `ProcessStatus.started` is when it was spawned.
-- `url` is the OpenAI endpoint (router, else colocated). Torch-free: health checks use urllib.
+- `url` is the OpenAI endpoint (router, else colocated). Torch-free: health checks use preflight's bounded GET.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import http.client
 import json
 import os
 import signal
@@ -46,14 +45,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.router import OFFLINE_ENV, http_url, role_instances, router_argv
+from specctl.preflight.reader import get_json
+from specctl.schemas.pd_agreement import show
+from specctl.schemas.role_config import RoleConfig
 from specctl.schemas.sglang.router import router_kind
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 
 # (role, instance index) -> the argv of that engine process.
 Planner = Callable[[str, int], list[str]]
+
+_POLL_TIMEOUT_S = 1.0  # one /health or /readiness poll: a busy server answers on the next
 
 # Start order matters: decode registers with prefill, the router health-checks both.
 PD_ORDER = ("prefill", "decode", "router")
@@ -120,23 +122,15 @@ class PreflightRefused(RuntimeFailure):
             if r.ok:
                 continue
             lines.append(f"{pair.prefill} {r.prefill.url} vs {pair.decode} {r.decode.url}:")
-            lines += [f"  {d.field}: prefill={_show(d.prefill)} decode={_show(d.decode)} -- fix: {d.fix}"
+            lines += [f"  {d.field}: prefill={show(d.prefill)} decode={show(d.decode)} -- fix: {d.fix}"
                       + (f" ({d.detail})" if d.detail else "") for d in r.differences]
-            lines += [f"  {d.field} ({d.role}): deployment asked {_show(d.asked)}, the server runs "
-                      f"{_show(d.running)} -- fix: {d.fix}" for d in r.drifts]
+            lines += [f"  {d.field} ({d.role}): deployment asked {show(d.asked)}, the server runs "
+                      f"{show(d.running)} -- fix: {d.fix}" for d in r.drifts]
         n = sum(len(p.report.differences) + len(p.report.drifts) for p in pairs)
         super().__init__(f"preflight refused the deployment: {n} difference(s); the router was not started\n"
                          + "\n".join(lines),
                          hint="fix every row and start again (specctl preflight -c DEPLOY checks a running pair)")
         self.pairs = tuple(pairs)
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
 
 
 def instance_name(role: str, index: int) -> str:
@@ -232,10 +226,10 @@ class Launcher:
                        for n in self.names}
         self._stopped = False
 
-    def role_config(self, name: str) -> dict[str, Any]:
+    def role_config(self, name: str) -> RoleConfig:
         role, index = split_name(name)
         if role == "router":
-            return dict(self.deployment.role(role))
+            return self.deployment.role(role)
         return role_instances(self.deployment, role)[index]
 
     @property
@@ -284,11 +278,11 @@ class Launcher:
             cfg = self.role_config(name)
             role, index = split_name(name)
             key = role if len(role_instances(self.deployment, role)) == 1 or role == "router" else f"{role}.{index}"
-            host = str(cfg.get("host") or "127.0.0.1")
-            if cfg.get("port") is not None:
-                out.append((key, "port", host, int(cfg["port"])))
-            if role == "prefill" and cfg.get("bootstrap_port") is not None:
-                out.append((key, "bootstrap_port", host, int(cfg["bootstrap_port"])))
+            host = cfg.host or "127.0.0.1"
+            if cfg.port is not None:
+                out.append((key, "port", host, cfg.port))
+            if role == "prefill" and cfg.bootstrap_port is not None:
+                out.append((key, "bootstrap_port", host, cfg.bootstrap_port))
         return out
 
     def check_ports(self) -> None:
@@ -352,7 +346,7 @@ class Launcher:
             if role == "router":
                 self._poll_router(st, proc)
                 continue
-            body, code = _get_json(st.url + "/health")
+            body, code = get_json(st.url + "/health", _POLL_TIMEOUT_S)
             if code is None:
                 # Not answering: not up yet, or too busy (loading a model holds the CPU); keep the last
                 # state a process reported rather than flapping back to "starting".
@@ -405,7 +399,7 @@ class Launcher:
         if proc is None:
             st.state, st.ready = "waiting", False
             return
-        body, code = _get_json(st.url + "/readiness")
+        body, code = get_json(st.url + "/readiness", _POLL_TIMEOUT_S)
         ready = code == 200
         new_state = "ready" if ready else ("starting" if code is None else str(body.get("status") or code))
         if new_state != st.state:
@@ -495,25 +489,3 @@ def port_problem(host: str, port: int) -> str | None:
         except OSError as exc:
             return exc.strerror or str(exc)
     return None
-
-
-def _get_json(url: str, timeout: float = 1.0) -> tuple[dict[str, Any], int | None]:
-    """(JSON body, status) of a GET, or ({}, None) when no HTTP server answered. That includes an answer
-    that is not HTTP: polling a port in the ephemeral range before its server binds it, the kernel can pick
-    that same port as the source and connect the socket to itself (a TCP self-connect), so the "response"
-    is the request echoed ('GET /health HTTP/1.1', BadStatusLine): not up yet, not a crash."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback/configured URL
-            return _loads(r.read()), r.status
-    except urllib.error.HTTPError as exc:
-        return _loads(exc.read()), exc.code
-    except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError):
-        return {}, None
-
-
-def _loads(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-        return {}
-    return body if isinstance(body, dict) else {}

@@ -8,8 +8,8 @@ Contract:
   port on the router's host) and `router_env()` its environment: `HF_HUB_OFFLINE=1` /
   `TRANSFORMERS_OFFLINE=1` always (a router loads its tokenizer from the `model_path` a worker reports in
   `/model_info`, a local directory, and would otherwise try a hub).
-- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cannot
-  close slow clients (sglang-router), None for smg.
+- `slow_client_warning(kind)` is the line `up` and `serve --role router` print for a router that cuts streams
+  without an error event and cannot close slow clients (sglang-router: `router_shortfalls`), None for smg.
 - `run_router(deployment)` runs it in the foreground until SIGINT/SIGTERM (`specctl serve --role router`)
   and returns its exit code; the launcher starts the same command beside the engines. Readiness is the
   router's `GET /readiness` (200 once it has a healthy prefill and decode); engines report healthy only when
@@ -23,19 +23,20 @@ import signal
 import subprocess
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specctl.engine.serve.openai_request import MAX_REQUEST_BYTES
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
 from specctl.schemas.budget import request_budget_s
+from specctl.schemas.role_config import RoleConfig
 from specctl.schemas.sglang.router import (
     DEFAULT_ROUTER_KIND,
     ROUTER_MODULES,
     ROUTER_PACKAGES,
-    SLOW_CLIENT_BOUND_S,
     router_command,
     router_kind,
+    router_shortfalls,
 )
 
 if TYPE_CHECKING:
@@ -43,25 +44,25 @@ if TYPE_CHECKING:
 
 SHUTDOWN_GRACE_S = 2
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-def role_instances(deployment: Deployment, name: str) -> list[dict[str, Any]]:
+def role_instances(deployment: Deployment, name: str) -> list[RoleConfig]:
     """Every instance of a role (a deployment may list several prefills or decodes)."""
     return deployment.instances(name)
 
 
-def connect_host(role: dict[str, Any]) -> str:
+def connect_host(role: RoleConfig) -> str:
     """The address a client on this host dials for a role: a wildcard bind is reached over loopback."""
-    host = str(role.get("host") or "127.0.0.1")
+    host = role.host or "127.0.0.1"
     return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
-def http_url(role: dict[str, Any]) -> str:
-    return f"http://{connect_host(role)}:{role['port']}"
+def http_url(role: RoleConfig) -> str:
+    return f"http://{connect_host(role)}:{role.port}"
 
 
 def served_model(deployment: Deployment) -> str:
     """The model id the deployment's engines serve: the target as written for specctl's engines, the
     directory SGLang loads (its served model name) for engine: sglang."""
-    target = str((deployment.role("decode").get("model") or {}).get("target") or "specctl")
+    target = deployment.role("decode").model.target or "specctl"
     if deployment.engine == "sglang":
         from specctl.schemas.sglang.export import model_path
 
@@ -72,8 +73,8 @@ def served_model(deployment: Deployment) -> str:
 def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: str | None = None) -> list[str]:
     """The deployment's router as `up` and `serve --role router` run it (`kind` overrides the file's)."""
     router = deployment.role("router")
-    host = str(router.get("host") or "127.0.0.1")
-    prefills = [(http_url(pre), pre.get("bootstrap_port")) for pre in role_instances(deployment, "prefill")]
+    host = router.host or "127.0.0.1"
+    prefills = [(http_url(pre), pre.bootstrap_port) for pre in role_instances(deployment, "prefill")]
     decodes = [http_url(dec) for dec in role_instances(deployment, "decode")]
     extra = [
         "--policy", "round_robin",
@@ -84,26 +85,27 @@ def router_argv(deployment: Deployment, *, python: str = sys.executable, kind: s
         "--log-level", os.environ.get("SPECCTL_ROUTER_LOG_LEVEL", "warn"),
         # Its Prometheus exporter would bind 0.0.0.0:29000, shared by every deployment on the host.
         "--prometheus-host", host,
-        "--prometheus-port", str(router.get("metrics_port") or free_port(host)),
+        "--prometheus-port", str(router.metrics_port or free_port(host)),
     ]
     if deployment.engine != "sglang":
         # A body specctl's engines would refuse is the client's fault: the router answers 413 itself rather
         # than passing prefill's 413 on as its own 500.
         extra += ["--max-payload-size", str(MAX_REQUEST_BYTES)]
-    # The request's end-to-end budget (serve/budget.py): a stopped worker fails its requests within it.
+    # The request's end-to-end budget (schemas/budget.py): a stopped worker fails its requests within it.
     return router_command(prefills, decodes, kind=kind or router_kind(deployment), host=host,
-                          port=int(router["port"]), python=python,
+                          port=int(router.port or 0), python=python,
                           request_timeout_s=request_budget_s(deployment), served_model=served_model(deployment),
                           extra=extra)
 
 
 def slow_client_warning(kind: str) -> str | None:
-    """What a router of this kind leaves open to slow clients (None: it closes them within the bound)."""
-    if kind == "smg":
+    """What a router of this kind leaves its clients without (None for smg): `router_shortfalls`, with what to
+    do about it."""
+    shortfalls = router_shortfalls(kind)
+    if shortfalls is None:
         return None
-    return (f"{kind} has no client timeouts: idle, partial-header and partial-body connections stay open "
-            f"until the client closes them; smg (roles.router.kind: smg, the default) closes them within "
-            f"{SLOW_CLIENT_BOUND_S} s. Do not expose this router to untrusted clients without a proxy that does.")
+    return (f"{shortfalls}. Use smg, or do not expose this router to untrusted clients without a proxy that "
+            "closes slow ones.")
 
 
 def router_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specctl.errors import RuntimeFailure, UsageError
-from specctl.preflight.diff import Difference, Drift, compare_pair, compare_with_deployment
-from specctl.preflight.facts import ServerFacts, expected_facts, normalise
+from specctl.preflight.diff import Drift, compare_with_deployment
 from specctl.preflight.reader import ServerReader
+from specctl.schemas.pd_agreement import Difference
+from specctl.schemas.role_config import RoleConfig
+from specctl.schemas.server_facts import ServerFacts, compare_pair, expected_facts, normalise
 
 if TYPE_CHECKING:
     from specctl.schemas.deployment import Deployment
@@ -61,10 +63,10 @@ def read_facts(reader: ServerReader, *, route: Mapping[str, object] | None = Non
 
 
 def run_preflight(prefill_url: str, decode_url: str, *, bootstrap_port: int | None = None,
-                  deployment_roles: Mapping[str, Mapping[str, object]] | None = None,
+                  deployment_roles: Mapping[str, RoleConfig] | None = None,
                   timeout_s: float = 30.0, request_timeout_s: float = 5.0) -> PreflightReport:
     """Read prefill and decode, compare; `deployment_roles` maps "prefill"/"decode" to
-    `Deployment.role(name)` dicts to compare each server with. RuntimeFailure when a server cannot
+    `Deployment.role(name)` configs to compare each server with. RuntimeFailure when a server cannot
     be read (down, not HTTP, non-JSON, bootstrap still 503 at `timeout_s`)."""
     p_reader = ServerReader("prefill", prefill_url, request_timeout_s=request_timeout_s)
     d_reader = ServerReader("decode", decode_url, request_timeout_s=request_timeout_s)
@@ -90,15 +92,15 @@ def run_preflight(prefill_url: str, decode_url: str, *, bootstrap_port: int | No
     for role, facts in (("prefill", prefill), ("decode", decode)):
         asked = (deployment_roles or {}).get(role)
         if asked is not None:
-            drifts.extend(compare_with_deployment(role, facts, expected_facts(asked)))
+            drifts.extend(compare_with_deployment(role, facts, expected_facts(asked.to_json())))
     return PreflightReport(prefill, decode, tuple(differences), tuple(drifts), route, tuple(notes))
 
 
-def deployment_roles_of(deployment: Deployment) -> dict[str, Mapping[str, object]]:
-    """{"prefill": role dict, "decode": role dict} of a loaded `Deployment` (colocated stands in for
+def deployment_roles_of(deployment: Deployment) -> dict[str, RoleConfig]:
+    """{"prefill": role config, "decode": role config} of a loaded `Deployment` (colocated stands in for
     a role the deployment does not declare, so one colocated file can check both servers)."""
     roles = deployment.roles
-    out: dict[str, Mapping[str, object]] = {}
+    out: dict[str, RoleConfig] = {}
     for name in ("prefill", "decode"):
         source = name if name in roles else ("colocated" if "colocated" in roles else None)
         if source is not None:
@@ -118,12 +120,12 @@ def pair_urls_of(deployment: Deployment) -> tuple[str, str, int | None]:
     urls = []
     for name in ("prefill", "decode"):
         role = deployment.role(name)
-        host, port = role.get("host"), role.get("port")
-        if not isinstance(port, int):
+        host, port = role.host, role.port
+        if port is None:
             raise UsageError(f"deployment {deployment.name!r}: roles.{name} has no port",
                              hint=f"set roles.{name}.port, or give --{name} URL")
         host = "127.0.0.1" if host in (None, "0.0.0.0", "::", "") else str(host)
         urls.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
-    boot = deployment.role("prefill").get("bootstrap_port")
-    bootstrap = boot if deployment.engine == "sglang" and isinstance(boot, int) else None
+    boot = deployment.role("prefill").bootstrap_port
+    bootstrap = boot if deployment.engine == "sglang" else None
     return urls[0], urls[1], bootstrap

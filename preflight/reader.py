@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from specctl.errors import RuntimeFailure, UsageError
 
@@ -74,6 +75,25 @@ def http_get(url: str, timeout_s: float) -> Answer:
     except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise Unreachable(_reason(reason)) from None
+
+
+def get_json(url: str, timeout_s: float) -> tuple[dict[str, Any], int | None]:
+    """(JSON object body, status) of one bounded GET: `{}` for a body that is not a JSON object (or is past
+    MAX_BODY), `({}, None)` when no HTTP server answered. That includes an answer that is not HTTP: polling a
+    port in the ephemeral range before its server binds it, the kernel can pick that same port as the source
+    and connect the socket to itself (a TCP self-connect), so the "response" is the request echoed: not up
+    yet, not a crash."""
+    try:
+        answer = http_get(url, timeout_s)
+    except Unreachable:
+        return {}, None
+    if len(answer.body) > MAX_BODY:
+        return {}, answer.status
+    try:
+        body = json.loads(answer.body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested past the parser's depth
+        return {}, answer.status
+    return (body if isinstance(body, dict) else {}), answer.status
 
 
 def _reason(reason: object) -> str:

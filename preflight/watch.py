@@ -34,6 +34,7 @@ from specctl.bench.prometheus import parse_metrics
 from specctl.errors import RuntimeFailure, UsageError
 from specctl.preflight.check import run_preflight
 from specctl.preflight.reader import MAX_BODY, Unreachable, http_get
+from specctl.schemas.role_config import RoleConfig
 
 MIN_VERIFIES = 20  # verifies in a tick below which its accept length is too noisy to alert on
 COLLAPSE_RATIO = 0.5
@@ -215,7 +216,7 @@ class Watch:
     """Ticks over one pair (and its router); keeps what a tick compares with the previous ones."""
 
     def __init__(self, prefill: str, decode: str, router: str | None = None, *, bootstrap_port: int | None = None,
-                 deployment_roles: Mapping[str, Mapping[str, object]] | None = None,
+                 deployment_roles: Mapping[str, RoleConfig] | None = None,
                  tier_model: TierModel | None = None, stall_after_s: float = 5.0, timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if stall_after_s <= 0 or timeout_s <= 0:

@@ -268,7 +268,7 @@ def check_deployment_steps(
     num_steps_path: str | None = None,
     engine: str = "builtin",
 ) -> tuple[StepCoverage | None, list[Finding]]:
-    """Rules 1 and 2 for one merged role dict (`Deployment.role(...)`): bucket sanity findings of its
+    """Rules 1 and 2 for one merged role dict (`merge_role`, `RoleConfig.to_json()`): bucket sanity findings of its
     `speculative.adaptive` block plus step coverage. Without `adaptive` the coverage is the fixed
     `num_steps` (0 for `algorithm: none`). Returns (None, findings) when no coverage can be computed.
     `engine` is the deployment's (`builtin` | `sglang`): with sglang, specctl-only knobs are ADP221 errors.

@@ -4,10 +4,11 @@ Contract: `load_deployment(source, overrides=...)` reads a file path, or a prese
 when no such file exists, applies `--set` overrides, validates it (schema + every semantic rule) and
 returns a frozen `Deployment`; unreadable input raises `UsageError` (exit 2), error findings raise
 `InvalidInput` (exit 1) with `.findings`. `Deployment.role(name)` is the fully merged config of one
-role: the top-level `model`/`speculative`/`cache`/`serve`/`transfer` sections with that role's
-overrides deep-merged on top (a role's `speculative.adaptive.buckets` replaces the whole table, so a
-role can drop a bucket), defaults filled, plus `host`, `port`, `bootstrap_port`, `name` (and the router's
-`metrics_port`).
+role as a frozen `RoleConfig` (schemas/role_config.py), built once when the deployment is made: the
+top-level `model`/`speculative`/`cache`/`serve`/`transfer` sections with that role's overrides
+deep-merged on top (a role's `speculative.adaptive.buckets` replaces the whole table, so a role can drop a
+bucket), defaults filled, plus `host`, `port`, `bootstrap_port`, `name` (and the router's `metrics_port`
+and `kind`). `merge_role` gives the same merge as a dict, for the rules that read schema-invalid input.
 
 A file without `roles` declares one `colocated` role on 127.0.0.1:30000.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from specctl.errors import InvalidInput, UsageError
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import child_path
+from specctl.schemas.role_config import RoleConfig
 
 ROLE_NAMES = ("prefill", "decode", "router", "colocated")
 ENGINE_ROLES = ("prefill", "decode", "colocated")
@@ -195,19 +197,26 @@ class Deployment:
     raw: dict[str, Any] = field(repr=False)
     roles: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = field(default=(), repr=False)  # warnings/infos that did not fail
+    # Every instance of every declared role, merged and typed once, here.
+    configs: dict[str, tuple[RoleConfig, ...]] = field(init=False, repr=False, compare=False)
 
-    def role(self, name: str) -> dict[str, Any]:
-        if name not in self.roles:
+    def __post_init__(self) -> None:
+        configs = {name: tuple(RoleConfig.from_json(merge_role(self.raw, name, i))
+                               for i in range(role_instance_count(self.raw, name))) for name in self.roles}
+        object.__setattr__(self, "configs", configs)
+
+    def role(self, name: str) -> RoleConfig:
+        """The merged config of a role (its first instance where several are listed)."""
+        return self.instances(name)[0]
+
+    def instances(self, name: str) -> list[RoleConfig]:
+        """Every instance of a role, merged (one for a role written as an object)."""
+        if name not in self.configs:
             raise UsageError(
                 f"deployment {self.name!r} has no {name!r} role",
                 hint=f"declared roles: {', '.join(self.roles)}",
             )
-        return merge_role(self.raw, name)
-
-    def instances(self, name: str) -> list[dict[str, Any]]:
-        """Every instance of a role, merged (one for a role written as an object)."""
-        self.role(name)  # the same error for an undeclared role
-        return [merge_role(self.raw, name, i) for i in range(role_instance_count(self.raw, name))]
+        return list(self.configs[name])
 
     @property
     def engine(self) -> str:

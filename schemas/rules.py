@@ -128,14 +128,6 @@ def effective_state_types(cfg: dict[str, Any], facts: ModelFacts | None) -> tupl
     return (facts.state_types if facts is not None else None), False
 
 
-def show(value: Any) -> str:
-    if value is None:
-        return "(none)"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
-
-
 def rule_checks() -> list[Callable[[RuleContext], list[Finding]]]:
     import importlib
 

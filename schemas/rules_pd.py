@@ -13,7 +13,8 @@ from typing import Any
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.model_facts import ModelFacts
-from specctl.schemas.rules import RoleRef, RuleContext, effective_state_types, finding, show
+from specctl.schemas.pd_agreement import Agreement, agreement, deployment_rows, show
+from specctl.schemas.rules import RoleRef, RuleContext, effective_state_types, finding
 
 _PD = "RuntimeError: PD state transfer failed / handshake refused at decode start-up"
 
@@ -142,58 +143,55 @@ def check(ctx: RuleContext) -> list[Finding]:
 
 
 def check_pair(p: RoleRef, d: RoleRef) -> list[Finding]:
-    """Every prefill/decode disagreement, one finding each, on decode's path."""
+    """Every prefill/decode disagreement, one finding each, on decode's path; the fields, labels and fixes
+    are the agreement table's (`specctl.schemas.pd_agreement`)."""
     out: list[Finding] = []
     same_file = p.ctx is d.ctx
 
-    def add(code: str, keys: tuple[str, ...], label: str, pv: Any, dv: Any, fix: str) -> None:
+    def add(row: Agreement, keys: tuple[str, ...], pv: Any, dv: Any, label: str | None = None) -> None:
         where = "" if same_file else f" ({p.ctx.name})"
+        assert row.code is not None
         out.append(finding(
-            code, "error", d.path(*keys),
-            f"{label}: prefill{where} has {show(pv)}, decode has {show(dv)}",
-            fix,
+            row.code, row.severity, d.path(*keys),
+            f"{label or row.label}: prefill{where} has {show(pv)}, decode has {show(dv)}",
+            row.fix_for(pv),
         ))
 
     pc, dc = p.cfg, d.cfg
-    for code, keys, label in (
-        ("PD501", ("model", "target"), "target model"),
-        ("PD502", ("model", "dtype"), "dtype"),
-        ("PD503", ("cache", "page_size"), "page size"),
-    ):
-        pv, dv = pc[keys[0]].get(keys[1]), dc[keys[0]].get(keys[1])
-        if pv != dv:
-            add(code, keys, label, pv, dv, f"set {'.'.join(keys)} to one value for both roles (e.g. {show(pv)})")
     pf, df = p.ctx.facts(pc["model"].get("target")), d.ctx.facts(dc["model"].get("target"))
-    if pf is not None and df is not None and pf is not df:  # one facts object (same ref) agrees with itself
-        if _layout(pf) != _layout(df):
-            diff = {k: (v, _layout(df)[k]) for k, v in _layout(pf).items() if v != _layout(df)[k]}
-            detail = "; ".join(f"{k} {show(a)} vs {show(b)}" for k, (a, b) in diff.items())
-            add("PD504", ("model", "target"), f"layer layout ({detail})", pf.ref, df.ref,
-                "serve the same model architecture and shapes on both roles")
-    p_st, p_written = effective_state_types(pc, pf)
-    d_st, d_written = effective_state_types(dc, df)
-    if p_st is not None and d_st is not None and p_st != d_st:
-        keys = ("cache", "state_types") if d_written or not p_written else ("model", "target")
-        add("PD505", keys, "state_types", p_st, d_st,
-            "remove cache.state_types from both roles (derived from the model) or write the same ordered list "
-            f"on both (e.g. {show(p_st)})")
-    elif pf is not None and df is not None and pf is not df and p_st == d_st:
-        ps, ds = state_item_sizes(pf), state_item_sizes(df)
-        if ps != ds:
-            add("PD506", ("model", "target"), "state item sizes (elements per request)",
-                ", ".join(f"{k}={v}" for k, v in ps.items()), ", ".join(f"{k}={v}" for k, v in ds.items()),
-                "serve the same model on both roles")
-    ds_, ps_ = dc["speculative"], pc["speculative"]
-    if ds_.get("algorithm") == "draft" and ds_.get("draft"):
-        p_draft = ps_.get("draft") if ps_.get("algorithm") == "draft" else None
-        if p_draft != ds_["draft"]:
-            add("PD507", ("speculative", "draft"), "draft model (prefill must build its prompt KV)",
-                p_draft, ds_["draft"],
-                f"give prefill speculative.algorithm: draft and speculative.draft: {ds_['draft']}")
-    for key in ("backend", "protocol"):
-        pv, dv = pc["transfer"].get(key), dc["transfer"].get(key)
-        uses_shm = "shm" in (pc["transfer"].get("backend"), dc["transfer"].get("backend"))
-        if pv != dv and not (key == "protocol" and uses_shm):  # shm has no ZeroMQ protocol
-            add("PD508", ("transfer", key), f"transfer {key}", pv, dv,
-                f"set transfer.{key} to one value for both roles (e.g. {show(pv)})")
+    two_models = pf is not None and df is not None and pf is not df  # one facts object (same ref) agrees with itself
+    for row in deployment_rows():
+        assert row.deployment is not None
+        section, key = row.deployment
+        pv, dv = pc[section].get(key), dc[section].get(key)
+        if row.name == "state_types":
+            p_st, p_written = effective_state_types(pc, pf)
+            d_st, d_written = effective_state_types(dc, df)
+            if p_st is not None and d_st is not None and p_st != d_st:
+                add(row, row.deployment if d_written or not p_written else ("model", "target"), p_st, d_st)
+            elif two_models and p_st == d_st:
+                assert pf is not None and df is not None
+                ps, ds = state_item_sizes(pf), state_item_sizes(df)
+                if ps != ds:
+                    add(agreement("state_item_lens"), ("model", "target"),
+                        ", ".join(f"{k}={v}" for k, v in ps.items()), ", ".join(f"{k}={v}" for k, v in ds.items()),
+                        "state item sizes (elements per request)")
+        elif row.name == "draft_model":
+            ds_, ps_ = dc["speculative"], pc["speculative"]
+            if ds_.get("algorithm") == "draft" and ds_.get("draft"):
+                p_draft = ps_.get("draft") if ps_.get("algorithm") == "draft" else None
+                if p_draft != ds_["draft"]:
+                    add(row, row.deployment, p_draft, ds_["draft"],
+                        "draft model (prefill must build its prompt KV)")
+        elif row.name == "transfer_protocol":
+            if pv != dv and "shm" not in (pc["transfer"].get("backend"), dc["transfer"].get("backend")):
+                add(row, row.deployment, pv, dv)  # shm has no ZeroMQ protocol
+        elif pv != dv:
+            add(row, row.deployment, pv, dv)
+        if row.name == "model_path" and two_models:
+            assert pf is not None and df is not None
+            if _layout(pf) != _layout(df):
+                diff = {k: (v, _layout(df)[k]) for k, v in _layout(pf).items() if v != _layout(df)[k]}
+                detail = "; ".join(f"{k} {show(a)} vs {show(b)}" for k, (a, b) in diff.items())
+                add(agreement("architecture"), ("model", "target"), pf.ref, df.ref, f"layer layout ({detail})")
     return out

@@ -2,7 +2,8 @@
 
 Hosts must be literal IP addresses or `localhost` (validate never resolves names); no two listeners
 (HTTP ports and prefill's bootstrap port) may share an address; prefill needs a bootstrap port;
-the shm transfer backend needs prefill and decode on one host; colocated excludes prefill/decode.
+the shm transfer backend needs prefill and decode on one host; colocated excludes prefill/decode; the front door
+(the router) is one that tells a client its stream was cut (TOP607, a warning for sglang-router).
 
 Which listeners can collide is host-aware. The roles of one file form one topology that `specctl up`
 starts on one machine, so overlapping bind addresses collide there (0.0.0.0 overlaps every IPv4 address).
@@ -23,6 +24,7 @@ from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
 from specctl.schemas.loader import child_path
 from specctl.schemas.rules import RoleRef, RuleContext, finding
+from specctl.schemas.sglang.router import DEFAULT_ROUTER_KIND, router_shortfalls
 
 register(RuleDoc(
     "TOP601", "port collision", "error",
@@ -72,6 +74,19 @@ register(RuleDoc(
     "Nothing, if the processes run on different hosts or pods; else give each listener its own port.",
     "prefill.sh: --host 0.0.0.0 --port 30000 / decode.sh: --host 0.0.0.0 --port 30000",
     "prefill.sh: --host 10.0.0.1 --port 30000 / decode.sh: --host 10.0.0.2 --port 30000",
+))
+
+register(RuleDoc(
+    "TOP607", "sglang-router as the front door", "warning",
+    "roles.router.kind: sglang-router (0.3.2) ends a stream it cuts (a decode killed or stopped, a request past "
+    "the router's request timeout) by closing the connection mid-stream, with neither an error event nor [DONE]; "
+    "no flag of it changes that. It has no client timeouts either (idle, partial-header and partial-body "
+    "connections stay open). smg sends an error event and [DONE] and closes slow clients.",
+    "A client reads a cut answer as a complete, short one (or an IncompleteRead), and slow clients hold the "
+    "router's connections indefinitely.",
+    "Use smg: roles.router.kind: smg (the default).",
+    "roles: {router: {host: 127.0.0.1, port: 30000, kind: sglang-router}}",
+    "roles: {router: {host: 127.0.0.1, port: 30000, kind: smg}}",
 ))
 
 _LOOPBACK = "loopback"
@@ -216,6 +231,12 @@ def check(ctx: RuleContext) -> list[Finding]:
     if "prefill" in ctx.roles and "decode" in ctx.roles and ctx.clean("prefill", "transfer") \
             and ctx.clean("decode", "transfer"):
         out.extend(_shm(RoleRef(ctx, "prefill"), RoleRef(ctx, "decode")))
+    router = roles.get("router")
+    shortfalls = router_shortfalls(str(router.get("kind") or DEFAULT_ROUTER_KIND)) if isinstance(router, dict) \
+        else None
+    if shortfalls:
+        out.append(finding("TOP607", "warning", "$.roles.router.kind", shortfalls,
+                           "use smg: roles.router.kind: smg (the default), or remove the kind"))
     return out
 
 

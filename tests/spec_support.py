@@ -22,6 +22,7 @@ from specctl.engine.model_runner import ModelRunner
 from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.engine.speculative.drafter import DraftBuffers
+from specctl.schemas.role_config import SpeculativeConfig
 
 VOCAB = 260
 ALPHA = 0.001  # the stated significance level of every goodness-of-fit test (test_spec_verify/_sampling)
@@ -80,7 +81,7 @@ def write_models(root: Path) -> dict[str, str]:
 def engine_config(target: str, spec: dict[str, Any] | None = None, **kw: Any) -> EngineConfig:
     base: dict[str, Any] = dict(model_ref=target, device="cpu", page_size=4, max_tokens=4096, max_batch_size=8)
     base.update(kw)
-    return EngineConfig(speculative=spec or {"algorithm": "none"}, **base)
+    return EngineConfig(speculative=SpeculativeConfig.from_json(spec or {"algorithm": "none"}), **base)
 
 
 def spec_engine(cfg: EngineConfig, drafter: Any = None) -> tuple[Engine, SpeculativeDecoder]:

@@ -236,7 +236,7 @@ def test_decode_in_another_process(tmp_path) -> None:
         assert bad.returncode == 3, bad.stderr
         diff = json.loads(bad.stdout)
         assert [m["field"] for m in diff["mismatches"]] == ["page_size"]
-        assert diff["mismatches"][0]["prefill_value"] == 16 and diff["mismatches"][0]["decode_value"] == 32
+        assert diff["mismatches"][0]["prefill"] == 16 and diff["mismatches"][0]["decode"] == 32
 
 
 def test_server_thread_stops_promptly() -> None:

@@ -19,13 +19,14 @@ from specctl.engine.pd.registration import (
 )
 from specctl.errors import RuntimeFailure
 from specctl.schemas.model_facts import load_model_facts
+from specctl.schemas.role_config import SpeculativeConfig
 
-SPEC = {
+SPEC = SpeculativeConfig.from_json({
     "algorithm": "draft",
     "draft": "builtin:tiny-draft",
     "num_steps": 3,
     "adaptive": {"buckets": {"1": {"candidate_steps": [1, 3, 5, 7]}, "8": {"candidate_steps": [0, 1, 3]}}},
-}
+})
 
 
 def _layout(facts, *, weights: str) -> CacheLayout:
@@ -128,7 +129,7 @@ def test_one_field_differs_one_mismatch(pair, mutate, field) -> None:
     expected = {field, "host"} if field == "transfer_backend" else {field}
     assert set(fields) == expected, render_mismatches(mismatches)
     m = next(m for m in mismatches if m.field == field)
-    assert m.fix and m.prefill_value != m.decode_value
+    assert m.fix and m.prefill != m.decode
 
 
 def test_distinct_messages_for_state_types_and_draft(pair) -> None:
@@ -146,7 +147,7 @@ def test_distinct_messages_for_state_types_and_draft(pair) -> None:
     page = compare(pre, R(dec, page_size=32))[0]
     assert "cache.page_size" in page.fix and "16" in page.fix
     dtype = compare(pre, _model(dec, dtype="bfloat16"))[0]
-    assert dtype.prefill_value == "float32" and dtype.decode_value == "bfloat16"
+    assert dtype.prefill == "float32" and dtype.decode == "bfloat16"
 
 
 def test_all_mismatches_reported_not_the_first(pair) -> None:
@@ -161,8 +162,8 @@ def test_all_mismatches_reported_not_the_first(pair) -> None:
 
 def test_max_draft_tokens_covers_every_selectable_step() -> None:
     assert max_draft_tokens(SPEC) == 8
-    assert max_draft_tokens({"algorithm": "ngram", "num_steps": 4}) == 5
-    assert max_draft_tokens({"algorithm": "none", "num_steps": 4}) == 0
+    assert max_draft_tokens(SpeculativeConfig(algorithm="ngram", num_steps=4)) == 5
+    assert max_draft_tokens(SpeculativeConfig(algorithm="none", num_steps=4)) == 0
     assert max_draft_tokens(None) == 0
 
 

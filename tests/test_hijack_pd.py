@@ -25,6 +25,7 @@ from specctl.engine.pd.bootstrap import HandshakeRejected, register, seal
 from specctl.engine.pd.messages import PdClaim
 from specctl.engine.pd.registration import build_registration
 from specctl.orchestrate.ports import free_ports
+from specctl.schemas.role_config import RoleConfig
 
 from test_serve_pd import (  # isort: skip
     PROMPTS,
@@ -84,7 +85,7 @@ class Attacker:
     def __init__(self, dirs: dict[str, Path], bootstrap_port: int, *, secret: str | None = None) -> None:
         role = {"model": {"target": str(dirs["target"]), "dtype": "float32", "device": "cpu"},
                 "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
-        engine = Engine(EngineConfig.from_role(role))
+        engine = Engine(EngineConfig.from_role(RoleConfig.from_json(role)))
         self.ctx = zmq.Context()
         self.sink = self.ctx.socket(zmq.ROUTER)
         self.sink.setsockopt(zmq.LINGER, 0)

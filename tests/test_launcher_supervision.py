@@ -257,7 +257,7 @@ def test_an_answer_that_is_not_http_reads_as_not_up_yet() -> None:
     import threading
 
     from specctl.bench.target import _get_info
-    from specctl.orchestrate.launcher import _get_json
+    from specctl.preflight.reader import get_json
 
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
@@ -273,7 +273,7 @@ def test_an_answer_that_is_not_http_reads_as_not_up_yet() -> None:
     t = threading.Thread(target=echo, daemon=True)
     t.start()
     try:
-        assert _get_json(f"http://127.0.0.1:{port}/health", timeout=5) == ({}, None)
+        assert get_json(f"http://127.0.0.1:{port}/health", 5) == ({}, None)
         assert _get_info(f"http://127.0.0.1:{port}") is None
     finally:
         t.join(10)

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.engine.checkpoint import write_random_model
 from specctl.orchestrate.ports import free_ports
+from specctl.schemas.role_config import RoleConfig
 
 pytestmark = pytest.mark.slow
 
@@ -158,12 +159,12 @@ def test_logit_bias_and_penalties_through_the_router(topology: dict[str, Any]) -
     role = {"model": {"target": topology["model"], "dtype": "float32", "device": "cpu"},
             "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
     sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0)
-    (want,) = Engine(EngineConfig.from_role(role)).generate([body["prompt"]], sp)
+    (want,) = Engine(EngineConfig.from_role(RoleConfig.from_json(role))).generate([body["prompt"]], sp)
     got = json.loads(post(router + "/v1/completions", {**body, "frequency_penalty": 2.0, "presence_penalty": 2.0,
                                                        "return_token_ids": True}))
     assert got["choices"][0]["token_ids"] == want.token_ids
-    (unpenalized,) = Engine(EngineConfig.from_role(role)).generate([body["prompt"]], SamplingParams(
-        max_tokens=6, temperature=0.0, ignore_eos=True))
+    plain = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    (unpenalized,) = Engine(EngineConfig.from_role(RoleConfig.from_json(role))).generate([body["prompt"]], plain)
     assert unpenalized.token_ids != want.token_ids  # the penalties changed something
     # log-probs do not travel prefill -> decode yet: refused by name, not ignored
     with urllib.request.urlopen(router + "/v1/models", timeout=30) as r:

@@ -19,21 +19,23 @@ import torch.nn.functional as F
 from specctl.engine import smallgemm
 from specctl.engine.checkpoint import write_random_model
 from specctl.engine.model import (
+    causal_conv,
+    rope_cos_sin,
+    rope_table,
+    rotary,
+    ssd_short,
+    ssd_step,
+)
+from specctl.engine.model_runner import ForwardItem, ModelRunner
+from specctl.engine.ops import (
     PACKED_LARGE_ELEMENTS,
     PACKED_MIN_ROWS,
     PACKED_MIN_ROWS_LARGE,
     SMALL_MAX_ROWS,
     PackedLinear,
-    _can_pack,
-    causal_conv,
-    rope_cos_sin,
-    rope_table,
-    rotary,
+    can_pack,
     small_max_rows,
-    ssd_short,
-    ssd_step,
 )
-from specctl.engine.model_runner import ForwardItem, ModelRunner
 
 _KERNEL = smallgemm.kernel()
 CAP = small_max_rows(_KERNEL) if _KERNEL is not None else SMALL_MAX_ROWS  # this machine's small-kernel row cap
@@ -86,7 +88,7 @@ def test_short_scan_equals_the_recurrence(q):
         torch.testing.assert_close(states[1, -1], states[1, q // 2 - 1])
 
 
-@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+@pytest.mark.skipif(not can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
 @pytest.mark.parametrize("rows", [PACKED_MIN_ROWS_LARGE - 1, PACKED_MIN_ROWS_LARGE, PACKED_MIN_ROWS_LARGE + 1])
 def test_a_large_weight_packs_from_fewer_rows_and_computes_the_same(rows):
     g = torch.Generator().manual_seed(rows)
@@ -97,7 +99,7 @@ def test_a_large_weight_packs_from_fewer_rows_and_computes_the_same(rows):
     torch.testing.assert_close(lin(x), F.linear(x, w), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+@pytest.mark.skipif(not can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
 @pytest.mark.parametrize("rows", sorted({1, PACKED_MIN_ROWS - 1, PACKED_MIN_ROWS, SMALL_MAX_ROWS, SMALL_MAX_ROWS + 1,
                                          CAP, CAP + 1, 3 * CAP + 1}))
 @pytest.mark.parametrize("bias", [False, True])
@@ -149,7 +151,7 @@ def test_large_batch_decode_equals_each_alone(runner):
         runner.free(100 + r)
 
 
-@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+@pytest.mark.skipif(not can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
 def test_packed_linear_follows_in_place_weight_updates():
     w = torch.randn(48, 32)
     lin = PackedLinear(w, None)

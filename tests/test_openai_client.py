@@ -20,6 +20,7 @@ import pytest
 
 from specctl.engine.serve.http import OpenAIServer, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
+from specctl.schemas.role_config import RoleConfig
 
 from spec_support import write_models  # isort: skip
 
@@ -37,7 +38,7 @@ class Server:
         role = {"name": "colocated", "model": {"target": target, "dtype": "float32", "device": "cpu"},
                 "speculative": speculative, "cache": {"page_size": 4, "max_tokens": 2048},
                 "serve": {"max_batch_size": 8}, "host": "127.0.0.1", "port": 0}
-        self.ctx = RoleContext(deployment=None, role_name="colocated", role=role)
+        self.ctx = RoleContext(deployment=None, role_name="colocated", role=RoleConfig.from_json(role))
         self.backend = EngineBackend(self.ctx)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -31,6 +31,7 @@ class Info:
     max_context = 512
     supports_logprobs = True
     supports_logit_processors = True
+    max_new_tokens = None
 
     def encode(self, text: str) -> list[int]:
         return [256, *text.encode()]

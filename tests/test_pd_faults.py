@@ -2,7 +2,7 @@
 
 A decode stopped with SIGSTOP while prefill holds its rooms: every other user's request completes as usual,
 prefill fails the stopped decode's rooms once its session goes quiet (not one transfer timeout each), and the
-stopped decode's own requests end within the end-to-end budget (serve/budget.py) that the router runs with.
+stopped decode's own requests end within the end-to-end budget (schemas/budget.py) that the router runs with.
 """
 
 from __future__ import annotations
@@ -96,12 +96,25 @@ def stream(base: str, prompt: str, out: dict[str, Any]) -> None:
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         out["status"] = resp.status
-        out["events"] = [line[6:].decode() for line in resp.read().splitlines() if line.startswith(b"data: ")]
+        raw = resp.read()
+        out["events"] = [line[6:].decode() for line in raw.splitlines() if line.startswith(b"data: ")]
+        out["body"] = raw[:2000].decode(errors="replace")
     except (OSError, http.client.HTTPException) as exc:
         out["exception"] = repr(exc)
     finally:
         out["seconds"] = time.monotonic() - t0
         conn.close()
+
+
+def told_of_error(out: dict[str, Any]) -> bool:
+    """Whether a request that did not complete was told why: an error status with OpenAI's error object (the
+    router gave up before the stream began) or an error event in its stream."""
+    if out.get("status") not in (None, 200):
+        try:
+            return "message" in json.loads(out["body"])["error"]
+        except (ValueError, KeyError, TypeError):
+            return False
+    return any("message" in (json.loads(e).get("error") or {}) for e in out.get("events", []) if e != "[DONE]")
 
 
 def test_a_stopped_decode_fails_its_own_requests_within_the_budget_and_costs_no_one_else(
@@ -124,8 +137,11 @@ def test_a_stopped_decode_fails_its_own_requests_within_the_budget_and_costs_no_
     # user may finish too, later, when the router retries it on the healthy decode: that is no one else's cost.
     fast = [o for o in ok if o["seconds"] < 15]
     assert len(fast) >= 1, outs
-    # The stopped decode's users: cut by the router at the budget (an error event, or the connection closed).
+    # The stopped decode's users: cut by the router at the budget, each told so (an error, never a bare close).
     assert ended <= BUDGET_S + 10, (ended, outs)  # nobody waits past the budget
+    cut = [o for o in outs if o not in ok]
+    assert cut, outs  # the router did not retry every one of them: the cut is what this test is about
+    assert all(told_of_error(o) for o in cut), outs
     # prefill failed the stopped decode's rooms when its session went quiet, long before a timeout per room
     pre = info(url["prefill"])
     assert pre["in_flight"] == 0

@@ -95,14 +95,14 @@ def test_a_refusal_without_a_proven_secret_names_fields_never_prefills_values() 
             register(srv.endpoint, decode, timeout_s=5)
     fields = {m.field for m in err.value.mismatches}
     assert {"page_size", "model.weights_hash"} <= fields
-    assert all(m.prefill_value is None for m in err.value.mismatches)
+    assert all(m.prefill is None for m in err.value.mismatches)
     wire_bytes = b"".join(f.bytes for f in raw)
     for value in (b"prefill-secret-hash", b"48"):
         assert value not in wire_bytes and value.decode() not in str(err.value)
     # with a secret the peer proved, the values are shown (it is one of the deployment's own processes)
     with BootstrapServer(prefill, secret="s") as srv, pytest.raises(HandshakeRejected) as err:
         register(srv.endpoint, decode, secret="s", timeout_s=5)
-    assert any(m.prefill_value == 48 for m in err.value.mismatches)
+    assert any(m.prefill == 48 for m in err.value.mismatches)
 
 
 

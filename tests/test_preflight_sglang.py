@@ -24,8 +24,9 @@ from specctl.cli.main import app
 from specctl.errors import RuntimeFailure
 from specctl.orchestrate.ports import free_port
 from specctl.preflight.check import run_preflight
-from specctl.preflight.facts import normalise
 from specctl.schemas.model_facts import builtin_dir
+from specctl.schemas.pd_agreement import agreement
+from specctl.schemas.server_facts import normalise
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -136,7 +137,7 @@ def test_one_decode_difference_is_refused_with_that_field(pair_of: Any, name: st
     assert not report.ok
     assert _fields(report) == expected
     for row in report.differences:
-        assert row.fix.startswith("start both servers with the same value")
+        assert row.fix == agreement(row.field).fix_for(row.prefill)  # the agreement table's fix
 
 
 def test_state_types_predicted_from_the_model_and_hybrid_memory_flags(pair_of: Any) -> None:

@@ -46,11 +46,11 @@ def test_instance_lists_validate_and_merge_per_instance(tmp_path: Path) -> None:
     assert _findings(path) == []
     dep = load_deployment(path)
     pre = dep.instances("prefill")
-    assert [(p["port"], p["bootstrap_port"]) for p in pre] == [(32901, 32911), (32902, 32912)]
-    assert pre[1]["cache"]["max_tokens"] == 4096 and pre[0]["cache"]["max_tokens"] != 4096  # own overrides
-    assert pre[0]["model"] == pre[1]["model"]  # the top-level sections under each
-    assert [d["port"] for d in dep.instances("decode")] == [32903, 32904]
-    assert dep.role("prefill")["port"] == 32901  # the rules' view: instance 0
+    assert [(p.port, p.bootstrap_port) for p in pre] == [(32901, 32911), (32902, 32912)]
+    assert pre[1].cache.max_tokens == 4096 and pre[0].cache.max_tokens != 4096  # own overrides
+    assert pre[0].model == pre[1].model  # the top-level sections under each
+    assert [d.port for d in dep.instances("decode")] == [32903, 32904]
+    assert dep.role("prefill").port == 32901  # the rules' view: instance 0
     assert dep.instances("router") == [dep.role("router")]
 
 

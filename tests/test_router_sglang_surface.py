@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from specctl.engine.tokenizer import BYTE_BOS, BYTE_EOS, ByteTokenizer
+from specctl.schemas.role_config import RoleConfig
 
 from test_serve_http import Server, get, post, sse_events  # isort: skip
 from test_serve_pd import free_port, router_ready, wait_for  # isort: skip
@@ -42,7 +43,7 @@ class BuiltinServer(Server):
         import asyncio
         import threading
 
-        self.ctx = roles.RoleContext(deployment=None, role_name="colocated", role=role)
+        self.ctx = roles.RoleContext(deployment=None, role_name="colocated", role=RoleConfig.from_json(role))
         self.backend = roles.EngineBackend(self.ctx)
         self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics)
         self.loop = asyncio.new_event_loop()

@@ -26,6 +26,7 @@ from specctl.engine.engine import Engine
 from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.serve.http import OpenAIServer, chat_prompt, start_http
 from specctl.engine.serve.roles import EngineBackend, RoleContext
+from specctl.schemas.role_config import RoleConfig
 
 PROMPTS = ["def fib(n):", "import os\nimport sys\n", "class Tree:\n    def __init__(self):"]
 
@@ -54,7 +55,7 @@ class Server:
     def __init__(self, model_dir: Path, **limits: Any) -> None:
         """`limits`: start_http's header_timeout_s / max_connections, OpenAIServer's body_timeout_s and
         max_queued_requests."""
-        self.ctx = RoleContext(deployment=None, role_name="colocated", role=role_dict(model_dir))
+        self.ctx = RoleContext(deployment=None, role_name="colocated", role=RoleConfig.from_json(role_dict(model_dir)))
         self.backend = EngineBackend(self.ctx)
         http_limits = {k: limits.pop(k) for k in ("header_timeout_s", "max_connections") if k in limits}
         self.server = OpenAIServer(self.backend, metrics=self.ctx.metrics, max_request_bytes=64 * 1024, **limits)
@@ -124,7 +125,7 @@ def server(model_dir: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def offline(model_dir: Path) -> dict[str, list[int]]:
-    engine = Engine(EngineConfig.from_role(role_dict(model_dir)))
+    engine = Engine(EngineConfig.from_role(RoleConfig.from_json(role_dict(model_dir))))
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     return {p: r.token_ids for p, r in zip(PROMPTS, results, strict=True)}
 

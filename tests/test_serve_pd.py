@@ -34,6 +34,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling_params import SamplingParams
 from specctl.orchestrate.ports import free_port, free_ports
+from specctl.schemas.role_config import RoleConfig
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +160,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def offline(models: dict[str, Path]) -> dict[str, list[int]]:
     role = {"model": {"target": str(models["target"]), "dtype": "float32", "device": "cpu"},
             "cache": {"page_size": 4, "max_tokens": 2048}, "serve": {"max_batch_size": 8}}
-    engine = Engine(EngineConfig.from_role(role))
+    engine = Engine(EngineConfig.from_role(RoleConfig.from_json(role)))
     prompts = [*PROMPTS, CORRUPT_MARK + " x = 1"]
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     return {p: r.token_ids for p, r in zip(prompts, results, strict=True)}

@@ -52,7 +52,7 @@ def test_export_uses_full_flag_names_and_adaptive_always_carries_the_switch(pres
             name = argv[argv.index("--speculative-adaptive-config") + 1]
             # the file it references is exported, and SGLang reads from it the deployment's very buckets
             exported, findings = parse_sglang_config(json.loads(cmds.files[name]))
-            asked, _ = parse_deployment_adaptive(deployment.role(role)["speculative"]["adaptive"])
+            asked, _ = parse_deployment_adaptive(deployment.role(role).speculative.adaptive)
             assert exported is not None and asked is not None
             assert [f for f in findings if f.severity == "error"] == []
             assert _buckets(exported) == _buckets(asked) and exported.strategy == asked.strategy

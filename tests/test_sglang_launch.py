@@ -77,9 +77,9 @@ def test_the_exec_argv_parses_with_sglangs_parser() -> None:
         assert answer["ok"], (preset, role, answer["error"])
         v = answer["values"]
         cfg = load_deployment(preset, overrides=sets).role(role)
-        assert v["port"] == cfg["port"] and v["page_size"] == cfg["cache"]["page_size"]
+        assert v["port"] == cfg.port and v["page_size"] == cfg.cache.page_size
         assert v["disaggregation_mode"] == (role if role != "colocated" else "null")
-        assert v["speculative_adaptive"] is (cfg["speculative"].get("adaptive") is not None)
+        assert v["speculative_adaptive"] is (cfg.speculative.adaptive is not None)
         if v["speculative_adaptive"]:
             assert v["speculative_adaptive_config"] == adaptive_file_for(
                 default_workdir(load_deployment(preset)), role)

@@ -210,13 +210,13 @@ def test_every_exported_command_parses_with_sglangs_parser(oracle: dict[str, Any
         role = answer["values"]["disaggregation_mode"]
         cfg = d.role(role if role in ("prefill", "decode") else "colocated")
         v = answer["values"]
-        assert v["page_size"] == cfg["cache"]["page_size"]
-        assert v["max_running_requests"] == cfg["serve"]["max_batch_size"]
-        assert v["port"] == cfg["port"]
-        adaptive = cfg["speculative"].get("adaptive") is not None
+        assert v["page_size"] == cfg.cache.page_size
+        assert v["max_running_requests"] == cfg.serve.max_batch_size
+        assert v["port"] == cfg.port
+        adaptive = cfg.speculative.adaptive is not None
         assert v["speculative_adaptive"] is adaptive
-        if cfg["speculative"]["algorithm"] != "none":
-            assert v["speculative_num_steps"] == cfg["speculative"]["num_steps"]
+        if cfg.speculative.algorithm != "none":
+            assert v["speculative_num_steps"] == cfg.speculative.num_steps
 
 
 def test_flag_errors_agree_with_sglangs_parser(oracle: dict[str, Any]) -> None:

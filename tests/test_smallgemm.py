@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine import smallgemm
-from specctl.engine.model import PackedLinear, _can_pack
 from specctl.engine.model_runner import ForwardItem, ModelRunner
+from specctl.engine.ops import PackedLinear, can_pack
 
 from test_model_hf import VOCAB, write_hf_model  # isort: skip
 
@@ -245,7 +245,7 @@ def test_serving_norms_use_the_kernel_and_training_keeps_autograd(monkeypatch, n
 
 
 @needs_cc
-@pytest.mark.skipif(not _can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
+@pytest.mark.skipif(not can_pack(torch.zeros(1, 1)), reason="this torch build has no oneDNN fp32 packing")
 def test_packed_linear_uses_the_kernel_and_follows_in_place_weight_updates(native):
     g = torch.Generator().manual_seed(5)
     w = torch.nn.Parameter(torch.randn(96, 64, generator=g))

@@ -25,6 +25,7 @@ from specctl.engine.config import EngineConfig
 from specctl.engine.engine import Engine
 from specctl.engine.sampling_params import SamplingParams
 from specctl.errors import InvalidInput
+from specctl.schemas.role_config import RoleConfig, SpeculativeConfig
 
 PROMPTS = ["import os\nimport sys\n\n\ndef main(", "class Parser:\n    def __init__(self, ", "for i in range(10):\n"]
 NEW_TOKENS = 40
@@ -35,7 +36,7 @@ def config(steps: int, algorithm: str = "draft", **kw: object) -> EngineConfig:
     if algorithm == "ngram":
         spec = {"algorithm": "ngram", "num_steps": steps}
     return EngineConfig(model_ref="builtin:tiny-hybrid", device="cpu", max_batch_size=4, max_tokens=4096,
-                        speculative=spec, **kw)  # type: ignore[arg-type]
+                        speculative=SpeculativeConfig.from_json(spec), **kw)  # type: ignore[arg-type]
 
 
 def bound_only(runs: Runs) -> Runs:
@@ -122,13 +123,13 @@ def test_trace_steps_needs_trace_out_and_env_reaches_the_config(monkeypatch):
     monkeypatch.delenv(TRACE_OUT_ENV, raising=False)
     role = {"model": {"target": "builtin:tiny-hybrid"}, "speculative": {"algorithm": "draft", "num_steps": 1}}
     with pytest.raises(InvalidInput, match="--trace-out"):
-        EngineConfig.from_role(role)
+        EngineConfig.from_role(RoleConfig.from_json(role))
     monkeypatch.setenv(TRACE_OUT_ENV, "/tmp/x.jsonl")
-    cfg = EngineConfig.from_role(role)
+    cfg = EngineConfig.from_role(RoleConfig.from_json(role))
     assert (cfg.trace_out, cfg.trace_steps, cfg.max_draft_tokens) == ("/tmp/x.jsonl", 4, 5)
     monkeypatch.setenv(TRACE_STEPS_ENV, "zero")
     with pytest.raises(InvalidInput, match="positive integer"):
-        EngineConfig.from_role(role)
+        EngineConfig.from_role(RoleConfig.from_json(role))
 
 
 def test_serve_refuses_trace_steps_without_trace_out():

@@ -30,6 +30,7 @@ from specctl.engine.pd.transfer import (
     cleanup_stale_segments,
     shm_dir,
 )
+from specctl.schemas.role_config import SpeculativeConfig
 
 # The runner's layout convention (engine/cache.py): kv pages per full layer; mamba = conv + ssm.
 LAYOUT_JSON = {
@@ -59,7 +60,8 @@ DRAFT_LAYOUT = CacheLayout.from_json(DRAFT_LAYOUT_JSON)
 
 
 def _spec() -> PayloadSpec:
-    info = build_registration("decode", LAYOUT, draft_layout=DRAFT_LAYOUT, speculative={"algorithm": "draft"})
+    spec = SpeculativeConfig(algorithm="draft")
+    info = build_registration("decode", LAYOUT, draft_layout=DRAFT_LAYOUT, speculative=spec)
     return PayloadSpec.from_registration(info)
 
 
@@ -138,7 +140,7 @@ def test_real_runner_export_matches_its_registration() -> None:
     runner = ModelRunner("builtin:tiny-hybrid", **kw)
     draft = ModelRunner("builtin:tiny-draft", **kw)
     info = build_registration(
-        "decode", runner.layout(), speculative={"algorithm": "draft", "num_steps": 3},
+        "decode", runner.layout(), speculative=SpeculativeConfig(algorithm="draft", num_steps=3),
         draft_layout=draft.layout(), facts=runner.facts, draft_facts=draft.facts,
     )  # fmt: skip
     spec = PayloadSpec.from_registration(info)

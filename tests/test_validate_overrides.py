@@ -62,18 +62,20 @@ def test_load_deployment_merges_roles_and_fills_defaults(tmp_path: Path) -> None
     dep = load_deployment("tiny-pd", overrides=["roles.decode.serve.max_batch_size=4"])
     assert dep.roles == ("prefill", "decode", "router")
     decode, prefill = dep.role("decode"), dep.role("prefill")
-    assert decode["serve"]["max_batch_size"] == 4 and prefill["serve"]["max_batch_size"] == 8
-    assert decode["speculative"]["adaptive"]["buckets"]["8"]["candidate_steps"] == [0, 1]
-    assert decode["speculative"]["topk"] == 1 and decode["transfer"]["backend"] == "zmq"
-    assert prefill["bootstrap_port"] == 8998 and decode["bootstrap_port"] is None
-    assert (decode["host"], decode["port"]) == ("127.0.0.1", 30002)
+    assert decode.serve.max_batch_size == 4 and prefill.serve.max_batch_size == 8
+    assert decode.speculative.adaptive is not None
+    assert decode.speculative.adaptive["buckets"]["8"]["candidate_steps"] == [0, 1]
+    assert decode.speculative.topk == 1 and decode.transfer.backend == "zmq"
+    assert prefill.bootstrap_port == 8998 and decode.bootstrap_port is None
+    assert (decode.host, decode.port) == ("127.0.0.1", 30002)
+    assert decode.to_json()["serve"]["max_batch_size"] == 4  # the merged dict it was read from
     with pytest.raises(UsageError):
         dep.role("colocated")
     # a role's buckets replace the whole table (so a role can drop a bucket)
     one_bucket = "roles.decode.speculative.adaptive.buckets={1: {candidate_steps: [0, 3]}}"
     dep = load_deployment("tiny-pd", overrides=[one_bucket])
-    assert list(dep.role("decode")["speculative"]["adaptive"]["buckets"]) == ["1"]
-    assert list(dep.role("prefill")["speculative"]["adaptive"]["buckets"]) == ["1", "4", "8"]
+    assert list(dep.role("decode").to_json()["speculative"]["adaptive"]["buckets"]) == ["1"]
+    assert list(dep.role("prefill").to_json()["speculative"]["adaptive"]["buckets"]) == ["1", "4", "8"]
 
 
 def test_load_deployment_colocated_default_and_errors(tmp_path: Path) -> None:
@@ -82,8 +84,10 @@ def test_load_deployment_colocated_default_and_errors(tmp_path: Path) -> None:
     dep = load_deployment(p)
     assert dep.roles == ("colocated",) and dep.name == "d"
     role = dep.role("colocated")
-    assert (role["host"], role["port"]) == ("127.0.0.1", 30000)
-    assert role["speculative"]["num_steps"] == 3 and role["cache"] == DEFAULTS["cache"]
+    assert (role.host, role.port) == ("127.0.0.1", 30000)
+    assert role.speculative.num_steps == 3 and role.to_json()["cache"] == DEFAULTS["cache"]
+    cache = DEFAULTS["cache"]
+    assert (role.cache.page_size, role.cache.max_tokens) == (cache["page_size"], cache["max_tokens"])
     with pytest.raises(InvalidInput) as exc:
         load_deployment(p, overrides=["cache.state_types=[swa]"])
     assert exc.value.exit_code == 1

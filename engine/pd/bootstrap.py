@@ -51,9 +51,10 @@ import msgspec
 import zmq
 
 from specctl.engine.pd import wire
-from specctl.engine.pd.registration import Mismatch, RegistrationInfo, compare, render_mismatches, withheld
+from specctl.engine.pd.registration import RegistrationInfo, compare, render_mismatches, withheld
 from specctl.engine.pd.transfer import transfer_seal
 from specctl.errors import RuntimeFailure
+from specctl.schemas.pd_agreement import Difference
 
 log = logging.getLogger("specctl.bootstrap")
 
@@ -88,7 +89,7 @@ class Accepted(wire.Message, tag="bootstrap.accepted", frozen=True):
 
 class Rejected(wire.Message, tag="bootstrap.rejected", frozen=True):
     reason: str
-    mismatches: list[Mismatch] = []
+    mismatches: list[Difference] = []
     prefill: RegistrationInfo | None = None
 
 
@@ -107,7 +108,7 @@ class Pong(wire.Message, tag="bootstrap.pong", frozen=True):
 class HandshakeRejected(RuntimeFailure):
     """Prefill refused this decode: `.mismatches` itemizes why (may be empty for auth/protocol)."""
 
-    def __init__(self, reason: str, mismatches: list[Mismatch] | None = None) -> None:
+    def __init__(self, reason: str, mismatches: list[Difference] | None = None) -> None:
         self.reason = reason
         self.mismatches = list(mismatches or [])
         text = f"handshake refused by prefill: {reason}"
@@ -380,7 +381,7 @@ class BootstrapServer:
             return self._register(msg)
         return Rejected(reason=f"unexpected message {type(msg).__name__} on the bootstrap endpoint")
 
-    def _reject(self, reason: str, mismatches: list[Mismatch] | None = None, *, kind: str = "registration"
+    def _reject(self, reason: str, mismatches: list[Difference] | None = None, *, kind: str = "registration"
                 ) -> Rejected:
         self.stats.rejected += 1
         self.stats.count(kind)

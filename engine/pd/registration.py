@@ -7,8 +7,9 @@ version, role, the target model's fingerprint, page size, per-buffer KV item len
 (or none), the speculative algorithm and the largest draft-token count, the transfer backend and the
 endpoints where this process receives.
 
-`compare(prefill, decode)` returns one `Mismatch(field, prefill_value, decode_value, fix)` for every
-field that differs — all of them, not the first — so a refused decode prints the whole diff. Both
+`compare(prefill, decode)` returns one `Difference(field, prefill, decode, fix)` for every field that
+differs — all of them, not the first — so a refused decode prints the whole diff. Which row of the
+agreement table (`specctl.schemas.pd_agreement`) a field belongs to, and so its fix, is the table's. Both
 sides derive the info from their live `ModelRunner.layout()` (a `CacheLayout`, never from the config alone), so what
 is compared is what the caches really hold.
 
@@ -26,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from specctl.engine.pd.wire import PROTOCOL_VERSION
+from specctl.schemas.pd_agreement import Difference, agreement, registration_row
 
 if TYPE_CHECKING:
     from specctl.engine.cache_layout import CacheLayout
     from specctl.schemas.model_facts import ModelFacts
+    from specctl.schemas.role_config import SpeculativeConfig
 
 ROLES = ("prefill", "decode")
 BACKENDS = ("zmq", "shm")
@@ -89,20 +92,6 @@ class RegistrationInfo(msgspec.Struct, frozen=True, kw_only=True):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
-    """One field on which prefill and decode disagree, with both values and how to fix it."""
-
-    field: str
-    prefill_value: Any
-    decode_value: Any
-    fix: str
-    detail: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = msgspec.to_builtins(self)
-        return doc
-
-
 # --------------------------------------------------------------------------------------------- building
 
 
@@ -112,17 +101,12 @@ def _engine_version() -> str:
     return __version__
 
 
-def max_draft_tokens(speculative: Mapping[str, Any] | None) -> int:
+def max_draft_tokens(speculative: SpeculativeConfig | None) -> int:
     """Largest number of draft tokens one verify can carry: (largest selectable steps) + 1, where the
     selectable steps are the initial `num_steps` and every adaptive candidate; 0 without speculation."""
-    spec = speculative or {}
-    if spec.get("algorithm", "none") in (None, "none"):
+    if speculative is None or speculative.algorithm == "none":
         return 0
-    steps = [int(spec.get("num_steps") or 0)]
-    buckets = ((spec.get("adaptive") or {}).get("buckets")) or {}
-    for bucket in buckets.values():
-        steps.extend(int(s) for s in (bucket or {}).get("candidate_steps") or ())
-    top = max(steps)
+    top = max(speculative.selectable_steps())
     return top + 1 if top > 0 else 0
 
 
@@ -174,7 +158,7 @@ def build_registration(
     role: str,
     layout: CacheLayout,
     *,
-    speculative: Mapping[str, Any] | None = None,
+    speculative: SpeculativeConfig | None = None,
     draft_layout: CacheLayout | None = None,
     transfer_backend: str = "zmq",
     endpoints: Mapping[str, str] | None = None,
@@ -208,7 +192,7 @@ def build_registration(
         state_item_lens=layout.state_item_lens,
         state_dims=layout.state_dims,
         draft=draft,
-        speculative_algorithm=str((speculative or {}).get("algorithm") or "none"),
+        speculative_algorithm=speculative.algorithm if speculative is not None else "none",
         max_draft_tokens=max_draft_tokens(speculative),
         transfer_backend=transfer_backend,
         endpoints=dict(endpoints or {}),
@@ -219,49 +203,20 @@ def build_registration(
 # --------------------------------------------------------------------------------------------- comparing
 
 
-def _fix_for(field: str, p: Any, d: Any) -> str:
-    root = field.split(".")[0]
-    if root == "protocol_version" or root == "engine_version":
-        return "run the same specctl version on prefill and decode"
-    if field == "model.dtype":
-        return f"set model.dtype to {p} on decode (or the same dtype on both roles)"
-    if field == "model.weights_hash":
-        return "load the same target weights on both roles (same model.target checkpoint)"
-    if field == "model.tokenizer":
-        return "use the same tokenizer on both roles (same model.target directory)"
-    if root == "model":
-        return "serve the same target model (model.target) on both roles"
-    if field == "page_size":
-        return f"set cache.page_size to {p} on decode (or the same page size on both roles)"
-    if root in ("kv_item_lens", "state_item_lens", "state_dims"):
-        return "the caches are laid out differently: use the same model, dtype and cache settings on both roles"
-    if field.startswith("draft.model"):
-        return "set speculative.draft to the same draft model (same checkpoint and dtype) on both roles"
-    if root == "draft":
-        return "the draft KV is laid out differently: use the same draft model and cache.page_size on both roles"
-    if root == "speculative_algorithm":
-        return f"set speculative.algorithm to the same value on both roles (prefill {p!r}, decode {d!r})"
-    if root == "max_draft_tokens":
-        return (
-            "use the same speculative.num_steps and adaptive candidate_steps on both roles "
-            f"(largest draft-token count: prefill {p}, decode {d})"
-        )
-    if root == "transfer_backend":
-        return f"set transfer.backend to the same value on both roles (prefill {p!r}, decode {d!r})"
-    return "make this field equal on both roles"
-
-
-def _diff(path: str, p: Any, d: Any, out: list[Mismatch]) -> None:
-    """Recursive, leaf-level diff of builtins; every differing leaf is one mismatch."""
+def _diff(path: str, p: Any, d: Any, out: list[Difference]) -> None:
+    """Recursive, leaf-level diff of builtins; every differing leaf is one row, fixed by its table row."""
     if isinstance(p, dict) and isinstance(d, dict):
         for key in list(p) + [k for k in d if k not in p]:
             _diff(f"{path}.{key}", p.get(key), d.get(key), out)
         return
     if p != d:
-        out.append(Mismatch(field=path, prefill_value=p, decode_value=d, fix=_fix_for(path, p, d)))
+        row = registration_row(path)
+        if row is None:
+            raise KeyError(f"registration field {path} has no row in the agreement table")
+        out.append(row.difference(p, d, field=path, detail=""))
 
 
-def _state_types_mismatch(prefill: RegistrationInfo, decode: RegistrationInfo) -> Mismatch:
+def _state_types_mismatch(prefill: RegistrationInfo, decode: RegistrationInfo) -> Difference:
     p, d = list(prefill.state_types), list(decode.state_types)
     hybrid = [k for k in _STATE_LAYER_KINDS if k in decode.model.layer_kinds]
     if not d and hybrid:
@@ -269,84 +224,68 @@ def _state_types_mismatch(prefill: RegistrationInfo, decode: RegistrationInfo) -
             f"decode declares no state_types but its model has {'/'.join(hybrid)} layers: their state "
             "would never reach decode (SGLang: 'kv_args.state_types is empty but state_indices were provided')"
         )
-        fix = f"remove cache.state_types from the decode role (derived from the model: {p}) or write {p}"
     elif sorted(p) == sorted(d):
         detail = f"same components in a different order ({p} vs {d}): state would land in the wrong buffers"
-        fix = f"write cache.state_types in the model's order {p} on decode, or omit it on both roles"
     else:
         detail = f"state component count/kinds differ (prefill={len(p)}, decode={len(d)})"
-        fix = f"both roles must carry the same state components in the same order: {p}"
-    return Mismatch(field="state_types", prefill_value=p, decode_value=d, fix=fix, detail=detail)
+    return agreement("state_types").difference(p, d, detail=detail)
 
 
-def _draft_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Mismatch]) -> None:
+def _draft_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Difference]) -> None:
     p, d = prefill.draft, decode.draft
     if p is None and d is None:
         return
     if p is None:
         assert d is not None
-        out.append(
-            Mismatch(
-                field="draft",
-                prefill_value=None,
-                decode_value=d.model.architecture + f" ({d.model.weights_hash or 'no hash'})",
-                fix="set speculative.algorithm: draft and the same speculative.draft on the prefill role, "
-                "so prefill runs the draft's prefill and sends its KV",
-                detail="decode speculates with a draft model whose KV prefill does not produce",
-            )
-        )
+        out.append(agreement("draft_model").difference(
+            None, d.model.architecture + f" ({d.model.weights_hash or 'no hash'})", field="draft",
+            detail="decode speculates with a draft model whose KV prefill does not produce"))
         return
     if d is None:
-        out.append(
-            Mismatch(
-                field="draft",
-                prefill_value=p.model.architecture + f" ({p.model.weights_hash or 'no hash'})",
-                decode_value=None,
-                fix="configure the same speculative.draft on decode, or remove it from prefill",
-                detail="prefill sends draft KV that decode has no buffers for",
-            )
-        )
+        out.append(agreement("draft_model").difference(
+            p.model.architecture + f" ({p.model.weights_hash or 'no hash'})", None, field="draft",
+            detail="prefill sends draft KV that decode has no buffers for"))
         return
     _diff("draft", msgspec.to_builtins(p), msgspec.to_builtins(d), out)
 
 
-def _endpoint_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Mismatch]) -> None:
+def _endpoint_mismatches(prefill: RegistrationInfo, decode: RegistrationInfo, out: list[Difference]) -> None:
     ep = decode.endpoints.get("transfer", "")
     scheme = ep.split("://", 1)[0] if "://" in ep else ""
     if scheme not in ("tcp", "ipc"):
         out.append(
-            Mismatch(
+            Difference(
                 field="endpoints.transfer",
-                prefill_value="tcp://... or ipc://...",
-                decode_value=ep or None,
+                prefill="tcp://... or ipc://...",
+                decode=ep or None,
                 fix="decode must advertise the tcp:// or ipc:// endpoint it receives transfers on",
             )
         )
     needs_host = decode.transfer_backend == "shm" or scheme == "ipc"
     if needs_host and prefill.host != decode.host:
         out.append(
-            Mismatch(
+            Difference(
                 field="host",
-                prefill_value=prefill.host,
-                decode_value=decode.host,
+                prefill=prefill.host,
+                decode=decode.host,
                 fix="shm and ipc transfers need both processes on one host: use transfer.backend zmq over tcp",
             )
         )
 
 
-def compare(prefill: RegistrationInfo, decode: RegistrationInfo) -> list[Mismatch]:
+def compare(prefill: RegistrationInfo, decode: RegistrationInfo) -> list[Difference]:
     """Every field on which `decode` cannot pair with `prefill`; empty means compatible."""
-    out: list[Mismatch] = []
+    out: list[Difference] = []
     if prefill.protocol_version != decode.protocol_version:
         _diff("protocol_version", prefill.protocol_version, decode.protocol_version, out)
     if prefill.engine_version != decode.engine_version:
         _diff("engine_version", prefill.engine_version, decode.engine_version, out)
     if decode.role != "decode":
         out.append(
-            Mismatch(
+            Difference(
                 field="role",
-                prefill_value="decode",
-                decode_value=decode.role,
+                prefill="decode",
+                decode=decode.role,
                 fix="only a process started with --role decode may register with prefill's bootstrap endpoint",
                 detail=f"prefill ({prefill.role}) pairs with a decode peer; this peer says it is {decode.role!r}",
             )
@@ -371,11 +310,10 @@ WITHHELD_FIX = ("make this field equal on both roles (prefill's value is withhel
                 "secret: read it from prefill's deployment, or set transfer.secret_env on both roles)")
 
 
-def withheld(mismatches: list[Mismatch]) -> list[Mismatch]:
+def withheld(mismatches: list[Difference]) -> list[Difference]:
     """The mismatches as a peer that proved no shared secret may see them: the differing fields and the peer's
     own values, never prefill's (they would tell a stranger what to claim)."""
-    return [Mismatch(field=m.field, prefill_value=None, decode_value=m.decode_value, fix=WITHHELD_FIX)
-            for m in mismatches]
+    return [Difference(field=m.field, prefill=None, decode=m.decode, fix=WITHHELD_FIX) for m in mismatches]
 
 
 def _short(v: Any, width: int = 28) -> str:
@@ -383,10 +321,10 @@ def _short(v: Any, width: int = 28) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def render_mismatches(mismatches: list[Mismatch]) -> str:
+def render_mismatches(mismatches: list[Difference]) -> str:
     """Plain-text table: field | prefill | decode | fix (details indented under their row)."""
     rows = [("field", "prefill", "decode", "fix")]
-    rows += [(m.field, _short(m.prefill_value), _short(m.decode_value), m.fix) for m in mismatches]
+    rows += [(m.field, _short(m.prefill), _short(m.decode), m.fix) for m in mismatches]
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = []
     for i, r in enumerate(rows):

@@ -26,6 +26,8 @@ from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.serve.spec_stats import launch_steps
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
+from specctl.schemas.budget import MAX_NEW_TOKENS
+from specctl.schemas.server_info import Key, sglang_server_args
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
     from specctl.engine.engine import Engine
@@ -33,6 +35,7 @@ if TYPE_CHECKING:  # torch lives behind these; the serving front imports this mo
     from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.serve.openai_request import PdRoute
     from specctl.schemas.deployment import Deployment
+    from specctl.schemas.role_config import RoleConfig, TransferConfig
 
 log = logging.getLogger("specctl.serve")
 
@@ -59,9 +62,9 @@ class RoleState:
 
 @dataclasses.dataclass
 class RoleContext:
-    deployment: Deployment | None  # None for a server a test builds in process from a role dict alone
+    deployment: Deployment | None  # None for a server a test builds in process from a role config alone
     role_name: str
-    role: dict[str, Any]
+    role: RoleConfig
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
     state: RoleState = dataclasses.field(default_factory=RoleState)
     started: float = dataclasses.field(default_factory=time.time)
@@ -69,32 +72,32 @@ class RoleContext:
     faults: FaultPlan = dataclasses.field(default_factory=FaultPlan)  # tests only (serve/faults.py)
 
     @property
-    def transfer(self) -> dict[str, Any]:
-        return dict(self.role.get("transfer") or {})
+    def transfer(self) -> TransferConfig:
+        return self.role.transfer
 
     @property
     def timeout_s(self) -> float:
-        return float(self.transfer.get("timeout_s", 30))
+        return self.role.transfer.timeout_s
 
     def base_info(self) -> dict[str, Any]:
         dep = self.deployment
         return {
-            "role": self.role_name,
+            Key.ROLE: self.role_name,
             "pid": os.getpid(),
             "status": self.state.status,
             "ready": self.state.ready,
             "uptime_s": round(time.time() - self.started, 3),
             "deployment": {"name": dep.name if dep else None, "path": dep.path if dep else None,
                            "raw": dep.raw if dep else None},
-            "resolved_role": self.role,
+            Key.RESOLVED_ROLE: self.role.to_json(),
         }
 
 
 # How to fix a PD room whose other half never came (prefill and decode both say it, with a 408).
 
 
-def model_name_of(role: dict[str, Any]) -> str:
-    return str((role.get("model") or {}).get("target") or "specctl")
+def model_name_of(role: RoleConfig) -> str:
+    return role.model.target or "specctl"
 
 
 def max_context_of(model_ref: str) -> int:
@@ -108,10 +111,12 @@ class TokenizingBackend:
     """What every HTTP backend shares: the served model's name and context, and its tokenizer
     (loaded by the subclass's `load()`), so every role tokenizes prompts the same way."""
 
-    def __init__(self, ctx: RoleContext, role: dict[str, Any]) -> None:
+    def __init__(self, ctx: RoleContext, role: RoleConfig) -> None:
         self.ctx = ctx
         self.model_name = model_name_of(role)
         self.max_context = max_context_of(self.model_name)
+        # Behind a router whose request timeout is the request budget, a generation may not outlive it.
+        self.max_new_tokens: int | None = MAX_NEW_TOKENS if ctx.role_name in ("prefill", "decode") else None
         self.tokenizer: Tokenizer | None = None  # set by the subclass's load()
 
     def loaded_tokenizer(self) -> Tokenizer:
@@ -192,23 +197,21 @@ class EngineBackend(TokenizingBackend):
             return {"error": str(exc)}
 
     async def server_info(self) -> dict[str, Any]:
-        from specctl.engine.serve.sglang_http import sglang_server_args
-
         info = self.ctx.base_info()
         stats = await self.engine_stats()
-        info["engine"] = stats
-        info["fingerprints"] = engine_fingerprints(self.engine)
+        info[Key.ENGINE] = stats
+        info[Key.FINGERPRINTS] = engine_fingerprints(self.engine)
         spec = stats.get("speculative") if isinstance(stats, dict) else None
-        info["adaptive"] = None if not isinstance(spec, dict) else {
+        info[Key.ADAPTIVE_STATE] = None if not isinstance(spec, dict) else {
             k: spec.get(k) for k in ("mode", "initial_steps", "buckets", "switches", "acceptance_rate",
-                                     "acceptance_histogram", "batches_per_steps", "mean_tokens_per_verify")}
+                                     "acceptance_histogram", "batches_per_steps", Key.MEAN_TOKENS_PER_VERIFY)}
         info["timing"] = self.timing()
-        rate = (spec or {}).get("mean_tokens_per_verify") if isinstance(spec, dict) else None
-        info.update(sglang_server_args(self.ctx.role, self.ctx.role_name,
+        rate = (spec or {}).get(Key.MEAN_TOKENS_PER_VERIFY) if isinstance(spec, dict) else None
+        info.update(sglang_server_args(self.ctx.role.to_json(), self.ctx.role_name,
                                        accept_length=float(rate) if isinstance(rate, (int, float)) else None))
-        target = info["fingerprints"].get("target") or {}
-        if target.get("state_types") is not None:
-            info["state_types"] = list(target["state_types"])  # the live cache's, in registration order
+        target = info[Key.FINGERPRINTS].get("target") or {}
+        if target.get(Key.STATE_TYPES) is not None:
+            info[Key.STATE_TYPES] = list(target[Key.STATE_TYPES])  # the live cache's, in registration order
         return info
 
     def timing(self) -> dict[str, Any]:
@@ -266,7 +269,7 @@ def update_engine_gauges(metrics: ServingMetrics, stats: dict[str, Any], engine:
 
 
 def secret_of(ctx: RoleContext) -> str | None:
-    name = ctx.transfer.get("secret_env")
+    name = ctx.transfer.secret_env
     if not name:
         return None
     value = os.environ.get(str(name))

@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence
     from specctl.engine.serve.openai_request import PdRoute
+    from specctl.schemas.role_config import RoleConfig
 
 log = logging.getLogger("specctl.decode")
 
@@ -76,9 +77,11 @@ MISSED_PINGS = 2  # consecutive unanswered pings before prefill counts as gone
 class PrefillLink:
     """This decode's pairing with one prefill instance: its session, control socket and heartbeat."""
 
-    def __init__(self, backend: DecodeBackend, role: dict[str, Any]) -> None:
+    def __init__(self, backend: DecodeBackend, role: RoleConfig) -> None:
         self.backend = backend
-        self.port = int(role["bootstrap_port"])
+        if role.bootstrap_port is None:
+            raise RuntimeFailure("a prefill role needs roles.prefill.bootstrap_port (decode registers there)")
+        self.port = role.bootstrap_port
         self.endpoint = f"tcp://{connect_host(role)}:{self.port}"
         self.pairing: Pairing | None = None
         self.sock: zmq.asyncio.Socket | None = None
@@ -233,17 +236,17 @@ class DecodeBackend(EngineBackend):
         self.loop = asyncio.get_running_loop()
         # Admission never exceeds the batch: a request whose KV arrived waits here for a running slot.
         self._batch_slots = asyncio.Semaphore(self.engine.config.max_batch_size)
-        host = str(self.ctx.role.get("host") or "127.0.0.1")
+        host = self.ctx.role.host or "127.0.0.1"
         warn_unauthenticated(self.ctx, host)
         transfer = self.ctx.transfer
         bind = f"tcp://{host}:0"
-        if transfer.get("protocol") == "ipc":
+        if transfer.protocol == "ipc":
             import tempfile
 
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
-        backend = str(transfer.get("backend", "zmq"))
+        backend = transfer.backend
         runner = self.engine.runner
         draft = draft_runner_of(self.engine)
         speculative = self.engine.config.speculative

@@ -106,6 +106,7 @@ class Backend(Protocol):
     max_context: int  # prompt + completion tokens one request may use
     supports_logprobs: bool  # reports each token's log-prob (engine/logprobs.py)
     supports_logit_processors: bool  # applies penalties and logit_bias (engine/penalties.py)
+    max_new_tokens: int | None  # the most tokens one request may generate (None: the context bounds it)
     # Prompt tokens are counted where they are computed: a PD role's front reads the prompt but prefill's
     # engine counts it (`record_prefill`), and decode never computes it.
     front_counts_prompt_tokens: bool

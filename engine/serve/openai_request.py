@@ -7,8 +7,9 @@ Contract:
 - `parse_completion(body, model)` / `parse_chat(body, model)` check every field the front understands,
   with OpenAI's ranges (temperature 0-2, penalties -2..2, top_p (0, 1], logprobs 0-5 / top_logprobs
   0-20, logit_bias -100..100 on token ids of the vocabulary), prompt token ids inside the vocabulary,
-  chat content parts of type `text` only, and the context length. A field the engine cannot honour
-  (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
+  chat content parts of type `text` only, the context length, and on a role with a generation limit
+  (`ModelInfo.max_new_tokens`: the disaggregated roles, schemas/budget.py) `max_tokens` within it. A field
+  the engine cannot honour (`best_of` != 1, `suffix`, `tools`, a `response_format` other than text, echo with logprobs,
   logprobs / penalties / logit_bias on a role that cannot apply them) is refused with a
   400 naming it, never silently ignored. An unknown `model` is a 404 `model_not_found`; SGLang's default
   name `"default"` (what SGLang's own clients send) is the served model, as SGLang's servers treat it. Fields this
@@ -62,6 +63,7 @@ class ModelInfo(Protocol):
     max_context: int
     supports_logprobs: bool  # the engine reports each token's log-prob (engine/logprobs.py)
     supports_logit_processors: bool  # the engine applies penalties and logit_bias (engine/penalties.py)
+    max_new_tokens: int | None  # the most tokens one request may generate here (None: the context bounds it)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -286,7 +288,8 @@ def _logit_processors(body: dict[str, Any], info: ModelInfo, vocab_size: int | N
     return out
 
 
-def _sampling(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dict[str, Any]:
+def _sampling(body: dict[str, Any], *, prompt_len: int, max_context: int,
+              max_new_tokens: int | None) -> dict[str, Any]:
     """The sampling fields every route shares, as `SamplingParams` keywords (checked with OpenAI's ranges)."""
     n = _integer(body, "n", 1, lo=1, hi=MAX_INT)
     if n != 1:
@@ -303,6 +306,10 @@ def _sampling(body: dict[str, Any], *, prompt_len: int, max_context: int) -> dic
         raise RequestError(
             f"{name}={max_tokens} plus the {prompt_len}-token prompt exceeds the context of {max_context} tokens",
             param=name, code="context_length_exceeded")
+    limit = max_new_tokens
+    if limit is not None and max_tokens > limit:
+        raise RequestError(f"{name}={max_tokens} is over the {limit} tokens one request may generate on this "
+                           "disaggregated deployment (the router's request budget bounds a generation)", param=name)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -332,10 +339,11 @@ def _params(fields: dict[str, Any]) -> SamplingParams:
         raise RequestError(str(exc)) from None
 
 
-def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int) -> SamplingParams:
+def sampling_params(body: dict[str, Any], *, prompt_len: int, max_context: int,
+                    max_new_tokens: int | None = None) -> SamplingParams:
     """OpenAI's sampling fields -> `SamplingParams`, with the front's bounds (for routes that build their own
     prompt, SGLang's /generate; the OpenAI routes go through `parse_completion` / `parse_chat` whole)."""
-    return _params(_sampling(body, prompt_len=prompt_len, max_context=max_context))
+    return _params(_sampling(body, prompt_len=prompt_len, max_context=max_context, max_new_tokens=max_new_tokens))
 
 
 # sglang-router's disaggregation fields ---------------------------------------------------------------
@@ -387,7 +395,8 @@ def _common(body: dict[str, Any], info: ModelInfo, *, chat: bool, prompt_ids: li
         include_usage = _boolean(options, "include_usage", where="stream_options.")
     echo = False if chat else _boolean(body, "echo")
     logprobs = _logprobs(body, chat=chat)
-    fields = _sampling(body, prompt_len=len(prompt_ids), max_context=info.max_context)
+    fields = _sampling(body, prompt_len=len(prompt_ids), max_context=info.max_context,
+                       max_new_tokens=info.max_new_tokens)
     fields.update(_logit_processors(body, info, vocab_size))
     if logprobs is not None:
         if not info.supports_logprobs:

@@ -113,7 +113,7 @@ class PrefillBackend(EngineBackend):
         assert self.aengine is not None and self.engine is not None
         engine = self.engine
         self.rooms.max_context = self.max_context  # the engine's own limit, known once it is built
-        host = str(self.ctx.role.get("host") or "127.0.0.1")
+        host = self.ctx.role.host or "127.0.0.1"
         warn_unauthenticated(self.ctx, host)
         self._sock = self._zctx.socket(zmq.ROUTER)
         # A claim carries a prompt of at most max_context ids (msgpack: <= 9 bytes each) and its parameters.
@@ -125,19 +125,19 @@ class PrefillBackend(EngineBackend):
         self.info = build_registration(
             "prefill", engine.runner.layout(), speculative=engine.config.speculative,
             draft_layout=draft.layout() if draft is not None else None,
-            transfer_backend=str(self.ctx.transfer.get("backend", "zmq")), endpoints={"control": control},
+            transfer_backend=self.ctx.transfer.backend, endpoints={"control": control},
             facts=engine.runner.facts, draft_facts=draft.facts if draft is not None else None,
         )  # fmt: skip
         # Components go out in the order the registration fixes; decode checks each payload against it.
         self._component_order = PayloadSpec.from_registration(self.info).names
-        bport = self.ctx.role.get("bootstrap_port")
+        bport = self.ctx.role.bootstrap_port
         if bport is None:
             from specctl.errors import UsageError
 
             raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
         self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
                                          on_pair=self._on_pair, on_unpair=self._on_unpair).start()
-        self._outbox = TransferOutbox(backend=str(self.ctx.transfer.get("backend", "zmq")),
+        self._outbox = TransferOutbox(backend=self.ctx.transfer.backend,
                                       timeout_s=self.ctx.timeout_s, liveness=self._session_age,
                                       stale_after_s=min(STALE_SESSION_S, self.bootstrap.peer_ttl_s))
         self._bg.append(asyncio.create_task(self._control_loop()))

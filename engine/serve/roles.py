@@ -52,8 +52,8 @@ async def _run_http(ctx: RoleContext, backend: EngineBackend) -> web.AppRunner:
     from specctl.engine.serve.http import OpenAIServer, start_http
 
     server = OpenAIServer(backend, metrics=ctx.metrics)
-    host = str(ctx.role.get("host") or "127.0.0.1")
-    port = int(ctx.role.get("port") or 0)
+    host = ctx.role.host or "127.0.0.1"
+    port = ctx.role.port or 0
     runner, bound = await start_http(server.app, host, port)
     ctx.http_port = bound
     log.info("%s listening on http://%s:%d", ctx.role_name, host, bound)
@@ -83,11 +83,11 @@ async def _serve(ctx: RoleContext, stop: asyncio.Event) -> int:
         await asyncio.wait({load_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         if load_task.done() and load_task.exception() is None:
             # Loaded (and paired): serve until told to stop or the backend declares a fatal failure.
-            fatal = getattr(backend, "fatal", None)
-            waiters = {stop_task}
-            if fatal is not None:
-                waiters.add(asyncio.create_task(fatal.wait()))
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            fatal_task = asyncio.create_task(backend.fatal.wait())
+            try:
+                await asyncio.wait({stop_task, fatal_task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                fatal_task.cancel()
         if load_task.done() and load_task.exception() is not None:
             raise load_task.exception()  # type: ignore[misc]
         if ctx.state.fatal is not None:

@@ -21,7 +21,8 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
 - `GET /v1/models/{id}`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count", "max_model_len"}`),
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
 
-`/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it (`sglang_server_args`).
+`/server_info` keeps its route in serve/http.py; the backends put SGLang's keys in it
+(`specctl.schemas.server_info.sglang_server_args`, the one list of its keys).
 The PD fields sglang-router adds to every request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) are
 read by `openai_request.pd_route`; both the OpenAI and the native routes pass them to `Backend.generate` as its
 `route`, beside the request's `SamplingParams`. Every malformed request is a 4xx JSON error.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -40,75 +40,13 @@ from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.serve.http import RequestError, json_error
 from specctl.engine.serve.openai_request import PdRoute, _check_ids, pd_route, sampling_params
 from specctl.engine.serve.spec_stats import RequestClock, request_meta
+from specctl.schemas.server_info import model_paths
 
 if TYPE_CHECKING:
     from specctl.engine.async_engine import RequestOutput
     from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.serve.http import OpenAIServer
 
-VERSION = "specctl-0.1.0"
-
-
-def tokenizer_dir(model_dir: Path) -> Path:
-    """The directory with only the tokenizer files (builtin models ship one), else the model directory."""
-    sub = model_dir / "tokenizer"
-    return sub if (sub / "tokenizer.json").is_file() else model_dir
-
-
-def model_paths(model_ref: str) -> tuple[str, str]:
-    from specctl.schemas.model_facts import resolve_model_dir
-
-    model_dir = Path(resolve_model_dir(model_ref)).resolve()
-    return str(model_dir), str(tokenizer_dir(model_dir))
-
-
-def sglang_server_args(role: dict[str, Any], role_name: str, *, accept_length: float | None) -> dict[str, Any]:
-    """The keys of SGLang's `/server_info` a client of it reads (resolved settings, internal_states, version)."""
-    model = role.get("model") or {}
-    spec = role.get("speculative") or {}
-    cache = role.get("cache") or {}
-    serve = role.get("serve") or {}
-    ref = str(model.get("target") or "")
-    try:
-        model_path, tok_path = model_paths(ref)
-    except Exception:  # an unreadable model must not make /server_info fail: it reports what it knows
-        model_path = tok_path = ref
-    algo = str(spec.get("algorithm") or "none")
-    draft_path = None
-    if algo == "draft" and spec.get("draft"):
-        try:
-            draft_path = model_paths(str(spec["draft"]))[0]
-        except Exception:
-            draft_path = str(spec["draft"])
-    adaptive = spec.get("adaptive")
-    return {
-        "model_path": model_path,
-        "tokenizer_path": tok_path,
-        "served_model_name": ref,
-        "dtype": model.get("dtype"),
-        "device": model.get("device"),
-        "page_size": cache.get("page_size"),
-        "max_running_requests": serve.get("max_batch_size"),
-        "disaggregation_mode": role_name if role_name in ("prefill", "decode") else "null",
-        # Not `disaggregation_bootstrap_port`: SGLang's bootstrap answers HTTP `/route` there, specctl's is the
-        # ZMQ handshake (specctl_bootstrap_port), and a client of SGLang's key would wait on it for HTTP.
-        "specctl_bootstrap_port": role.get("bootstrap_port"),
-        "disaggregation_transfer_backend": (role.get("transfer") or {}).get("backend"),
-        "speculative_algorithm": None if algo == "none" else algo.upper(),
-        "speculative_num_steps": spec.get("num_steps") if algo != "none" else None,
-        "speculative_adaptive": bool(adaptive),
-        # SGLang passes a file path; specctl's adaptive config is inline: its canonical JSON.
-        "speculative_adaptive_config": json.dumps(adaptive, sort_keys=True) if adaptive else None,
-        "speculative_draft_model_path": draft_path,
-        "speculative_num_draft_tokens": (int(spec.get("num_steps") or 0) + 1) if algo != "none" else None,
-        "kv_cache_dtype": "auto",
-        "tp_size": 1,
-        "dp_size": 1,
-        "pp_size": 1,
-        "state_types": list(cache.get("state_types") or []) or None,
-        "internal_states": [{"avg_spec_accept_length": accept_length}],
-        "version": VERSION,
-    }
 
 
 def native_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +133,8 @@ class SglangRoutes:
                 raise RequestError("text (or input_ids) must be a non-empty string", param="text")
             ids = self.backend.encode(text)
         try:
-            params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context)
+            params = sampling_params(native_body(body), prompt_len=len(ids), max_context=self.backend.max_context,
+                                     max_new_tokens=self.backend.max_new_tokens)
         except RequestError as exc:  # name the field as this request spelled it, not its OpenAI translation
             prompt = "input_ids" if body.get("input_ids") is not None else "text"
             exc.param = {"prompt": prompt, "messages": prompt, "max_tokens": "sampling_params.max_new_tokens",

@@ -25,20 +25,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from specctl.schemas.role_config import RoleConfig
 
 EXPORT_DIR_ENV = "SPECCTL_EXPORT_METRICS_TO_FILE_DIR"
 
 
-def launch_steps(role: Mapping[str, Any]) -> int | None:
-    """The launch-time draft length of a serving role (its merged config; None: no speculation, or unknown)."""
-    spec = role.get("speculative")
-    if not isinstance(spec, dict) or str(spec.get("algorithm") or "none") == "none":
+def launch_steps(role: RoleConfig) -> int | None:
+    """The launch-time draft length of a serving role (None: no speculation, or unknown)."""
+    spec = role.speculative
+    if spec.algorithm == "none":
         return None
-    steps = spec.get("num_steps")
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+    steps = spec.num_steps
+    return steps if steps is not None and steps > 0 else None
 
 
 def spec_meta(accepts: Sequence[int], completion_tokens: int, launch: int | None) -> dict[str, Any]:

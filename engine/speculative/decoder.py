@@ -92,7 +92,7 @@ class RuntimeState:
 def _role_view(config: EngineConfig) -> dict[str, Any]:
     """The parts of a merged role dict that step coverage reads, rebuilt from an EngineConfig."""
     return {
-        "speculative": dict(config.speculative),
+        "speculative": config.speculative.to_json(),
         "serve": {"max_batch_size": config.max_batch_size, "graph_batch_sizes": list(config.graph_batch_sizes)},
     }
 
@@ -100,16 +100,15 @@ def _role_view(config: EngineConfig) -> dict[str, Any]:
 def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
     """The drafter the deployment's `speculative` block asks for (its own ModelRunner for a draft model)."""
     spec = config.speculative
-    algorithm = str(spec.get("algorithm") or "none")
+    algorithm = spec.algorithm
     if algorithm == "ngram":
-        ng = spec.get("ngram") or {}
         try:
-            return NgramDrafter(min_match=int(ng.get("min_match", 1)), max_match=int(ng.get("max_match", 4)))
+            return NgramDrafter(min_match=spec.ngram.min_match, max_match=spec.ngram.max_match)
         except ValueError as exc:
             raise RuntimeFailure(f"speculative.ngram: {exc}", hint="set 1 <= min_match <= max_match") from None
     if algorithm == "draft":
-        ref = spec.get("draft")
-        if not isinstance(ref, str) or not ref:
+        ref = spec.draft
+        if not ref:
             raise RuntimeFailure("speculative.algorithm is 'draft' but speculative.draft names no model",
                                  hint="set speculative.draft, e.g. builtin:tiny-draft")
         from specctl.engine.model_runner import runner_for
@@ -134,8 +133,8 @@ class SpeculativeDecoder:
         self.runner = runner
         self.config = config
         spec = config.speculative
-        topk = spec.get("topk", 1)
-        if topk not in (None, 1):
+        topk = spec.topk
+        if topk != 1:
             # Refuse rather than silently run a chain (SGLang quietly ignores adaptive with topk > 1).
             raise RuntimeFailure(f"speculative.topk is {topk}: tree drafting (topk > 1) is not implemented",
                                  hint="set speculative.topk: 1")
@@ -149,10 +148,10 @@ class SpeculativeDecoder:
         self.coverage = coverage
         self.initial_steps = coverage.initial_steps
         self.policy: AdaptivePolicy | None = None
-        if spec.get("adaptive") is not None:
+        if spec.adaptive is not None:
             from specctl.adaptive.policy import AdaptivePolicy
 
-            cfg, _ = parse_deployment_adaptive(spec["adaptive"])
+            cfg, _ = parse_deployment_adaptive(spec.adaptive)
             assert cfg is not None  # check_deployment_steps returned a coverage, so it parsed
             self.policy = AdaptivePolicy(cfg, initial_steps=self.initial_steps,
                                          graph_batch_sizes=config.graph_batch_sizes)
@@ -337,18 +336,20 @@ class SpeculativeDecoder:
             if not whole:
                 q = q[torch.as_tensor(sampled, device=logits.device)]
         gens = [seqs[i].generator for i in sampled]
-        done = None
-        if all(g is not None and temperature_only(seqs[i].params, vocab) for i, g in zip(sampled, gens, strict=True)):
-            # temperature only: the kernel normalises what it reads and draws (verify.rejection_accept_logits)
-            done = rejection_accept_logits([drafts[i] for i in sampled], [nd[i] for i in sampled], logits,
-                                           [float(seqs[i].params.temperature) for i in sampled], q,
-                                           [g for g in gens if g is not None])
-        if done is None:
+
+        def by_probs() -> tuple[list[int], list[list[int]]]:
             # p: the exact distribution plain sampling draws from (temperature, top-k, top-p), per position.
             params = [seqs[i].params for i in sampled for _ in range(k1)]
             p = probs_from_logits(logits.reshape(len(sampled) * k1, -1), params).view(len(sampled), k1, -1)
-            done = rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q, gens)
-        sa, st = done
+            return rejection_accept([drafts[i] for i in sampled], [nd[i] for i in sampled], p, q, gens)
+
+        if all(g is not None and temperature_only(seqs[i].params, vocab) for i, g in zip(sampled, gens, strict=True)):
+            # temperature only: from the logits (the kernel normalises what it reads and draws, where it applies)
+            sa, st = rejection_accept_logits([drafts[i] for i in sampled], [nd[i] for i in sampled], logits,
+                                             [float(seqs[i].params.temperature) for i in sampled], q,
+                                             [g for g in gens if g is not None], by_probs)
+        else:
+            sa, st = by_probs()
         for j, i in enumerate(sampled):
             acc[i], new_tokens[i] = sa[j], st[j]
         return acc, new_tokens

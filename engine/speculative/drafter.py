@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from specctl.engine.ops import ChainSampling
 from specctl.engine.sampling import draws, inverse_cdf, probs_from_logits, temperature_only
 from specctl.engine.sequence import Sequence
-from specctl.engine.smallgemm import ChainSampling
 from specctl.errors import RuntimeFailure
 
 if TYPE_CHECKING:

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from specctl.adaptive.served_cost import PROFILE_PROMPT
 from specctl.adaptive.tune import CostModel
 from specctl.engine.config import EngineConfig
 from specctl.errors import UsageError
@@ -52,8 +53,9 @@ if TYPE_CHECKING:
 SETTLE = 8  # untimed steps after a point's prefill before its steps are timed
 REFILL_STEPS = 6  # steps timed after a joining request's prefill (later ones ran within 3% of settled ones)
 JOINS = 2  # turnovers per point and round, each after `iters` settled steps
-# Code-like text so a draft model agrees with the target about as often as it does on real prompts.
-_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n        path = os.path.join("
+# Code-like text so a draft model agrees with the target about as often as it does on real prompts; the served
+# profile (`adaptive profile --url`) sends windows of the same text.
+_PROMPT = PROFILE_PROMPT
 
 
 def _threads() -> int:
@@ -101,7 +103,7 @@ def profile_costs(
         "deployment": config.name,
         "target": config.model_ref,
         "algorithm": config.algorithm,
-        "draft": config.speculative.get("draft"),
+        "draft": config.speculative.draft,
         "device": str(engine.runner.device),
         "threads": _threads(),
         "rounds": rounds,

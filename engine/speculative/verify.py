@@ -23,11 +23,11 @@ This module knows nothing about caches, drafters or scheduling: it is the maths 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from specctl.engine import smallgemm
+from specctl.engine import ops
 from specctl.engine.sampling import draws, inverse_cdf
 
 
@@ -141,19 +141,15 @@ def rejection_accept_logits(
     temperatures: Sequence[float],
     draft_probs: torch.Tensor | None,
     generators: Sequence[torch.Generator],
-) -> tuple[list[int], list[list[int]]] | None:
+    by_probs: Callable[[], tuple[list[int], list[list[int]]]],
+) -> tuple[list[int], list[list[int]]]:
     """`rejection_accept` for rows sampled at a temperature alone (no top-k / top-p), from the target's logits
-    [B, K + 1, V] rather than its probabilities, in the small-row kernel: per request it normalises only the
-    positions it reads and tests, forms the residual and draws, in one call (at batch 8, 3 drafts: the
-    probabilities and `rejection_accept` took ~0.2 ms a verify in torch). Each request draws its n + 1
-    uniforms from its own generator as `rejection_accept` does, so both accept and emit alike (to float32
-    rounding of the softmax). None where the kernel does not apply (not built, not float32 CPU logits)."""
-    sg = smallgemm.kernel()
-    if sg is None or target_logits.dtype != torch.float32 or not target_logits.is_cpu:
-        return None
-    if draft_probs is not None and (draft_probs.dtype != torch.float32 or not draft_probs.is_cpu):
-        return None
+    [B, K + 1, V] rather than its probabilities: in the small-row kernel where it applies (`ops.rejection`),
+    which per request normalises only the positions it reads and tests, forms the residual and draws, in one
+    call (at batch 8, 3 drafts: the probabilities and `rejection_accept` took ~0.2 ms a verify in torch);
+    elsewhere `by_probs()`, the caller's `rejection_accept` over the probabilities. Each request draws its
+    n + 1 uniforms from its own generator as `rejection_accept` does, so both accept and emit alike (to
+    float32 rounding of the softmax)."""
     nd = list(num_drafts)
-    uniforms = [draws(g, n + 1) for n, g in zip(nd, generators, strict=True)]
-    accepted, tokens = sg.rejection(target_logits, temperatures, drafts, nd, draft_probs, uniforms)
-    return accepted, [[*drafts[i][: accepted[i]], tokens[i]] for i in range(len(nd))]
+    return ops.rejection(target_logits, temperatures, drafts, nd, draft_probs,
+                         lambda: [draws(g, n + 1) for n, g in zip(nd, generators, strict=True)], by_probs)

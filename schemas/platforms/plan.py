@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specctl.errors import UsageError
+from specctl.schemas.budget import request_budget_s
 from specctl.schemas.deployment import Deployment
 
 ROUTERS = ("smg", "sglang-router")
@@ -177,16 +178,16 @@ def build_plan(deployment: Deployment, options: PlatformOptions, *, cluster: boo
                     i = argv.index(flag) + 1
                     argv[i] = posixpath.join(CONFIG_DIR, argv[i])
         cfg = instances[0]
-        devices.append(str(cfg["model"].get("device", "auto")))
+        devices.append(cfg.model.device)
         roles[role] = RolePlan(
-            role=role, argv=tuple(argv), replicas=len(instances), port=int(cfg["port"]),
-            bootstrap_port=int(cfg.get("bootstrap_port") or 8998) if role == "prefill" else None,
+            role=role, argv=tuple(argv), replicas=len(instances), port=int(cfg.port or 0),
+            bootstrap_port=(cfg.bootstrap_port or 8998) if role == "prefill" else None,
             gpus=0, nodes=options.nodes)
     gpus = options.gpus if options.gpus is not None else (0 if all(d == "cpu" for d in devices) else 1)
     roles = {r: replace(rp, gpus=gpus) for r, rp in roles.items()}
-    router = deployment.role("router") if "router" in deployment.roles else {"port": 30000}
+    router_port = (deployment.role("router").port if "router" in deployment.roles else None) or 30000
     return Plan(deployment=deployment, options=options, roles=roles, files=files,
-                model_dirs=_model_dirs(roles, options), router_port=int(router.get("port") or 30000),
+                model_dirs=_model_dirs(roles, options), router_port=router_port,
                 gpus=gpus)
 
 
@@ -204,13 +205,13 @@ def _model_dirs(roles: dict[str, RolePlan], options: PlatformOptions) -> tuple[s
 def router_argv(plan: Plan, prefills: list[tuple[str, int]], decodes: list[str], *, host: str) -> list[str]:
     """The router (`--router`: smg or sglang-router) in front of the given prefill (URL, bootstrap port) and
     decode URLs, listening on host:router_port: the router's one command-line builder, at the platform's
-    addresses."""
+    addresses, with the request budget (schemas/budget.py) as its request timeout, as `up` runs it."""
     from specctl.schemas.sglang.export import model_path
     from specctl.schemas.sglang.router import router_command
 
-    target = str(plan.deployment.role("decode")["model"]["target"])
+    target = str(plan.deployment.role("decode").model.target)
     return router_command(prefills, decodes, kind=plan.router_kind, host=host, port=plan.router_port,
-                          served_model=model_path(target))
+                          request_timeout_s=request_budget_s(plan.deployment), served_model=model_path(target))
 
 
 def gate_pairs(prefills: list[tuple[str, int]], decodes: list[str]) -> list[tuple[str, int, str]]:

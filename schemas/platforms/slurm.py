@@ -122,10 +122,10 @@ def slurm_script(plan: Plan, *, partition: str | None = None, time: str | None =
             if not local and not builtin:  # an instance has its node(s) to itself: all their GPUs
                 argv = drop_flag(set_flag(argv, "--host", "0.0.0.0"), "--base-gpu-id")
             inst = plan.deployment.instances(role)[i]
-            url = f"http://{_connectable(str(inst.get('host') or '127.0.0.1')) if local else host}:{inst['port']}"
+            url = f"http://{_connectable(inst.host or '127.0.0.1') if local else host}:{inst.port}"
             urls.append(url)
             if role == "prefill":
-                prefills.append((url, int(inst.get("bootstrap_port") or rp.bootstrap_port or 8998)))
+                prefills.append((url, inst.bootstrap_port or rp.bootstrap_port or 8998))
             elif role == "decode":
                 decodes.append(url)
             lines.append(f"echo \"specctl: starting {role} {i}\"")
@@ -142,7 +142,7 @@ def slurm_script(plan: Plan, *, partition: str | None = None, time: str | None =
                       "  stop_all; exit 3", "fi"]
         rhost = "127.0.0.1" if local else "0.0.0.0"
         if local and "router" in plan.deployment.roles:
-            rhost = str(plan.deployment.role("router").get("host") or "127.0.0.1")
+            rhost = plan.deployment.role("router").host or "127.0.0.1"
         rargv = router_argv(plan, prefills, decodes, host=rhost)
         rurl = f"http://{_connectable(rhost) if local else '${NODES[0]}'}:{plan.router_port}"
         lines += ['echo "specctl: preflight passed; starting the router"',
@@ -172,9 +172,9 @@ def _engine_argv(plan: Plan, role: str, index: int, *, builtin: bool, local: boo
                      dist_port=plan.options.dist_port)
     if index and rp.replicas > 1:
         inst = plan.deployment.instances(role)[index]
-        argv = set_flag(argv, "--port", str(inst["port"]))
-        if role == "prefill" and inst.get("bootstrap_port") is not None:
-            argv = set_flag(argv, "--disaggregation-bootstrap-port", str(inst["bootstrap_port"]))
+        argv = set_flag(argv, "--port", str(inst.port))
+        if role == "prefill" and inst.bootstrap_port is not None:
+            argv = set_flag(argv, "--disaggregation-bootstrap-port", str(inst.bootstrap_port))
     return argv
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from specctl.errors import UsageError
 from specctl.schemas.deployment import Deployment
 from specctl.schemas.model_facts import BUILTIN_PREFIX, resolve_model_dir
+from specctl.schemas.role_config import RoleConfig
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 KNOBS = ("ema_alpha", "warmup_batches", "update_interval", "up_hysteresis", "down_hysteresis",
@@ -87,45 +88,44 @@ def adaptive_json(adaptive: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def role_argv(cfg: dict[str, Any], role: str, *, adaptive_file: str) -> tuple[list[str], dict[str, str]]:
+def role_argv(cfg: RoleConfig, role: str, *, adaptive_file: str) -> tuple[list[str], dict[str, str]]:
     """One engine role's SGLang argv and the files it references."""
     files: dict[str, str] = {}
-    model, spec, cache, serve = cfg["model"], cfg["speculative"], cfg["cache"], cfg["serve"]
-    argv = [*LAUNCH, "--model-path", model_path(str(model["target"]))]
-    argv += ["--dtype", str(model.get("dtype", "float32"))]
-    device = str(model.get("device", "auto"))
+    model, spec, cache, serve = cfg.model, cfg.speculative, cfg.cache, cfg.serve
+    argv = [*LAUNCH, "--model-path", model_path(str(model.target))]
+    argv += ["--dtype", model.dtype]
+    device = model.device
     if device == "cpu":
         argv += ["--device", "cpu"]
     elif device.startswith("cuda:"):
         argv += ["--base-gpu-id", device.split(":", 1)[1]]
     elif device == "cuda":
         argv += ["--device", "cuda"]
-    argv += ["--host", str(cfg.get("host") or "127.0.0.1"), "--port", str(cfg.get("port") or 30000)]
+    argv += ["--host", cfg.host or "127.0.0.1", "--port", str(cfg.port or 30000)]
     if role in ("prefill", "decode"):
         argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "mooncake"]
         if role == "decode":  # SGLang turns decode's radix cache off anyway; saying so keeps SGL106 quiet
             argv += ["--disable-radix-cache"]
-        if role == "prefill" and cfg.get("bootstrap_port") is not None:
-            argv += ["--disaggregation-bootstrap-port", str(cfg["bootstrap_port"])]
-    argv += ["--page-size", str(cache["page_size"]), "--max-total-tokens", str(cache["max_tokens"])]
-    argv += ["--max-running-requests", str(serve["max_batch_size"])]
-    graphs = serve.get("graph_batch_sizes") or []
-    if graphs:
-        argv += ["--cuda-graph-bs-decode", *(str(g) for g in graphs)]
-    algo = spec.get("algorithm", "none")
-    adaptive = spec.get("adaptive")
+        if role == "prefill" and cfg.bootstrap_port is not None:
+            argv += ["--disaggregation-bootstrap-port", str(cfg.bootstrap_port)]
+    argv += ["--page-size", str(cache.page_size), "--max-total-tokens", str(cache.max_tokens)]
+    argv += ["--max-running-requests", str(serve.max_batch_size)]
+    if serve.graph_batch_sizes:
+        argv += ["--cuda-graph-bs-decode", *(str(g) for g in serve.graph_batch_sizes)]
+    algo = spec.algorithm
+    adaptive = spec.adaptive
     if algo != "none":
-        steps = int(spec.get("num_steps") or 0)
+        steps = spec.num_steps or 0
         if algo == "ngram":
             argv += ["--speculative-algorithm", "NGRAM"]
         else:
             argv += ["--speculative-algorithm", "EAGLE" if adaptive else "STANDALONE"]
-            if spec.get("draft"):
-                argv += ["--speculative-draft-model-path", model_path(str(spec["draft"]))]
-        argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(spec.get("topk", 1))]
+            if spec.draft:
+                argv += ["--speculative-draft-model-path", model_path(spec.draft)]
+        argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(spec.topk)]
         if adaptive:
             argv += ["--speculative-adaptive", "--speculative-adaptive-config", adaptive_file]
-            files[adaptive_file] = json.dumps(adaptive_json(adaptive), indent=2) + "\n"
+            files[adaptive_file] = json.dumps(adaptive_json(dict(adaptive)), indent=2) + "\n"
         else:
             argv += ["--speculative-num-draft-tokens", str(steps + 1)]
     return argv, files
@@ -139,13 +139,12 @@ def export_router(deployment: Deployment, *, kind: str | None = None) -> list[st
     from specctl.schemas.sglang.router import router_command
     from specctl.schemas.sglang.router import router_kind as deployment_router_kind
 
-    r: dict[str, Any] = dict(deployment.role("router")) if "router" in deployment.roles else {}
-    prefills = [(f"http://{p['host']}:{p['port']}", p.get("bootstrap_port") or 8998)
-                for p in deployment.instances("prefill")]
-    decodes = [f"http://{d['host']}:{d['port']}" for d in deployment.instances("decode")]
-    target = str(deployment.role("decode")["model"]["target"])
+    r = deployment.role("router") if "router" in deployment.roles else None
+    prefills = [(f"http://{p.host}:{p.port}", p.bootstrap_port or 8998) for p in deployment.instances("prefill")]
+    decodes = [f"http://{d.host}:{d.port}" for d in deployment.instances("decode")]
+    target = str(deployment.role("decode").model.target)
     return router_command(prefills, decodes, kind=kind or deployment_router_kind(deployment),
-                          host=str(r.get("host") or "127.0.0.1"), port=int(r.get("port") or 30000),
+                          host=(r.host if r else None) or "127.0.0.1", port=(r.port if r else None) or 30000,
                           request_timeout_s=request_budget_s(deployment), served_model=model_path(target))
 
 

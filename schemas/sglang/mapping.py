@@ -347,11 +347,14 @@ _DIALECT: tuple[tuple[str, str], ...] = tuple(sorted((
     ("transfer.backend", "--disaggregation-transfer-backend"),
     ("PREFILL.yaml DECODE.yaml", "prefill.sh decode.sh"),
 ), key=lambda kv: -len(kv[0])))
+_DEPLOYMENT_WHERE = re.compile(r"deployment: [^;()]*; (?=SGLang: )")
 _BUILTIN = re.compile(r"\s*\((?:e\.g\.\s*)?builtin:[^)]*\)|builtin:tiny-[a-z]+(?: / builtin:tiny-[a-z]+)?")
 
 
 def in_sglang_dialect(text: str) -> str:
-    """`text` with deployment-schema fields named by their SGLang flags and builtin model examples dropped."""
+    """`text` with deployment-schema fields named by their SGLang flags and builtin model examples dropped (an
+    agreement fix's "deployment: KEY; " part too: its "SGLang: FLAG" part names the flag)."""
+    text = _DEPLOYMENT_WHERE.sub("", text)
     for word, flag in _DIALECT:
         text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w])", flag, text)
     return _BUILTIN.sub(lambda m: "" if m.group(0).lstrip().startswith("(") else "a model directory", text)

@@ -13,6 +13,12 @@ slow-client bounds (`--header-read-timeout-secs`, `--idle-connection-timeout-sec
 request head, sits idle between requests, or stalls mid-body is closed. sglang-router has no such setting.
 Pure (no I/O), torch-free; an unknown `kind` is a UsageError naming `ROUTER_KINDS`. `router_kind(deployment)`
 is the deployment's `roles.router.kind`, smg when unset.
+
+`router_shortfalls(kind)` says what a router kind leaves its clients without (None for smg), the one text that
+validate (TOP607), `up` and `serve --role router` show: sglang-router 0.3.2 ends a stream it cuts (its worker
+killed, or the request past `--request-timeout-secs`) by closing the connection mid-body, with neither an error
+event nor `[DONE]` and no flag changes that (retries and the circuit breaker off included), where smg sends an
+error event and `[DONE]`; and it has no client timeouts.
 """
 
 from __future__ import annotations
@@ -93,3 +99,14 @@ def router_kind(deployment: Deployment) -> str:
     router = roles.get("router") if isinstance(roles, dict) else None
     kind = router.get("kind") if isinstance(router, dict) else None
     return str(kind or DEFAULT_ROUTER_KIND)
+
+
+def router_shortfalls(kind: str) -> str | None:
+    """What a router of this kind leaves its clients without (None: nothing this module knows of)."""
+    if kind == "smg":
+        return None
+    return (f"{kind} ends a stream it cuts (a decode killed or stopped, a request past its budget) by closing the "
+            "connection mid-stream, with neither an error event nor [DONE], so a client cannot tell a cut "
+            "answer from a short one; and it has no client timeouts: idle, partial-header and partial-body "
+            "connections stay open until the client closes them. smg (roles.router.kind: smg, the default) "
+            f"sends an error event and [DONE], and closes slow clients within {SLOW_CLIENT_BOUND_S} s")

@@ -12,8 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specctl.schemas import pd_agreement
 from specctl.schemas.catalog import RuleDoc, register
 from specctl.schemas.findings import Finding
+from specctl.schemas.pd_agreement import agreement
+from specctl.schemas.server_facts import compare_pair, normalise
+from specctl.schemas.server_info import SERVER_ARGS, Key
 from specctl.schemas.sglang.command import SGLangCommand
 from specctl.schemas.sglang.families import POOL_MAMBA, POOL_MLA, SGLangModel
 from specctl.schemas.sglang.startup import (  # noqa: F401 - adaptive_off_reason re-exported for callers
@@ -250,6 +254,36 @@ SGLANG_WHEN: dict[str, str] = {
 
 
 
+# SGLang's own words when a written flag differs: (when it fails, the error it raises), per agreement row.
+_QUOTES = {
+    "kv_cache_dtype": (_FIRST_REQ, "KV cache dtype mismatch: prefill server has kv_cache_dtype=..."),
+    "transfer_backend": (_FIRST_REQ, "no error names it: the two transfer engines never connect and requests time out"),
+    "decode_allocation_policy": (_FIRST_REQ,
+                                 "Disaggregation decode allocation policy mismatch: prefill=..., decode=..."),
+    "kv_layout": (_FIRST_REQ,
+                  "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=..."),
+    "mamba_ssm_dtype": (_FIRST_XFER, "Mamba slot size mismatch"),
+    "disable_hybrid_swa_memory": (_FIRST_XFER, "state component count mismatch"),
+    "mamba_full_memory_ratio": (_FIRST_XFER, "state component count mismatch"),
+    "swa_full_tokens_ratio": (_FIRST_XFER, "state component count mismatch"),
+}
+# Agreement rows compared after SGLang's start-up resolution (`_resolved_pair`) or derived from the model
+# (SGL201, SGL207, SGL204), not as written flags.
+_RESOLVED = frozenset({"architecture", "page_size", "speculative_algorithm", "draft_model", "num_steps", "eagle_topk",
+                       "num_draft_tokens", "adaptive", "adaptive_config", "attn_tp_size", "state_types"})
+
+
+def _applies(name: str, pm: SGLangModel | None) -> bool:
+    """Whether SGLang compares this row's flag for the prefill model `pm` (None: not on this host)."""
+    if name == "kv_layout":
+        return pm is None or pm.architecture.startswith("DeepseekV4")  # only DeepSeek-V4 pools report a kv_layout
+    if name == "mamba_ssm_dtype":
+        return pm is not None and pm.pool == POOL_MAMBA
+    if name in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
+        return pm is not None and pm.is_hybrid
+    return True
+
+
 def _state_cause(p: SGLangCommand, d: SGLangCommand) -> str:
     for dest in ("kv_cache_dtype", "disable_hybrid_swa_memory"):
         if p.value(dest) != d.value(dest):
@@ -267,46 +301,33 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
                release: str = DEFAULT_RELEASE) -> list[Finding]:
     """Every disagreement SGLang finds late, as one finding on the decode command's flag. `ps`/`ds` are the
     two sides' predicted start-up resolutions: speculative parameters, page size and attention TP are compared
-    as SGLang resolves them, through the same field table as `specctl preflight` (preflight.facts)."""
+    as SGLang resolves them, through the agreement table (`schemas.server_facts.compare_pair`, as `specctl
+    preflight` compares running servers)."""
     out: list[Finding] = []
-
-    def differ(code: str, dest: str, label: str, when: str, quote: str, *, pv: Any = None, dv: Any = None) -> None:
-        pv = p.value(dest) if pv is None else pv
-        dv = d.value(dest) if dv is None else dv
-        if pv != dv:
-            flag = d.flag_name(dest)
-            fix = f"set {flag} {pv} on decode (or change prefill)" if p.given(dest) else \
-                f"remove {flag} from decode (prefill uses SGLang's default {pv}), or pass it to both"
-            out.append(_f(d, code, "error", dest,
-                          f"{label}: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; SGLang fails "
-                          f"{when}: '{quote}'", fix))
 
     if pm is not None and dm is not None and pm.architecture != dm.architecture:
         out.append(_f(d, "SGL201", "error", "model_path",
                       f"prefill serves {pm.architecture} ({p.value('model_path')}), decode {dm.architecture} "
                       f"({d.value('model_path')}); SGLang fails {_FIRST_XFER}: 'state component count mismatch'",
-                      "serve the same model on both sides"))
-    differ("SGL202", "kv_cache_dtype", "KV-cache dtypes differ", _FIRST_REQ,
-           "KV cache dtype mismatch: prefill server has kv_cache_dtype=...")
-    differ("SGL203", "disaggregation_transfer_backend", "transfer backends differ", _FIRST_REQ,
-           "no error names it: the two transfer engines never connect and requests time out")
-    differ("SGL209", "disaggregation_decode_allocation_policy", "decode allocation policies differ", _FIRST_REQ,
-           "Disaggregation decode allocation policy mismatch: prefill=..., decode=...")
-    if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and not out and any(
+                      agreement("architecture").fix_for()))
+    for row in pd_agreement.AGREEMENTS:  # the table's SGLang flags compared as written
+        if row.sglang is None or row.sglang_code is None or row.name in _RESOLVED or not _applies(row.name, pm):
+            continue
+        pv, dv = p.value(row.sglang), d.value(row.sglang)
+        if pv != dv:
+            flag = d.flag_name(row.sglang)
+            when, quote = _QUOTES.get(row.name, (f"at the {row.fails}", ""))
+            out.append(_f(d, row.sglang_code, row.severity, row.sglang,
+                          f"{row.label} differs: prefill ({Path(p.name).name}) has {flag} {pv}, decode has {dv}; "
+                          f"SGLang fails {when}" + (f": '{quote}'" if quote else ""), row.fix_for(pv)))
+    early = not any(f.code in ("SGL201", "SGL202", "SGL203", "SGL209") for f in out)
+    if d.value("disaggregation_decode_allocation_policy") == "prefill_complete" and early and any(
             isinstance(p.value(k), int) and p.value(k) > 1 for k in ("tp_size", "attn_cp_size", "pp_size")):
         out.append(_f(d, "SGL209", "error", "disaggregation_decode_allocation_policy",
                       f"--disaggregation-decode-allocation-policy prefill_complete needs prefill at attention "
                       f"TP1/CP1/PP1, but prefill has --tp-size {p.value('tp_size')}; SGLang fails {_FIRST_REQ}: "
                       "'prefill_complete requires peer attention TP1/CP1/PP1'",
                       "use the early policy on both sides, or run prefill at TP1"))
-    if pm is None or pm.architecture.startswith("DeepseekV4"):  # only DeepSeek-V4 pools report a kv_layout
-        differ("SGL210", "dsv4_attn_backend", "KV layouts differ", _FIRST_REQ,
-               "KV layout mismatch: prefill server has kv_layout=..., but decode server has kv_layout=...")
-    if pm is not None and pm.pool == POOL_MAMBA:
-        differ("SGL205", "mamba_ssm_dtype", "Mamba SSM dtypes differ", _FIRST_XFER, "Mamba slot size mismatch")
-    if pm is not None and pm.is_hybrid:
-        for dest in ("disable_hybrid_swa_memory", "mamba_full_memory_ratio", "swa_full_tokens_ratio"):
-            differ("SGL206", dest, "hybrid-memory flags differ", _FIRST_XFER, "state component count mismatch")
     if pm is not None and dm is not None:
         pst, dst = state_types_of(p, pm), state_types_of(d, dm)
         if pst != dst:
@@ -317,28 +338,22 @@ def check_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, dm: S
             out.append(_f(d, "SGL207", "error", cause,
                           f"state_types differ: prefill registers [{', '.join(pst)}], decode [{', '.join(dst)}] "
                           f"(caused by {d.flag_name(cause)}); SGLang fails {_FIRST_XFER}: '{empty}'",
-                          f"make {d.flag_name(cause)} equal on both sides"))
+                          agreement("state_types").fix_for(list(pst))))
     out.extend(_resolved_pair(p, d, pm, ps, ds, release))
     return out
 
 
 def _server_info(cmd: SGLangCommand, startup: Startup | None) -> dict[str, Any]:
     """The command as SGLang's /server_info would report it once resolved (the fields preflight reads)."""
-    keys = ("model_path", "disaggregation_mode", "dtype", "kv_cache_dtype", "page_size", "tp_size", "dp_size",
-            "pp_size", "attn_dp_size", "attn_cp_size", "enable_dp_attention", "disaggregation_transfer_backend",
-            "disaggregation_decode_allocation_policy", "speculative_algorithm", "speculative_draft_model_path",
-            "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-            "speculative_adaptive", "speculative_adaptive_config", "disable_hybrid_swa_memory",
-            "mamba_full_memory_ratio", "mamba_ssm_dtype", "swa_full_tokens_ratio")
-    info: dict[str, Any] = {k: cmd.value(k) for k in keys}
+    info: dict[str, Any] = {k: cmd.value(k) for k in SERVER_ARGS}
     if startup is not None:
-        info.update({k: v for k, v in startup.resolved.items() if k in keys})
-    cfg = info.get("speculative_adaptive_config")
+        info.update({k: v for k, v in startup.resolved.items() if k in SERVER_ARGS})
+    cfg = info.get(Key.ADAPTIVE_CONFIG)
     if isinstance(cfg, str) and not Path(cfg).is_absolute():
-        info["speculative_adaptive_config"] = str(cmd.base_dir / cfg)
-    if info.get("disaggregation_mode") is None:
-        info["disaggregation_mode"] = "null"
-    info["state_types"] = []  # compared from the model by SGL207
+        info[Key.ADAPTIVE_CONFIG] = str(cmd.base_dir / cfg)
+    if info.get(Key.DISAGGREGATION_MODE) is None:
+        info[Key.DISAGGREGATION_MODE] = "null"
+    info[Key.STATE_TYPES] = []  # compared from the model by SGL207
     return info
 
 
@@ -348,9 +363,6 @@ _SPEC_FIELDS = {"num_steps": "speculative_num_steps", "eagle_topk": "speculative
 
 def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ps: Startup | None,
                    ds: Startup | None, release: str) -> list[Finding]:
-    from specctl.preflight.diff import compare_pair
-    from specctl.preflight.facts import normalise
-
     pf = normalise(p.name, _server_info(p, ps))
     df = normalise(d.name, _server_info(d, ds))
     rows = {r.field: r for r in compare_pair(pf, df)}
@@ -361,40 +373,37 @@ def _resolved_pair(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, p
         return d.flag_name(dest)
 
     if "speculative_algorithm" in rows:
-        r = rows["speculative_algorithm"]
         out.append(_f(d, "SGL208", "error", "speculative_algorithm",
                       f"SGLang resolves the speculative algorithm to {_algo_text(pf.speculative_algorithm)} on prefill "
                       f"({pname}) but {_algo_text(df.speculative_algorithm)} on decode; SGLang fails {_FIRST_XFER}: "
-                      "draft KV / hidden states are missing on decode",
-                      "pass the same --speculative-algorithm (and --speculative-draft-model-path) to both servers"))
+                      "draft KV / hidden states are missing on decode", rows["speculative_algorithm"].fix))
         return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
     if "draft_model" in rows:
         out.append(_f(d, "SGL208", "error", "speculative_draft_model_path",
                       f"draft models differ: prefill ({pname}) drafts with {pf.draft_model}, decode with "
                       f"{df.draft_model} (after SGLang's defaults); SGLang fails {_FIRST_XFER} (draft KV layouts "
-                      "differ)", "pass the same --speculative-draft-model-path to both servers"))
+                      "differ)", rows["draft_model"].fix))
     for name, dest in _SPEC_FIELDS.items():
         if name in rows:
             r = rows[name]
             out.append(_f(d, "SGL211", "error", dest,
                           f"{flag_of(dest)} resolves to {r.prefill} on prefill ({pname}) but {r.decode} on decode "
                           f"(after SGLang's own choices); SGLang fails {_FIRST_XFER}: the draft state prefill hands "
-                          "over is sized for its own step parameters",
-                          f"pass {flag_of(dest)} {r.prefill} to decode (or the same value to both servers)"))
+                          "over is sized for its own step parameters", r.fix))
     for name in ("adaptive", "adaptive_config"):
         if name in rows:
             dest = "speculative_adaptive" if name == "adaptive" else "speculative_adaptive_config"
             out.append(_f(d, "SGL212", "warning", dest,
                           f"{flag_of(dest)} differs after resolution: prefill ({pname}) {rows[name].prefill}, decode "
                           f"{rows[name].decode} (never fails: the two sides size draft buffers for different steps)",
-                          f"pass the same {flag_of(dest)} to both servers"))
+                          rows[name].fix))
     if "page_size" in rows and p.value("page_size") == d.value("page_size"):
         r = rows["page_size"]  # different written values are PD503's; here SGLang's own choice differs
         out.append(_f(d, "SGL213", "error", "page_size",
                       f"SGLang resolves page size {r.prefill} on prefill ({pname}) but {r.decode} on decode (chosen "
                       f"per attention backend); SGLang fails {_FIRST_REQ}: 'Page size mismatch: prefill server has "
                       f"page_size={r.prefill}, but decode server has page_size={r.decode}. Both servers must use the "
-                      "same --page-size value.'", f"pass --page-size {r.prefill} to both servers"))
+                      "same --page-size value.'", r.fix))
     return out + _hetero_tp(p, d, pm, pf.attn_tp_size, df.attn_tp_size, release) + _decode_dcp(p, d, pm)
 
 
@@ -449,7 +458,7 @@ def _hetero_tp(p: SGLangCommand, d: SGLangCommand, pm: SGLangModel | None, ptp: 
     rel = release_key(release)
     what = (f"attention TP differs: prefill ({Path(p.name).name}) runs {_attn_tp_text(p, ptp)}, decode "
             f"{_attn_tp_text(d, dtp)}")
-    fix = "run the same attention TP on both sides (--tp-size, --dp-size with --enable-dp-attention, --attn-cp-size)"
+    fix = agreement("attn_tp_size").fix_for(ptp)
     types = state_types_of(d, pm)
     if pm.pool == POOL_MLA:
         return []

@@ -19,28 +19,30 @@ vocabulary (`none`, `draft` for SGLang's STANDALONE, `ngram`, `eagle`, ...), `kv
 `state_types` is what the server reports (specctl's registration) or else predicted from the
 model's `config.json` by `specctl.schemas.model_facts` and the resolved hybrid-memory flags.
 A field a server cannot express (`kv_layout` on specctl, hybrid-memory flags) is None.
+
+`compare_pair(prefill, decode)` is the pair's diff over the agreement table (`PAIR_FIELDS`, all of them,
+not the first), plus a row when a server answers in the wrong PD role: the live preflight diffs two
+running servers with it, and the SGLang pair rules two commands' predicted resolutions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from specctl.errors import UsageError
+from specctl.errors import SpecctlError, UsageError
 from specctl.schemas.loader import read_text
+from specctl.schemas.model_facts import load_model_facts, model_available, resolve_model_dir
+from specctl.schemas.pd_agreement import Agreement, Difference, agreement, compare_values, server_info_fields
+from specctl.schemas.server_info import Key as K
 from specctl.schemas.server_info import sglang_accept_lengths
 
 JsonDoc = Mapping[str, object]
 
-# The fields two servers of one PD pair must agree on, in report order (each has a fix in `diff`).
-PAIR_FIELDS = (
-    "model_path", "architecture", "dtype", "page_size", "kv_cache_dtype", "kv_layout",
-    "tp_size", "dp_size", "pp_size", "attn_tp_size", "decode_allocation_policy", "transfer_backend",
-    "speculative_algorithm", "draft_model", "num_steps", "eagle_topk", "num_draft_tokens",
-    "adaptive", "adaptive_config", "disable_hybrid_swa_memory", "mamba_full_memory_ratio",
-    "mamba_ssm_dtype", "swa_full_tokens_ratio", "state_types", "engine", "version",
-)
+# The fields two servers of one PD pair must agree on, in report order: the agreement table's.
+PAIR_FIELDS = server_info_fields()
 
 # SGLang's `--speculative-algorithm` choices in specctl's words; unknown names are lowercased.
 _SGLANG_ALGORITHMS = {"STANDALONE": "draft", "NGRAM": "ngram", "EAGLE": "eagle", "EAGLE3": "eagle3",
@@ -92,8 +94,6 @@ class ServerFacts:
 
     def fingerprint(self) -> str:
         """Short hash of every pair field: two servers with equal fingerprints passed the same checks."""
-        import hashlib  # here: validate compares pairs through this table and never fingerprints
-
         doc = {name: _jsonable(getattr(self, name)) for name in PAIR_FIELDS}
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -184,9 +184,6 @@ def predict_state_types(model_path: str | None, *, disable_hybrid_swa_memory: bo
     not a state component then."""
     if model_path is None:
         return None, "the server reports no model path"
-    from specctl.errors import SpecctlError
-    from specctl.schemas.model_facts import load_model_facts, model_available
-
     if not model_available(model_path):
         return None, f"state_types not predicted: {model_path}/config.json is not readable on this host"
     try:
@@ -199,14 +196,26 @@ def predict_state_types(model_path: str | None, *, disable_hybrid_swa_memory: bo
     return types, None
 
 
+def _reported_or_predicted(reported: tuple[str, ...] | None, model_path: str | None, no_swa: bool | None,
+                           notes: list[str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """(state_types, "reported" | "predicted" | None): the server's own list, else the model's prediction
+    (why not, appended to `notes`)."""
+    if reported is not None:
+        return reported, "reported"
+    types, why = predict_state_types(model_path, disable_hybrid_swa_memory=no_swa)
+    if why:
+        notes.append(why)
+    return types, ("predicted" if types is not None else None)
+
+
 # ------------------------------------------------------------------------------------------ shapes
 
 
 def shape_of(server_info: JsonDoc) -> str:
     """"sglang" when the document has SGLang's flat resolved arguments, else "specctl"."""
-    if "model_path" in server_info and ("internal_states" in server_info or "disaggregation_mode" in server_info):
+    if K.MODEL_PATH in server_info and (K.INTERNAL_STATES in server_info or K.DISAGGREGATION_MODE in server_info):
         return "sglang"
-    if "resolved_role" in server_info or "registration" in server_info or "fingerprints" in server_info:
+    if K.RESOLVED_ROLE in server_info or K.REGISTRATION in server_info or K.FINGERPRINTS in server_info:
         return "specctl"
     return "unknown"
 
@@ -226,7 +235,7 @@ def normalise(url: str, server_info: JsonDoc, model_info: JsonDoc | None = None,
 
 
 def _adaptive_config_sglang(info: JsonDoc) -> str | None:
-    path = _str(info.get("speculative_adaptive_config"))
+    path = _str(info.get(K.ADAPTIVE_CONFIG))
     if path is None:
         return None
     try:
@@ -241,78 +250,74 @@ def _accept_length(info: JsonDoc) -> float | None:
     values = sglang_accept_lengths(info)  # SGLang's internal_states, one entry per DP rank: their mean
     if values:
         return sum(values) / len(values)
-    return _float(_first(info.get("avg_spec_accept_length"), _at(info, "adaptive", "mean_tokens_per_verify")))
+    return _float(_first(info.get(K.AVG_SPEC_ACCEPT_LENGTH), _at(info, K.ADAPTIVE_STATE, K.MEAN_TOKENS_PER_VERIFY)))
 
 
 def _from_sglang(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | None) -> ServerFacts:
     r: JsonDoc = route or {}
     notes: list[str] = []
-    mode = _str(info.get("disaggregation_mode"))
+    mode = _str(info.get(K.DISAGGREGATION_MODE))
     role = "colocated" if mode in (None, "null") else mode
-    dtype = _dtype(info.get("dtype"))
-    kv_dtype = _dtype(_first(r.get("kv_cache_dtype"), info.get("kv_cache_dtype")))
+    dtype = _dtype(info.get(K.DTYPE))
+    kv_dtype = _dtype(_first(r.get(K.KV_CACHE_DTYPE), info.get(K.KV_CACHE_DTYPE)))
     if kv_dtype in (None, "auto"):
         kv_dtype = dtype  # SGLang: `auto` = the model's dtype
-    algorithm_raw = _str(info.get("speculative_algorithm"))
+    algorithm_raw = _str(info.get(K.SPECULATIVE_ALGORITHM))
     algorithm = "none" if algorithm_raw is None else _SGLANG_ALGORITHMS.get(algorithm_raw.upper(),
                                                                             algorithm_raw.lower())
-    tp = _int(info.get("tp_size"))
-    attn_dp = _int(info.get("attn_dp_size"))
+    tp = _int(info.get(K.TP_SIZE))
+    attn_dp = _int(info.get(K.ATTN_DP_SIZE))
     if attn_dp is None:
-        attn_dp = _int(info.get("dp_size")) if info.get("enable_dp_attention") else 1
-    attn_cp = _int(info.get("attn_cp_size")) or 1
-    attn_tp = _int(_first(r.get("attn_tp_size"), info.get("attn_tp_size")))
+        attn_dp = _int(info.get(K.DP_SIZE)) if info.get(K.ENABLE_DP_ATTENTION) else 1
+    attn_cp = _int(info.get(K.ATTN_CP_SIZE)) or 1
+    attn_tp = _int(_first(r.get(K.ATTN_TP_SIZE), info.get(K.ATTN_TP_SIZE)))
     if attn_tp is None and tp is not None and attn_dp:
         attn_tp = max(1, tp // attn_dp // attn_cp)
-    adaptive = _bool(info.get("speculative_adaptive"))
+    adaptive = _bool(info.get(K.ADAPTIVE))
     if adaptive is None and algorithm != "none":
         adaptive = False
     # SGLang ignores --speculative-adaptive-config without --speculative-adaptive.
     adaptive_config = _adaptive_config_sglang(info) if adaptive and algorithm != "none" else None
-    no_swa = _bool(info.get("disable_hybrid_swa_memory"))
-    model_path = _path(info.get("model_path"))
-    state_types = _state_types(_first(info.get("state_types"), _at(info, "registration", "state_types")))
-    source: str | None = "reported"
-    if state_types is None:
-        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=no_swa)
-        source = "predicted" if state_types is not None else None
-        if why:
-            notes.append(why)
-    archs = model_info.get("architectures")
-    architecture = _str(archs[0]) if isinstance(archs, list) and archs else _str(model_info.get("model_type"))
+    no_swa = _bool(info.get(K.DISABLE_HYBRID_SWA_MEMORY))
+    model_path = _path(info.get(K.MODEL_PATH))
+    state_types, source = _reported_or_predicted(
+        _state_types(_first(info.get(K.STATE_TYPES), _at(info, K.REGISTRATION, K.STATE_TYPES))), model_path,
+        no_swa, notes)
+    archs = model_info.get(K.ARCHITECTURES)
+    architecture = _str(archs[0]) if isinstance(archs, list) and archs else _str(model_info.get(K.MODEL_TYPE))
     return ServerFacts(
         url=url, shape="sglang", role=role, engine=_engine_of(info),
-        version=_str(info.get("version")), model_path=model_path, architecture=architecture,
-        dtype=dtype, kv_cache_dtype=kv_dtype, page_size=_int(_first(r.get("page_size"), info.get("page_size"))),
-        kv_layout=_str(_first(r.get("kv_layout"), info.get("kv_layout"))),
-        tp_size=tp, dp_size=_int(info.get("dp_size")), pp_size=_int(_first(r.get("pp_size"), info.get("pp_size"))),
+        version=_str(info.get(K.VERSION)), model_path=model_path, architecture=architecture,
+        dtype=dtype, kv_cache_dtype=kv_dtype, page_size=_int(_first(r.get(K.PAGE_SIZE), info.get(K.PAGE_SIZE))),
+        kv_layout=_str(_first(r.get(K.KV_LAYOUT), info.get(K.KV_LAYOUT))),
+        tp_size=tp, dp_size=_int(info.get(K.DP_SIZE)), pp_size=_int(_first(r.get(K.PP_SIZE), info.get(K.PP_SIZE))),
         attn_tp_size=attn_tp,
-        decode_allocation_policy=_str(_first(r.get("decode_allocation_policy"),
-                                             info.get("disaggregation_decode_allocation_policy"))),
-        transfer_backend=_str(info.get("disaggregation_transfer_backend")),
+        decode_allocation_policy=_str(_first(r.get(K.ROUTE_ALLOCATION_POLICY),
+                                             info.get(K.ALLOCATION_POLICY))),
+        transfer_backend=_str(info.get(K.TRANSFER_BACKEND)),
         speculative_algorithm=algorithm,
-        draft_model=_path(info.get("speculative_draft_model_path")) if algorithm != "none" else None,
-        num_steps=_int(info.get("speculative_num_steps")) if algorithm != "none" else None,
-        eagle_topk=_int(info.get("speculative_eagle_topk")) if algorithm != "none" else None,
-        num_draft_tokens=_int(info.get("speculative_num_draft_tokens")) if algorithm != "none" else None,
+        draft_model=_path(info.get(K.DRAFT_MODEL_PATH)) if algorithm != "none" else None,
+        num_steps=_int(info.get(K.NUM_STEPS)) if algorithm != "none" else None,
+        eagle_topk=_int(info.get(K.EAGLE_TOPK)) if algorithm != "none" else None,
+        num_draft_tokens=_int(info.get(K.NUM_DRAFT_TOKENS)) if algorithm != "none" else None,
         adaptive=adaptive if algorithm != "none" else None, adaptive_config=adaptive_config,
-        disable_hybrid_swa_memory=no_swa, mamba_full_memory_ratio=_float(info.get("mamba_full_memory_ratio")),
-        mamba_ssm_dtype=_dtype(info.get("mamba_ssm_dtype")),
-        swa_full_tokens_ratio=_float(info.get("swa_full_tokens_ratio")),
+        disable_hybrid_swa_memory=no_swa, mamba_full_memory_ratio=_float(info.get(K.MAMBA_FULL_MEMORY_RATIO)),
+        mamba_ssm_dtype=_dtype(info.get(K.MAMBA_SSM_DTYPE)),
+        swa_full_tokens_ratio=_float(info.get(K.SWA_FULL_TOKENS_RATIO)),
         state_types=state_types, state_types_source=source,
-        max_running_requests=_int(info.get("max_running_requests")),
-        bootstrap_port=_int(info.get("disaggregation_bootstrap_port")),
-        reported_fingerprint=_str(_at(info, "fingerprints", "registration")),
+        max_running_requests=_int(info.get(K.MAX_RUNNING_REQUESTS)),
+        bootstrap_port=_int(info.get(K.BOOTSTRAP_PORT)),
+        reported_fingerprint=_str(_at(info, K.FINGERPRINTS, K.REGISTRATION)),
         accept_length=_accept_length(info), notes=tuple(notes),
     )
 
 
 def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc | None) -> ServerFacts:
-    role_cfg = info.get("resolved_role")
+    role_cfg = info.get(K.RESOLVED_ROLE)
     cfg: JsonDoc = role_cfg if isinstance(role_cfg, Mapping) else {}
-    reg_doc = info.get("registration")
+    reg_doc = info.get(K.REGISTRATION)
     reg: JsonDoc = reg_doc if isinstance(reg_doc, Mapping) else {}
-    target_fp = _at(info, "fingerprints", "target")
+    target_fp = _at(info, K.FINGERPRINTS, "target")
     fp: JsonDoc = target_fp if isinstance(target_fp, Mapping) else {}
     r: JsonDoc = route or {}
     spec = cfg.get("speculative")
@@ -322,32 +327,27 @@ def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc |
     steps = _int(s.get("num_steps")) if speculating else None
     adaptive_cfg = s.get("adaptive")
     dtype = _dtype(_first(_at(cfg, "model", "dtype"), _at(reg, "model", "dtype"), fp.get("dtype")))
-    state_types = _state_types(_first(reg.get("state_types"), fp.get("state_types")))
     notes: list[str] = []
-    source: str | None = "reported" if state_types is not None else None
-    model_path = _path(_first(_at(cfg, "model", "target"), model_info.get("model_path")))
-    if state_types is None:
-        state_types, why = predict_state_types(model_path, disable_hybrid_swa_memory=None)
-        source = "predicted" if state_types is not None else None
-        if why:
-            notes.append(why)
-    fingerprints = info.get("fingerprints")
-    reg_fp = _str(_at(fingerprints, "registration")) if isinstance(fingerprints, Mapping) else None
-    role = _str(info.get("role"))
+    model_path = _path(_first(_at(cfg, "model", "target"), model_info.get(K.MODEL_PATH)))
+    state_types, source = _reported_or_predicted(
+        _state_types(_first(reg.get("state_types"), fp.get("state_types"))), model_path, None, notes)
+    fingerprints = info.get(K.FINGERPRINTS)
+    reg_fp = _str(_at(fingerprints, K.REGISTRATION)) if isinstance(fingerprints, Mapping) else None
+    role = _str(info.get(K.ROLE))
     return ServerFacts(
         url=url, shape="specctl", role=role, engine="specctl",
-        version=_str(_first(reg.get("engine_version"), info.get("specctl_version"), info.get("version"))),
+        version=_str(_first(reg.get("engine_version"), info.get(K.SPECCTL_VERSION), info.get(K.VERSION))),
         model_path=model_path,
         architecture=_str(_first(_at(reg, "model", "architecture"), fp.get("architecture"))),
         dtype=dtype,
         # specctl's KV cache is held in the model dtype.
-        kv_cache_dtype=_dtype(_first(r.get("kv_cache_dtype"), dtype)),
-        page_size=_int(_first(r.get("page_size"), reg.get("page_size"), _at(cfg, "cache", "page_size"),
-                              fp.get("page_size"), _at(info, "engine", "page_size"))),
-        kv_layout=_str(r.get("kv_layout")),
+        kv_cache_dtype=_dtype(_first(r.get(K.KV_CACHE_DTYPE), dtype)),
+        page_size=_int(_first(r.get(K.PAGE_SIZE), reg.get("page_size"), _at(cfg, "cache", "page_size"),
+                              fp.get("page_size"), _at(info, K.ENGINE, K.PAGE_SIZE))),
+        kv_layout=_str(r.get(K.KV_LAYOUT)),
         # specctl's engine runs one process per role: no tensor, data or pipeline parallelism.
         tp_size=1, dp_size=1, pp_size=1, attn_tp_size=1,
-        decode_allocation_policy=_str(r.get("decode_allocation_policy")),
+        decode_allocation_policy=_str(r.get(K.ROUTE_ALLOCATION_POLICY)),
         transfer_backend=_str(_first(reg.get("transfer_backend"), _at(cfg, "transfer", "backend"))),
         speculative_algorithm=algorithm,
         draft_model=_path(s.get("draft")) if algorithm == "draft" else None,
@@ -366,9 +366,9 @@ def _from_specctl(url: str, info: JsonDoc, model_info: JsonDoc, route: JsonDoc |
 
 
 def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
-    """The facts a deployment role asks for (a `Deployment.role(name)` dict), in the same vocabulary,
+    """The facts a deployment role asks for (a `Deployment.role(name).to_json()` dict), in the same vocabulary,
     so a running server compares against it field by field. Fields the deployment does not pin are None."""
-    info = {"role": role.get("name"), "resolved_role": role}
+    info = {K.ROLE: role.get("name"), K.RESOLVED_ROLE: role}
     facts = _from_specctl(url, info, {}, None)
     declared = _state_types(_at(role, "cache", "state_types"))
     # Not asked for by a deployment file: the engine decides these.
@@ -379,4 +379,49 @@ def expected_facts(role: JsonDoc, *, url: str = "deployment") -> ServerFacts:
 
 def _engine_of(info: JsonDoc) -> str:
     """specctl's servers answer in SGLang's shape too; their registration fingerprint tells them apart."""
-    return _str(info.get("engine")) or ("specctl" if "fingerprints" in info else "sglang")
+    return _str(info.get(K.ENGINE)) or ("specctl" if K.FINGERPRINTS in info else "sglang")
+
+
+# ------------------------------------------------------------------------------------------ pairs
+
+# Fields compared only when both sides report them (SGLang skips its own check on None).
+_WHEN_BOTH_KNOWN = frozenset({"kv_layout", "decode_allocation_policy", "state_types", "version"})
+# Model references compared as directories (`builtin:tiny-hybrid` is its package directory).
+MODEL_PATH_FIELDS = frozenset({"model_path", "draft_model"})
+# Where the fields outside the agreement table are set, for their fixes.
+_WHERE = {"max_running_requests": "deployment: serve.max_batch_size; SGLang: --max-running-requests",
+          "role": "deployment: roles; SGLang: --disaggregation-mode"}
+
+
+def fix_text(name: str, what: str) -> str:
+    """`what` to do about field `name`, with where it is set (the agreement table's locators)."""
+    where = _WHERE[name] if name in _WHERE else agreement(name).where()
+    return f"{what} ({where})" if where else what
+
+
+def compare_pair(prefill: ServerFacts, decode: ServerFacts) -> list[Difference]:
+    """Every field on which prefill and decode disagree, in the agreement table's order."""
+    rows: list[Difference] = []
+    for side, facts, wrong in (("prefill", prefill, "decode"), ("decode", decode, "prefill")):
+        if facts.role == wrong:
+            rows.append(Difference(
+                field="role", prefill=prefill.role, decode=decode.role,
+                fix=fix_text("role", f"point --{side} at a server started with --disaggregation-mode {side}"),
+                detail=f"{facts.url} is a {wrong} server"))
+
+    def excused(a: Agreement, p: object, d: object) -> bool:
+        if a.name in _WHEN_BOTH_KNOWN and (p is None or d is None):
+            return True
+        return a.name in MODEL_PATH_FIELDS and isinstance(p, str) and isinstance(d, str) and same_model(p, d)
+
+    rows += compare_values(lambda a, key: (prefill.value(key), decode.value(key)), lambda a: a.server_info,
+                           skip=excused)
+    return rows
+
+
+def same_model(want: str, got: str) -> bool:
+    """The same model directory, spelled differently (a `builtin:` name, `~`, a relative path)."""
+    try:
+        return resolve_model_dir(want).resolve() == resolve_model_dir(got).resolve()
+    except (OSError, SpecctlError):
+        return False
