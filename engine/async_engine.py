@@ -10,6 +10,8 @@ Contract:
   engine, which frees its pages. A failed `step()` fails every in-flight request with the error (their
   pages freed by abort) and the loop keeps serving.
 - `call(fn)` runs `fn(engine)` on the engine thread (imports of transferred requests, stats snapshots).
+- A request admitted with `export_after_prefill` (the PD prefill role) gets its export (`PrefillExport`: caches,
+  first token, random stream, prefill timings) on its final delta, `RequestOutput.prefilled`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:  # the engine modules import torch; this one stays light (the HTTP front imports it)
     from specctl.engine.engine import Engine
     from specctl.engine.logprobs import TokenLogprob
+    from specctl.engine.prefill_export import PrefillExport
     from specctl.engine.sampling_params import SamplingParams
     from specctl.engine.sequence import Sequence as EngineSequence
 
@@ -52,6 +55,9 @@ class RequestOutput:
     # HTTP status of an error: None is a server-side failure (503); 408 is a PD room whose other half never came,
     # which a direct client causes by posting to one side only (the router always posts to both)
     error_status: int | None = None
+    # A request admitted with `export_after_prefill` (PD prefill role): its caches, first token, random stream
+    # and prefill timings, handed over with its final delta (finish_reason "prefilled")
+    prefilled: PrefillExport | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,7 +93,6 @@ class AsyncEngine:
         self.steps = 0
         self.failed_steps = 0
         self.last_error: str | None = None
-        self.on_step: Callable[[Engine], None] | None = None  # called on the engine thread after each step
         # Deltas of one step, handed to each event loop in ONE thread-safe call (one wake-up of the loop, not
         # one per request: at batch 8 that is 8x fewer self-pipe writes and GIL hand-overs per step).
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
@@ -237,11 +242,6 @@ class AsyncEngine:
         self.steps += 1
         for seq in updated or ():
             self._emit(seq)
-        if self.on_step is not None:
-            try:
-                self.on_step(self.engine)
-            except Exception:
-                log.debug("on_step hook failed", exc_info=True)
 
     def _emit(self, seq: EngineSequence) -> None:
         stream = self._live.get(int(seq.rid))
@@ -267,6 +267,7 @@ class AsyncEngine:
                 item.accept_lengths = list(seq.accepted_per_step)
                 item.timings = seq_timings(seq)
                 item.text = seq.text
+                item.prefilled, seq.exported = seq.exported, None  # the caller owns the export from here
             self._outbox.setdefault(stream.loop, []).append((stream, item))
 
     def _flush(self) -> None:

@@ -45,6 +45,7 @@ import torch
 from specctl.engine.config import EngineConfig
 from specctl.engine.logprobs import attach as attach_logprobs
 from specctl.engine.penalties import adjust as adjust_logits
+from specctl.engine.prefill_export import PrefillExport
 from specctl.engine.sampling import make_generator, sample
 from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
@@ -194,6 +195,7 @@ class Engine:
         self._finished_outside_step: list[Sequence] = []  # reported by the next step()
         self._counters = {"steps": 0, "prefill_tokens": 0, "decode_steps": 0, "generated_tokens": 0, "finished": 0}
         self._busy_s = 0.0
+        self._step_start = time.monotonic()  # of the step under way (prefill exports' timings)
         freeze_startup_heap()
 
     # -- requests ------------------------------------------------------------------------------
@@ -207,9 +209,9 @@ class Engine:
         """Queue a request; returns its rid. Text is tokenized here; ids are taken as they are.
 
         `export_after_prefill` (PD prefill role): once the prompt is cached and the first token sampled,
-        the request's caches are exported into `seq.exported` (runner.export_request tensors, covering
-        the prompt) and it finishes with reason "prefilled", freeing its pages; the step() that does
-        this returns it."""
+        the request's caches, first token, random stream and prefill timings are exported into
+        `seq.exported` (a `PrefillExport`) and it finishes with reason "prefilled", freeing its pages;
+        the step() that does this returns it."""
         prompt_text = prompt if isinstance(prompt, str) else None
         ids = prompt_token_ids(self.tokenizer, prompt)
         vocab = self.runner.facts.vocab_size
@@ -233,7 +235,7 @@ class Engine:
         tensors: dict[str, torch.Tensor],
         params: SamplingParams = DEFAULT_PARAMS,
         *,
-        generator_state: torch.Tensor | None = None,
+        generator_state: torch.Tensor | bytes | None = None,
         draft_tensors: dict[str, torch.Tensor] | None = None,
         draft_length: int = 0,
     ) -> Sequence:
@@ -242,11 +244,11 @@ class Engine:
         `tensors` come from the prefill side's `runner.export_request` with the prompt cached;
         `first_token` is the token prefill sampled (it goes through the stop conditions here, so the
         request may come back already finished; the next step() reports it). `generator_state`
-        continues prefill's random stream. `draft_tensors` (the draft model's export, `draft_length`
-        tokens) are handed to the decoder's `import_draft(seq, tensors, length)`; without it
-        the drafter rebuilds its cache from the tokens. The request joins the running batch at once;
-        RuntimeFailure when it can never fit, or the batch or pool has no room (nothing is left
-        allocated then)."""
+        continues prefill's random stream (a generator state, or `PrefillExport.rng_state`).
+        `draft_tensors` (the draft model's export, `draft_length` tokens) are handed to the decoder's
+        `import_draft(seq, tensors, length)`; without it the drafter rebuilds its cache from
+        the tokens. The request joins the running batch at once; RuntimeFailure when it can never fit,
+        or the batch or pool has no room (nothing is left allocated then)."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise InvalidInput("an imported request needs its prompt ids")
@@ -264,6 +266,8 @@ class Engine:
         seq = Sequence(rid, ids, params, tokenizer=self.tokenizer)
         seq.generator = make_generator(params, self.runner.device)
         if seq.generator is not None and generator_state is not None:
+            if isinstance(generator_state, bytes):
+                generator_state = torch.frombuffer(bytearray(generator_state), dtype=torch.uint8)
             seq.generator.set_state(generator_state)
         self.runner.import_request(rid, tensors, len(ids))  # allocates; raises on a layout mismatch
         try:
@@ -305,6 +309,7 @@ class Engine:
     def step(self) -> list[Sequence]:
         """One scheduling step; the sequences that got tokens or finished in it."""
         t0 = time.perf_counter()
+        self._step_start = time.monotonic()
         updated, self._finished_outside_step = self._finished_outside_step, []
         batch = self.scheduler.schedule()
         for seq in batch.preempted:
@@ -318,6 +323,10 @@ class Engine:
             self._run(self._prefill, [c.seq for c in batch.prefill], batch, updated)
         self._counters["steps"] += 1
         self._busy_s += time.perf_counter() - t0
+        end = time.monotonic()
+        for seq in updated:
+            if seq.exported is not None and seq.finish_reason == "prefilled":
+                seq.exported.compute_s = end - self._step_start
         return updated
 
     def generate(
@@ -403,7 +412,9 @@ class Engine:
             self._append(seq, [tok])
             if seq.export_after_prefill and not seq.is_finished:
                 # PD prefill: ship the prompt's caches with the first token; decode continues elsewhere.
-                seq.exported = self.runner.export_request(seq.rid)
+                state = None if seq.generator is None else bytes(seq.generator.get_state().cpu().numpy().tobytes())
+                seq.exported = PrefillExport(self.runner.export_request(seq.rid), len(seq.prompt_ids), int(tok),
+                                             rng_state=state, queue_s=max(0.0, self._step_start - seq.arrival_time))
                 self.scheduler.finish(seq, "prefilled")
                 self._done(seq)
             updated.append(seq)

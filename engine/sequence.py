@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from specctl.engine.detokenizer import Detokenizer
+from specctl.engine.prefill_export import PrefillExport
 from specctl.engine.sampling_params import SamplingParams
 
 
@@ -65,7 +66,7 @@ class Sequence:
         self.generator: Any = None  # torch.Generator for sampled requests, None for greedy
         # PD prefill role: export the caches once the first token is sampled (see Engine.add_request).
         self.export_after_prefill = False
-        self.exported: dict[str, Any] | None = None
+        self.exported: PrefillExport | None = None
         self.tokenizer = tokenizer
         # Incremental detokenization costs Python work per token; only stop strings need the text while
         # generating. Without them the text is decoded once, on demand (`text`).

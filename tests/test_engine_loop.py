@@ -230,9 +230,12 @@ def test_prefill_export_and_decode_import_continue_exactly(model_dir: Path, para
     drids = []
     for rid in rids:
         seq = exported[rid]
-        assert seq.exported is not None and len(seq.output_ids) == 1
-        state = seq.generator.get_state() if seq.generator is not None else None
-        imported = decode.add_imported(seq.prompt_ids, seq.output_ids[0], seq.exported, params, generator_state=state)
+        export = seq.exported
+        assert export is not None and len(seq.output_ids) == 1 and export.first_token == seq.output_ids[0]
+        assert export.length == len(seq.prompt_ids) and export.queue_s >= 0 and export.compute_s > 0
+        assert (export.rng_state is None) == (params.temperature == 0)
+        imported = decode.add_imported(seq.prompt_ids, export.first_token, export.tensors, params,
+                                       generator_state=export.rng_state)
         drids.append(imported.rid)
     done = run_until_finished(decode, set(drids))
     assert [done[r] for r in drids] == reference

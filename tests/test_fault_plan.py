@@ -5,6 +5,7 @@ in tests/test_serve_pd.py (a held transfer, a corrupted payload)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
@@ -69,3 +70,24 @@ def test_no_serving_module_reads_a_test_fault_from_the_environment() -> None:
         read |= _env_reads(ast.parse(text))
     # Only log levels come from the environment (and the secret whose name the deployment gives).
     assert read == {"SPECCTL_LOG_LEVEL", "SPECCTL_ROUTER_LOG_LEVEL"}, read
+
+
+def test_faults_reach_library_code_through_the_plan_object_only() -> None:
+    """A fault's name appears in library code only as an attribute of the plan the role context carries, in the
+    modules that inject it: no other module, and no other spelling (a key looked up, an environment name)."""
+    root = Path(__file__).resolve().parents[1]
+    fields = {f.name for f in dataclasses.fields(FaultPlan)}
+    users: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("tests/", ".venv/", "build/")) or rel == "engine/serve/faults.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in fields:
+                assert ast.unparse(node.value).endswith("faults"), (rel, ast.unparse(node))
+                users.setdefault(rel, set()).add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in fields:
+                raise AssertionError(f"{rel} spells the fault {node.value!r} as a string")
+    assert users == {"engine/serve/prefill.py": {"prefill_hold_s", "prefill_corrupt_marker"},
+                     "engine/serve/decode.py": {"decode_link_error"}}, users

@@ -160,7 +160,7 @@ def test_with_a_secret_a_stranger_cannot_pair_and_unauthenticated_control_messag
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(pre["control"])
     try:
-        claim = [bytes(f) for f in wire.encode(PdClaim(req_id="room-1", prompt_ids=[1, 2, 3], params={},
+        claim = [bytes(f) for f in wire.encode(PdClaim(req_id="room-1", prompt_ids=[1, 2, 3],
                                                        pairing_id="0" * 32))]
         sock.send_multipart(claim)
         sock.send_multipart(seal(b"k" * 32, claim))
@@ -194,7 +194,7 @@ def test_replayed_sealed_claims_and_pings_are_dropped_and_counted_and_a_vanished
     sock.connect(control)
     try:
         claim = pairing.control.seal([bytes(f) for f in wire.encode(PdClaim(
-            req_id="room-4242", prompt_ids=[1, 2, 3], params={}, pairing_id=pairing.session_id))])
+            req_id="room-4242", prompt_ids=[1, 2, 3], pairing_id=pairing.session_id))])
         sock.send_multipart(claim)
         assert sock.poll(5000, zmq.POLLIN)
         body = pairing.control.open(sock.recv_multipart())
@@ -239,7 +239,7 @@ def test_a_stranger_whose_transfer_endpoint_never_acknowledges_stalls_only_its_o
     try:
         for room in rooms:
             sock.send_multipart(pairing.control.seal([bytes(f) for f in wire.encode(PdClaim(
-                req_id=f"room-{room}", prompt_ids=[5, 6, 7, 8], params={},
+                req_id=f"room-{room}", prompt_ids=[5, 6, 7, 8],
                 pairing_id=pairing.session_id))]))
         halves = [threading.Thread(target=lambda r=r: stranger_halves.append(complete(
             prefill, [5, 6, 7, 8], bootstrap_host="127.0.0.1", bootstrap_port=open_pair["ports"]["bootstrap"],

@@ -8,11 +8,13 @@ import logging
 from dataclasses import replace
 
 import msgspec
+import numpy as np
 import pytest
 import zmq
 
 from specctl.engine.pd import wire
 from specctl.engine.pd.bootstrap import BootstrapServer, HandshakeRejected, Hello, Register, register
+from specctl.engine.pd.messages import MAX_RNG_STATE_BYTES, PrefillResult
 from specctl.engine.pd.registration import build_registration
 from specctl.engine.pd.transfer import TransferError, TransferHeader, TransferReceiver
 
@@ -22,11 +24,12 @@ DEPTH = 100_000
 
 
 def _deep_claim() -> bytes:
-    """A pd.claim header whose `params` nest DEPTH maps deep (msgpack fixmap of one key, repeated)."""
+    """A pd.claim header with a field `params` nesting DEPTH maps deep (msgpack fixmap of one key, repeated): a
+    field the claim does not know is still walked by the decoder, so the depth must be refused, not crash it."""
     nested = b"\x81\xa1k" * DEPTH + b"\xc0"
     body = (b"\x85\xa3tag\xa8pd.claim\xa6req_id\xa6room-1\xaaprompt_ids\x91\x01\xa6params" + nested
             + b"\xaapairing_id\xa1x")
-    return b"\x95\xa7specctl\x01\xa8pd.claim" + body + b"\x90"
+    return b"\x95\xa7specctl" + msgspec.msgpack.encode(wire.PROTOCOL_VERSION) + b"\xa8pd.claim" + body + b"\x90"
 
 
 def _header(shape: list[int], dtype: str = "float32") -> bytes:
@@ -101,3 +104,25 @@ def test_a_refusal_without_a_proven_secret_names_fields_never_prefills_values() 
         register(srv.endpoint, decode, secret="s", timeout_s=5)
     assert any(m.prefill == 48 for m in err.value.mismatches)
 
+
+
+@pytest.mark.parametrize(("result", "field"), [
+    (PrefillResult(first_token=-1), "first_token"),
+    (PrefillResult(first_token=1, draft_length=-3), "draft_length"),
+    (PrefillResult(first_token=1, rng_state=b"\0" * (MAX_RNG_STATE_BYTES + 1)), "rng_state"),
+    (PrefillResult(first_token=1, queue_s=-1.0), "queue_s"),
+], ids=["negative-token", "negative-draft", "rng-too-long", "negative-time"])
+def test_a_prefill_result_out_of_its_bounds_is_a_counted_refusal(tmp_path, result: PrefillResult, field: str) -> None:
+    """The typed result in a payload's header is checked as it is decoded: a value out of its bounds fails that
+    payload naming the field, counted, never a traceback (msgspec builds structs unchecked; the wire checks)."""
+    with TransferReceiver(None, bind=f"ipc://{tmp_path}/rx", as_torch=False) as rx:
+        sock = wire.make_socket(zmq.Context.instance(), zmq.DEALER)
+        sock.connect(rx.endpoint)
+        try:
+            header = TransferHeader(request_id="room-3", length=1, components=["kv"], result=result)
+            wire.send(sock, header, {"kv": np.zeros((1, 4), dtype=np.float32)}, timeout_s=5)
+            with pytest.raises(TransferError, match=field) as err:
+                rx.recv(timeout_s=5)
+            assert err.value.request_id == "room-3" and sum(rx.rejections.values()) == 1
+        finally:
+            sock.close(0)

@@ -582,8 +582,8 @@ def test_a_burst_is_prefilled_in_batches_within_a_short_transfer_timeout(
 
 def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models: dict[str, Path]) -> None:
     """A prefill backend in this process (its real engine thread and ZMQ sockets on loopback): a request admitted
-    and then aborted before its first token was sampled (the client went away) no longer stays in the set of
-    rooms awaiting their first token, which every engine step scans (it did, forever). The engine thread is
+    and then aborted before its first token was sampled (the client went away) leaves nothing in the engine (no
+    request, every page free), and the next request is prefilled and exported as usual. The engine thread is
     held by two gates so the order is fixed: admission, then the client's cancel, then the abort."""
     import asyncio
     import contextlib
@@ -597,7 +597,7 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
                                           ports=ports, timeout_s=6))
     backend = PrefillBackend(RoleContext(deployment=dep, role_name="prefill", role=dep.instances("prefill")[0]))
 
-    async def scenario() -> tuple[int, int]:
+    async def scenario() -> tuple[bool, tuple[bool, bool]]:
         await backend.load()
         aengine = backend.aengine
         assert aengine is not None
@@ -612,21 +612,24 @@ def test_a_request_aborted_mid_prefill_leaves_nothing_pending_on_prefill(models:
             first.set()  # the engine admits the request, then waits in the second gate before any step
             await held
             assert await asyncio.to_thread(in_second.wait, 10)
-            admitted = len(backend._pending)  # the engine thread is parked in the gate
+            assert backend.engine is not None
+            admitted = backend.engine.has_unfinished()  # the engine thread is parked in the gate: a safe read
             task.cancel()  # the client goes away: its abort is queued behind the second gate
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             second.set()
             await held_again
-            _, out = await backend._prefill(list(range(5, 20)), SamplingParams(max_tokens=4))  # later requests step on
-            assert out.finish_reason != "error", out
-            return admitted, await aengine.call(lambda eng: len(backend._pending))
+            out = await backend._prefill(list(range(5, 20)), SamplingParams(max_tokens=4))  # later ones step on
+            assert out.finish_reason == "prefilled" and out.prefilled is not None, out
+            assert out.prefilled.length == 15 and out.prefilled.tensors
+            return admitted, await aengine.call(lambda eng: (
+                eng.has_unfinished(), eng.runner.num_free_pages == eng.runner.num_total_pages))
         finally:
             await backend.close()
 
-    admitted, left = asyncio.run(scenario())
-    assert admitted == 1  # the aborted request had been admitted and was waiting for its first token
-    assert left == 0
+    admitted, (unfinished, all_free) = asyncio.run(scenario())
+    assert admitted  # the aborted request had been admitted and was waiting for its first token
+    assert not unfinished and all_free
 
 
 def test_a_decode_whose_background_link_fails_exits_3_naming_it(models: dict[str, Path], tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import zmq
 
 from specctl.engine.cache_layout import CacheLayout
 from specctl.engine.pd import wire
+from specctl.engine.pd.messages import PrefillResult
 from specctl.engine.pd.registration import build_registration
 from specctl.engine.pd.transfer import (
     PayloadSpec,
@@ -99,7 +100,7 @@ def _serve(rx: TransferReceiver, n: int, out: dict) -> threading.Thread:
         for _ in range(n):
             try:
                 with rx.recv(timeout_s=10) as p:
-                    out[p.request_id] = ({k: v.clone() for k, v in p.tensors.items()}, p.length, p.extra)
+                    out[p.request_id] = ({k: v.clone() for k, v in p.tensors.items()}, p.length, p.result)
             except TransferError as exc:
                 out.setdefault("errors", []).append(exc)
         rx.flush()
@@ -159,7 +160,7 @@ def test_real_runner_export_matches_its_registration() -> None:
     # through a real socket into a fresh runner: its cache then holds exactly what prefill had
     other = ModelRunner("builtin:tiny-hybrid", **kw)
     with TransferReceiver(spec, timeout_s=10) as rx, TransferSender(rx.endpoint, timeout_s=10) as tx:
-        tx.submit("real", tensors, length=37, extra={"draft_length": 36})
+        tx.submit("real", tensors, length=37, result=PrefillResult(first_token=5, draft_length=36))
         with rx.recv() as payload:
             target = {k: v for k, v in payload.tensors.items() if not k.startswith("draft.")}
             other.import_request(7, target, payload.length)
@@ -176,13 +177,17 @@ def test_round_trip_is_exact(link) -> None:
     lengths = {f"r{i}": 5 + 13 * i for i in range(3)}
     sent = {rid: _payload(n, seed=i) for i, (rid, n) in enumerate(lengths.items())}
     for rid, tensors in sent.items():
-        res = tx.send(rid, tensors, length=lengths[rid], extra={"first_token": 42, "rid": rid})
+        result = PrefillResult(first_token=42, rng_state=rid.encode(), draft_length=lengths[rid], queue_s=0.25,
+                               compute_s=0.5, sent_at=1.0)
+        res = tx.send(rid, tensors, length=lengths[rid], result=result)
         assert res.error is None and res.nbytes == sum(t.numel() * 4 for t in tensors.values())
     th.join(10)
     assert "errors" not in out
     for rid, tensors in sent.items():
-        got, length, extra = out[rid]
-        assert length == lengths[rid] and extra == {"first_token": 42, "rid": rid}
+        got, length, result = out[rid]
+        assert length == lengths[rid]
+        assert result == PrefillResult(first_token=42, rng_state=rid.encode(), draft_length=lengths[rid],
+                                       queue_s=0.25, compute_s=0.5, sent_at=1.0)
         assert list(got) == list(canonical_order(tensors))
         for k in tensors:
             assert torch.equal(got[k], tensors[k]), (rid, k)
@@ -207,7 +212,7 @@ def test_mismatched_payload_fails_that_request_on_both_ends(link, breaker, field
     out: dict = {}
     th = _serve(rx, 2, out)
     with pytest.raises(TransferError) as err:
-        tx.send("bad-1", breaker(_payload(10)), length=10, extra={"draft_length": 10})
+        tx.send("bad-1", breaker(_payload(10)), length=10, result=PrefillResult(first_token=1, draft_length=10))
     assert err.value.request_id == "bad-1" and err.value.field == field
     assert "bad-1" in str(err.value)
     # the link stays usable: the next request goes through
@@ -231,11 +236,12 @@ def test_receiver_checks_order_and_draft_length() -> None:
                 rx.recv()
             assert err.value.field == "components"
             good = canonical_order(p)
-            hdr = TransferHeader(request_id="d", length=20, components=list(good), extra={"draft_length": 40})
+            hdr = TransferHeader(request_id="d", length=20, components=list(good),
+                                 result=PrefillResult(first_token=3, draft_length=40))
             wire.send(s, hdr, good, timeout_s=5)
             with rx.recv() as got:
-                assert got.request_id == "d" and got.extra["draft_length"] == 40
-            hdr = TransferHeader(request_id="d2", length=20, components=list(good))  # draft_length missing
+                assert got.request_id == "d" and got.result is not None and got.result.draft_length == 40
+            hdr = TransferHeader(request_id="d2", length=20, components=list(good))  # no result: draft as long
             wire.send(s, hdr, good, timeout_s=5)
             with pytest.raises(TransferError) as err:
                 rx.recv()

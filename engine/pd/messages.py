@@ -14,7 +14,8 @@ Flow of one disaggregated request (SGLang's protocol; KV moves over pd/transfer)
              the first token sampled, the prompt's KV + state exported, its pages freed
     decode <--PdProgress(started)-- prefill                   (both halves present, compute under way)
     prefill --payload(room R)--> decode's transfer endpoint   (the session's decode; decode checks it
-             against the registration and acknowledges); prefill's HTTP half answers with token 1
+             against the registration and acknowledges; its header carries the room's PrefillResult);
+             prefill's HTTP half answers with token 1
     decode <--PdDone(error)-- prefill                         (only on failure: the HTTP half never came
              within transfer.timeout_s, the prompts differ, the transfer failed, the room is claimed
              twice, the session is unknown, too many claims wait)
@@ -25,9 +26,14 @@ Each request's `req_id` is its room; every receive has a timeout on the receivin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from specctl.engine.pd.wire import Message
+
+MAX_RNG_STATE_BYTES = 1 << 16  # a torch generator's state is a few KiB (CPU) or 16 bytes (CUDA)
+_Seconds = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
 class PdClaim(Message, tag="pd.claim", frozen=True):
@@ -35,7 +41,6 @@ class PdClaim(Message, tag="pd.claim", frozen=True):
 
     req_id: str
     prompt_ids: list[int]
-    params: dict[str, Any]
     pairing_id: str  # the session this decode holds; a prefill that restarted refuses stale ids
 
 
@@ -65,3 +70,17 @@ class PdAbort(Message, tag="pd.abort", frozen=True):
 
 def room_key(room: int) -> str:
     return f"room-{int(room)}"
+
+
+class PrefillResult(msgspec.Struct, frozen=True, kw_only=True):
+    """prefill -> decode, in the header of a room's payload (pd/transfer.py): what decode continues from besides the
+    caches. Typed and bounded: a payload whose result does not decode as this struct is refused like any malformed
+    header."""
+
+    first_token: Annotated[int, msgspec.Meta(ge=0)]  # sampled by prefill; decode applies the stop conditions
+    # the request's random stream after that sample (a torch generator state); None for greedy requests
+    rng_state: Annotated[bytes, msgspec.Meta(max_length=MAX_RNG_STATE_BYTES)] | None = None
+    draft_length: Annotated[int, msgspec.Meta(ge=0)] = 0  # tokens the draft.* components hold (0: none)
+    queue_s: _Seconds = 0.0  # arrival on prefill -> the start of the step that prefilled it
+    compute_s: _Seconds = 0.0  # that step's duration
+    sent_at: float = 0.0  # prefill's wall clock (time.time()) when the payload was handed to the transfer

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specctl.engine.pd import wire
+from specctl.engine.pd.messages import PrefillResult
 from specctl.engine.pd.transfer import TransferError, TransferResult, TransferSender
 
 MAX_IN_FLIGHT = 32  # rooms of one session sent and awaiting their ack; the rest wait in the lane's queue
@@ -39,7 +40,7 @@ class _Job:
     room: str
     tensors: Mapping[str, Any]
     length: int
-    extra: Mapping[str, Any]
+    result: PrefillResult | None
     future: concurrent.futures.Future[TransferResult] = field(default_factory=concurrent.futures.Future)
 
 
@@ -106,7 +107,7 @@ class _Lane:
 
     def _submit(self, sender: TransferSender, job: _Job) -> None:
         try:
-            sender.submit(job.room, job.tensors, length=job.length, extra=job.extra)
+            sender.submit(job.room, job.tensors, length=job.length, result=job.result)
         except TransferError as exc:
             _fail(job, exc)
             # submit() failing resets the connection: the rooms it had in flight are among collect()'s results
@@ -166,10 +167,10 @@ class TransferOutbox:
         tensors: Mapping[str, Any],
         *,
         length: int,
-        extra: Mapping[str, Any] | None = None,
+        result: PrefillResult | None = None,
     ) -> concurrent.futures.Future[TransferResult]:
         """Queue one room's payload on its session's lane; the future resolves with its outcome."""
-        job = _Job(room, tensors, length, dict(extra or {}))
+        job = _Job(room, tensors, length, result)
         with self.lock:
             if self._closed:
                 _fail(job, TransferError(f"request {room}: prefill is shutting down", request_id=room,

@@ -1,9 +1,9 @@
 """KV + state transfer of one request from prefill to decode, checked against the registration.
 
-A transfer is one request's payload: a header (request id, cached length, ordered component names,
-small `extra` values such as the first sampled token) and named tensors (KV buffers, each state
-component, the draft's KV). Prefill's `TransferSender` pushes it; decode's `TransferReceiver`
-checks it against the `PayloadSpec` derived from the handshake's registration (component count,
+A transfer is one request's payload: a header (request id, cached length, ordered component names, the
+room's typed `PrefillResult`: first sampled token, random stream, draft length, timings) and named tensors
+(KV buffers, each state component, the draft's KV). Prefill's `TransferSender` pushes it; decode's
+`TransferReceiver` checks it against the `PayloadSpec` derived from the handshake's registration (component count,
 names and order, dtypes, exact shapes and sizes) and acknowledges. A payload that does not
 match fails *that request* — decode raises `TransferError(request_id, field)` and prefill's `send()`
 raises the same error from the negative acknowledgement — never silent corruption.
@@ -39,7 +39,7 @@ Component names and shapes (`PayloadSpec.from_registration`), the contract with
   mamba_ssm       [mamba layers, heads, head dim, d_state], float32       } state_dims = conv + ssm[1:]
   swa             state_dims of "swa" (the whole window), model dtype
   {state_type}    any other state component: one tensor of shape state_dims[j], state_item_lens[j] bytes
-  draft.*         the same for the draft model, sized by `extra["draft_length"]` (default: length)
+  draft.*         the same for the draft model, sized by `result.draft_length` (no result: length)
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -63,6 +63,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from specctl.engine.pd import wire
+from specctl.engine.pd.messages import PrefillResult
 from specctl.engine.pd.registration import RegistrationInfo
 from specctl.engine.pd.wire import TensorMeta
 from specctl.errors import RuntimeFailure
@@ -102,7 +103,7 @@ class TransferHeader(wire.Message, tag="transfer.payload", frozen=True):
     request_id: str
     length: int
     components: list[str]
-    extra: dict[str, Any] = {}
+    result: PrefillResult | None = None
 
 
 class ShmPayload(wire.Message, tag="transfer.shm", frozen=True):
@@ -112,7 +113,7 @@ class ShmPayload(wire.Message, tag="transfer.shm", frozen=True):
     segment: str
     metas: list[TensorMeta]
     offsets: list[int]
-    extra: dict[str, Any] = {}
+    result: PrefillResult | None = None
 
 
 class TransferAck(wire.Message, tag="transfer.ack", frozen=True):
@@ -291,7 +292,7 @@ class Payload:
     request_id: str
     length: int
     tensors: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
+    result: PrefillResult | None = None
     nbytes: int = 0
     _release: weakref.finalize[[], Payload] | None = None  # hands the transport memory back
 
@@ -597,7 +598,7 @@ class TransferSender:
                 )
             self._poll_once(min(0.05, deadline - time.monotonic()))
 
-    def _stage_shm(self, request_id: str, length: int, tensors: Mapping[str, Any], extra: Mapping[str, Any] | None,
+    def _stage_shm(self, request_id: str, length: int, tensors: Mapping[str, Any], result: PrefillResult | None,
                    deadline: float) -> tuple[ShmPayload, _Segment]:
         metas: list[TensorMeta] = []
         raws: list[memoryview] = []
@@ -620,7 +621,7 @@ class TransferSender:
             segment=seg.name,
             metas=metas,
             offsets=offsets,
-            extra=dict(extra or {}),
+            result=result,
         )
         return msg, seg
 
@@ -631,7 +632,7 @@ class TransferSender:
         tensors: Mapping[str, Any],
         *,
         length: int,
-        extra: Mapping[str, Any] | None = None,
+        result: PrefillResult | None = None,
         timeout_s: float | None = None,
     ) -> None:
         """Send one request's payload without waiting for the ack (see collect()). Raises
@@ -650,13 +651,11 @@ class TransferSender:
         seg = None
         try:
             if self.backend == "shm":
-                msg, seg = self._stage_shm(request_id, length, tensors, extra, deadline)
+                msg, seg = self._stage_shm(request_id, length, tensors, result, deadline)
                 nbytes = sum(m.nbytes for m in msg.metas)
                 wire.send(self._sock, msg, timeout_s=max(0.0, deadline - time.monotonic()), seal=self.seal)
             else:
-                header = TransferHeader(
-                    request_id=request_id, length=length, components=list(tensors), extra=dict(extra or {})
-                )
+                header = TransferHeader(request_id=request_id, length=length, components=list(tensors), result=result)
                 nbytes = sum(wire.tensor_nbytes(t) for t in tensors.values())
                 wire.send(self._sock, header, tensors, timeout_s=max(0.0, deadline - time.monotonic()),
                           seal=self.seal)
@@ -705,13 +704,13 @@ class TransferSender:
         tensors: Mapping[str, Any],
         *,
         length: int,
-        extra: Mapping[str, Any] | None = None,
+        result: PrefillResult | None = None,
         timeout_s: float | None = None,
     ) -> TransferResult:
         """Send one request and wait for decode's ack. Raises TransferError (decode refused the payload:
         `.field` says why; or the peer disconnected) or TransferTimeout."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        self.submit(request_id, tensors, length=length, extra=extra, timeout_s=timeout)
+        self.submit(request_id, tensors, length=length, result=result, timeout_s=timeout)
         res = self.collect(timeout + 1.0, request_id=request_id)
         if not res:  # cannot happen: the deadline check fails it first; kept as a clear invariant
             raise TransferTimeout(f"request {request_id}: no outcome", request_id=request_id, field="ack")
@@ -910,25 +909,24 @@ class TransferReceiver:
             # anything else on this socket is ignored (not ours to answer)
 
     def _check(self, identity: bytes, rid: str, length: int, components: list[str], metas: list[TensorMeta],
-               extra: Mapping[str, Any]) -> None:  # fmt: skip
+               result: PrefillResult | None) -> None:  # fmt: skip
         if components != [m.name for m in metas]:
             raise self._fail(
                 identity, rid, "components", f"header lists {components}, tensors are {[m.name for m in metas]}"
             )
         if self.spec is None:
             return
-        draft_length = extra.get("draft_length")
-        draft_length = int(draft_length) if isinstance(draft_length, int) else None
+        draft_length = result.draft_length if result is not None else None
         problems = self.spec.problems(length, metas, draft_length=draft_length)
         if problems:
             raise self._fail(identity, rid, problems[0][0], "; ".join(p[1] for p in problems))
 
     def _accept_zmq(self, identity: bytes, msg: TransferHeader, env: wire.Envelope) -> Payload:
         metas = list(env.metas)
-        self._check(identity, msg.request_id, msg.length, msg.components, metas, msg.extra)
+        self._check(identity, msg.request_id, msg.length, msg.components, metas, msg.result)
         self._ack(identity, msg.request_id, True)
         nbytes = sum(m.nbytes for m in metas)
-        return Payload(msg.request_id, msg.length, dict(env.tensors), dict(msg.extra), nbytes)
+        return Payload(msg.request_id, msg.length, dict(env.tensors), msg.result, nbytes)
 
     def _accept_shm(self, identity: bytes, msg: ShmPayload) -> Payload:
         rid = msg.request_id
@@ -940,7 +938,7 @@ class TransferReceiver:
             except wire.WireError as exc:
                 raise self._fail(identity, rid, "metas", str(exc)) from None
         # The header checks out before anything is mapped: spec, offsets, the segment's name and size.
-        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.extra)
+        self._check(identity, rid, msg.length, msg.components, msg.metas, msg.result)
         if len(msg.offsets) != len(msg.metas):
             raise self._fail(identity, rid, "offsets", f"{len(msg.offsets)} offsets for {len(msg.metas)} tensors")
         end = max((o + m.nbytes for o, m in zip(msg.offsets, msg.metas, strict=True)), default=0)
@@ -962,7 +960,7 @@ class TransferReceiver:
             except wire.WireError as exc:
                 raise self._fail(identity, rid, f"{meta.name}.dtype", str(exc)) from None
         self._ack(identity, rid, True)
-        payload = Payload(rid, msg.length, tensors, dict(msg.extra), sum(m.nbytes for m in msg.metas))
+        payload = Payload(rid, msg.length, tensors, msg.result, sum(m.nbytes for m in msg.metas))
         # Released explicitly, or when the payload is collected: the segment goes back to prefill.
         key = self.auth(rid) if self.auth is not None else None
         payload._release = weakref.finalize(payload, self._release_fn(identity, msg.segment, key))

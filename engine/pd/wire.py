@@ -36,7 +36,7 @@ import zmq
 from specctl.errors import RuntimeFailure
 
 MAGIC = "specctl"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # raised with every change of a message's fields: peers of two versions never pair
 
 # Plain ints: enum arithmetic on every send is measurable on the hot path.
 _NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)

@@ -94,15 +94,6 @@ class RoleContext:
 
 
 # How to fix a PD room whose other half never came (prefill and decode both say it, with a 408).
-BOTH_HALVES = "a request with bootstrap_room goes to a prefill and a decode both (sglang-router does this)"
-
-
-class RoomFailure(Exception):
-    """A PD request fails; `status` is the HTTP status when the client can fix it (else the server's 503)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def model_name_of(role: RoleConfig) -> str:

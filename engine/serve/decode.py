@@ -11,14 +11,15 @@ Contract:
   answering (or restarted) makes decode 503 again, fails the requests waiting on it at once, and the link
   re-registers until prefill is back.
 - Per request (sglang-router's HTTP half, with `bootstrap_host/port/room`): claim the room on the named
-  prefill's control socket (`PdClaim`), wait for the payload (the transfer timeout measures liveness: from
-  the claim until prefill holds it, from `started` until the payload, and while `queued` from prefill's
-  last progress on any room; prefill itself fails a room whose HTTP half never comes, and that request
-  answers 408: the client's to fix, the router posts to both sides), check it against
-  the registration (pd/transfer.py), import it into the engine (target KV + state, prefill's first token and
-  generator state; the drafter rebuilds its own cache) and stream the tokens: plain or speculative decoding
-  continues from exactly prefill's state. Every failure finishes the request with an error naming it; a
-  client that goes away aborts the room on prefill; imported pages are freed by the engine.
+  prefill's control socket (`PdClaim`), wait for the payload (the room table is pd/rooms.py's `DecodeRooms`;
+  the transfer timeout measures liveness: from the claim until prefill holds it, from `started` until the
+  payload, and while `queued` from prefill's last progress on any room; prefill itself fails a room whose HTTP
+  half never comes, and that request answers 408: the client's to fix, the router posts to both sides), check
+  it against the registration (pd/transfer.py), import it into the engine (target KV + state, and from its
+  typed `PrefillResult` prefill's first token and generator state; the drafter rebuilds its own cache) and
+  stream the tokens: plain or speculative decoding continues from exactly prefill's state. Every failure
+  finishes the request with an error naming it; a client that goes away aborts the room on prefill; imported
+  pages are freed by the engine.
 - A request without `bootstrap_room`, or naming a prefill this decode is not paired with, is refused (400).
 - With a shared secret every control message of a session carries its MAC (bootstrap.seal) and an
   unauthenticated one is dropped; decode exposes no control socket of its own (the router speaks HTTP).
@@ -43,11 +44,10 @@ import zmq.asyncio
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.pd.rooms import DecodeRooms, RoomFailure
 from specctl.engine.serve.backend import (
-    BOTH_HALVES,
     EngineBackend,
     RoleContext,
-    RoomFailure,
     draft_runner_of,
     secret_of,
     warn_unauthenticated,
@@ -60,6 +60,7 @@ from specctl.schemas.role_config import connect_host
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     from specctl.engine.engine import Engine
     from specctl.engine.pd.bootstrap import HandshakeRejected, Pairing
+    from specctl.engine.pd.messages import PrefillResult
     from specctl.engine.pd.registration import RegistrationInfo
     from specctl.engine.pd.transfer import Payload, TransferReceiver
     from specctl.engine.sampling_params import SamplingParams
@@ -85,8 +86,6 @@ class PrefillLink:
         self.pairing: Pairing | None = None
         self.sock: zmq.asyncio.Socket | None = None
         self.ready = False
-        self.progress_at = 0.0  # loop time of this prefill's latest sign of progress on any room
-        self.waiting: set[str] = set()
 
     @property
     def key(self) -> bytes | None:
@@ -118,7 +117,7 @@ class PrefillLink:
             log.warning("%s (%s); re-registering", reason, self.endpoint)
             self.ready = False
             b.update_state()
-            b.fail_waiting(self, f"{reason} before the request's KV arrived")
+            b.rooms.fail_link(self.port, f"{reason} before the request's KV arrived")
             missed = 0
             await self.register()
 
@@ -201,18 +200,7 @@ class PrefillLink:
                     b.rejections["malformed"] += 1
                     log.warning("bad message from prefill %s: %s", self.endpoint, exc)
                     continue
-                now = b.loop.time()
-                if isinstance(msg, PdProgress):
-                    if msg.req_id in b.waiting:
-                        b.stage[msg.req_id] = (msg.stage, now)
-                    if msg.stage != "queued":
-                        self.progress_at = now
-                    continue
-                self.progress_at = now
-                fut = b.waiting.get(msg.req_id)
-                if msg.req_id in self.waiting and fut is not None and not fut.done():
-                    fut.set_exception(RoomFailure(f"{msg.req_id}: prefill failed: {msg.error}",
-                                                  status=msg.status or None))
+                b.rooms.on_message(self.port, msg)
         finally:
             sock.close(linger=0)
 
@@ -228,9 +216,8 @@ class DecodeBackend(EngineBackend):
         self.receiver: TransferReceiver | None = None
         self.zctx = zmq.asyncio.Context()
         self.links: dict[int, PrefillLink] = {}  # by bootstrap port
-        self.waiting: dict[str, asyncio.Future[Payload]] = {}
-        self._recent: dict[str, tuple[bytes, float]] = {}  # room -> (its session key, loop time it expires)
-        self.stage: dict[str, tuple[str, float]] = {}  # room -> (prefill stage, loop time it was reported)
+        self.rooms: DecodeRooms[Payload] = DecodeRooms(timeout_s=ctx.timeout_s, clock=time.monotonic,
+                                                       release=lambda payload: payload.release())
         self.bg: list[asyncio.Task[None]] = []
         self._stop = threading.Event()
         self._recv_thread: threading.Thread | None = None
@@ -332,22 +319,11 @@ class DecodeBackend(EngineBackend):
 
     def _key_for(self, req_id: str) -> bytes | None:
         """Transfer thread: the session key of the link that claimed `req_id`, or None (nobody did). A room
-        that just ended (timed out, aborted) keeps its key a while, so a late payload is still authenticated
-        and acknowledged (and dropped) instead of leaving prefill's sender waiting for an ack."""
-        for link in list(self.links.values()):
-            if req_id in link.waiting:
-                return link.key
-        recent = self._recent.get(req_id)
-        return recent[0] if recent is not None else None
-
-    def _remember(self, req_id: str, key: bytes | None) -> None:
-        if key is None:
-            return
-        now = self.loop.time()
-        for rid, (_, until) in list(self._recent.items()):
-            if until < now:
-                del self._recent[rid]
-        self._recent[req_id] = (key, now + 2 * self.ctx.timeout_s)
+        that just ended (timed out, aborted) keeps its key a while (`DecodeRooms.recent_key`), so a late payload
+        is still authenticated and acknowledged (and dropped) instead of leaving prefill's sender waiting."""
+        port = self.rooms.link_of(req_id)
+        link = self.links.get(port) if port is not None else None
+        return link.key if link is not None else self.rooms.recent_key(req_id)
 
     def update_state(self) -> None:
         if self.fatal.is_set():
@@ -380,13 +356,13 @@ class DecodeBackend(EngineBackend):
         if route.port not in self.links:
             raise RequestError(f"bootstrap_port {route.port} is not a prefill this decode pairs with "
                                f"(bootstrap ports: {sorted(self.links)})", param="bootstrap_port")
-        if room_key(route.room) in self.waiting:  # generate() would fail it as a 503
+        if room_key(route.room) in self.rooms:  # generate() would fail it as a 503
             raise RequestError(f"bootstrap_room {route.room} is already being served by this decode; "
                                "each request needs a room of its own", param="bootstrap_room", status=409,
                                code="room_in_use")
 
     def load_info(self) -> dict[str, int]:
-        return {"num_reqs": len(self.waiting) + (self.aengine.num_live if self.aengine else 0)}
+        return {"num_reqs": len(self.rooms) + (self.aengine.num_live if self.aengine else 0)}
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, route: PdRoute | None = None,
                        stream: bool = True) -> AsyncIterator[RequestOutput]:
@@ -396,32 +372,29 @@ class DecodeBackend(EngineBackend):
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         payload: Payload | None = None
-        claimed = got_payload = finished = slot = False
+        claimed = got_payload = finished = slot = opened = False
         try:
             if not link.ready or link.pairing is None:
                 raise RoomFailure(f"decode is not paired with prefill {link.endpoint} ({self.ctx.state.detail})")
-            if req_id in self.waiting:
-                raise RoomFailure(f"{req_id} is already being served by this decode")
-            fut = self.loop.create_future()
-            self.waiting[req_id] = fut
-            link.waiting.add(req_id)
-            await link.send(PdClaim(req_id=req_id, prompt_ids=list(prompt_ids),
-                                    params={**params.to_json(), **route.to_json()},
-                                    pairing_id=link.pairing.session_id))
+            self.rooms.open(req_id, link.port)
+            opened = True
+            await link.send(PdClaim(req_id=req_id, prompt_ids=list(prompt_ids), pairing_id=link.pairing.session_id))
             claimed = True
-            payload = await self._await_payload(link, req_id, fut)
+            payload = await self.rooms.wait(req_id)
             got_payload = True
             received = time.perf_counter()
-            extra = payload.extra
+            result = payload.result
+            if result is None:
+                raise RoomFailure(f"{req_id}: prefill's payload carries no PrefillResult")
             timings["prefill_wait_s"] = received - t0
-            timings["prefill_s"] = float(extra.get("prefill_s", 0.0))
-            timings["prefill_queue_s"] = float(extra.get("queue_s", 0.0))  # arrival on prefill -> its prefill step
-            timings["transfer_s"] = max(0.0, time.time() - float(extra.get("sent_at", time.time())))
+            timings["prefill_s"] = result.compute_s  # the step that prefilled it on prefill
+            timings["prefill_queue_s"] = result.queue_s  # arrival on prefill -> its prefill step
+            timings["transfer_s"] = max(0.0, time.time() - result.sent_at)
             self.ctx.metrics.transfer_bytes.inc(payload.nbytes, direction="received")
             self.ctx.metrics.transfer_seconds.observe(timings["transfer_s"])
             await self._batch_slots.acquire()
             slot = True
-            admit = _Admit(self, list(prompt_ids), params, payload)
+            admit = _Admit(self, list(prompt_ids), params, payload, result)
             assert self.aengine is not None
             first_at: float | None = None
             async for item in self.aengine.generate(prompt_ids, params, admit=admit, coalesce=not stream):
@@ -441,11 +414,8 @@ class DecodeBackend(EngineBackend):
             finished = True
             yield RequestOutput([], True, "error", str(exc), error_status=exc.status)
         finally:
-            if req_id in link.waiting:
-                self._remember(req_id, link.key)
-            self.waiting.pop(req_id, None)
-            self.stage.pop(req_id, None)
-            link.waiting.discard(req_id)
+            if opened:
+                self.rooms.close(req_id, link.key)
             if slot:
                 self._batch_slots.release()
             if payload is not None:
@@ -454,28 +424,6 @@ class DecodeBackend(EngineBackend):
                 # Aborted while prefill works on it: let prefill drop the room now.
                 with contextlib.suppress(Exception):
                     await link.send(PdAbort(req_id=req_id, pairing_id=link.pairing.session_id))
-
-    async def _await_payload(self, link: PrefillLink, req_id: str, fut: asyncio.Future[Payload]) -> Payload:
-        """Wait for the room's payload; the timeout measures prefill's liveness (see the module doc)."""
-        timeout = self.ctx.timeout_s
-        sent_at = self.loop.time()
-        while True:
-            stage, since = self.stage.get(req_id, ("sent", sent_at))
-            if stage == "queued":
-                since = max(since, link.progress_at)
-            remaining = since + timeout - self.loop.time()
-            if remaining <= 0:
-                if stage == "queued":
-                    # Prefill holds the claim but never got the request itself: the client (or a router) sent
-                    # it to this decode alone. The client's to fix, so a 408, not a 5xx.
-                    raise RoomFailure(f"{req_id}: prefill never received this request within {timeout:g}s "
-                                      f"(transfer.timeout_s); {BOTH_HALVES}", status=408)
-                raise RoomFailure(f"{req_id}: " + (
-                    f"prefill did not acknowledge the claim within {timeout:g}s" if stage == "sent"
-                    else f"prefill sent no KV within {timeout:g}s of starting the room") + " (transfer.timeout_s)")
-            done, _ = await asyncio.wait({fut}, timeout=min(remaining, 1.0))
-            if done:
-                return fut.result()
 
     def _receive_loop(self) -> None:
         """Transfer receiver thread: hand each payload to the request waiting for it."""
@@ -494,7 +442,7 @@ class DecodeBackend(EngineBackend):
                 if rid:
                     field = getattr(exc, "field", None)
                     why = f"{exc} (field: {field})" if field and f"field: {field}" not in str(exc) else str(exc)
-                    self.loop.call_soon_threadsafe(self._resolve, rid, None, RoomFailure(why))
+                    self.loop.call_soon_threadsafe(self.rooms.resolve, rid, None, RoomFailure(why))
                 continue
             except Exception:
                 if self._stop.is_set():
@@ -502,28 +450,7 @@ class DecodeBackend(EngineBackend):
                 log.exception("transfer receiver failed")
                 time.sleep(0.1)
                 continue
-            self.loop.call_soon_threadsafe(self._resolve, payload.request_id, payload, None)
-
-    def _resolve(self, req_id: str, payload: Payload | None, exc: BaseException | None) -> None:
-        fut = self.waiting.get(req_id)
-        for link in self.links.values():
-            if req_id in link.waiting:
-                link.progress_at = self.loop.time()
-        if fut is None or fut.done():
-            if payload is not None:
-                payload.release()  # nobody waits for it any more (aborted or timed out)
-            return
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            assert payload is not None  # _receive_loop hands over a payload or an error
-            fut.set_result(payload)
-
-    def fail_waiting(self, link: PrefillLink, reason: str) -> None:
-        for req_id in list(link.waiting):
-            fut = self.waiting.get(req_id)
-            if fut is not None and not fut.done():
-                fut.set_exception(RoomFailure(f"{req_id}: {reason}"))
+            self.loop.call_soon_threadsafe(self.rooms.resolve, payload.request_id, payload, None)
 
     # info -----------------------------------------------------------------------------------------
     def pd_rejections(self) -> dict[str, int]:
@@ -536,7 +463,7 @@ class DecodeBackend(EngineBackend):
 
     async def refresh_metrics(self, metrics: ServingMetrics) -> None:
         await super().refresh_metrics(metrics)
-        metrics.pd_transfers_in_flight.set(len(self.waiting))
+        metrics.pd_transfers_in_flight.set(len(self.rooms))
         for reason, n in self.pd_rejections().items():
             metrics.pd_rejected.mirror(n, reason=reason)
 
@@ -553,34 +480,28 @@ class DecodeBackend(EngineBackend):
         return info
 
 
-
-
 class _Admit:
     """Runs on the engine thread: install a transferred request in the engine (`Engine.add_imported`) as a
     running Sequence with prefill's first token and generator state (the drafter rebuilds its own cache)."""
 
-    def __init__(self, backend: DecodeBackend, prompt_ids: list[int], params: SamplingParams, payload: Payload
-                 ) -> None:
+    def __init__(self, backend: DecodeBackend, prompt_ids: list[int], params: SamplingParams, payload: Payload,
+                 result: PrefillResult) -> None:
         self.backend = backend
         self.prompt_ids = prompt_ids
         self.params = params
         self.payload = payload
+        self.result = result
 
     def __call__(self, engine: Engine) -> Sequence:
-        import torch
-
-        payload = self.payload
-        extra = payload.extra
+        payload, result = self.payload, self.result
         length = int(payload.length)
         ids = prompt_token_ids(engine.tokenizer, self.prompt_ids)  # prefill's Engine.add_request applied it too
         if length != len(ids):
             raise RuntimeError(f"{payload.request_id}: transfer length {length} != prompt length {len(ids)}")
         target = {k: v for k, v in payload.tensors.items() if not k.startswith("draft.")}
         draft = {k[len("draft."):]: v for k, v in payload.tensors.items() if k.startswith("draft.")}
-        draft_length = int(extra.get("draft_length", 0) or 0)
-        rng = extra.get("rng_state")
-        state = torch.frombuffer(bytearray(rng), dtype=torch.uint8) if rng else None
-        seq = engine.add_imported(ids, int(extra["first_token"]), target, self.params, generator_state=state,
+        draft_length = result.draft_length
+        seq = engine.add_imported(ids, result.first_token, target, self.params, generator_state=result.rng_state,
                                   draft_tensors=draft if draft and draft_length else None, draft_length=draft_length)
         self.backend.imported += 1
         return seq

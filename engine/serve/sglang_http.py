@@ -15,7 +15,9 @@ Contract: `add_sglang_routes(server)` registers, on an `OpenAIServer`'s app,
   `spec_correct_drafts_histogram`, ...; specctl's `spec_accept_lengths` per verify), SGLang's request times
   and `timings`. With `SPECCTL_EXPORT_METRICS_TO_FILE_DIR` set (`specctl serve --export-metrics-to-file-dir`)
   every finished request is appended to SGLang's metrics file there (`spec_stats.MetricsFile`).
-  Streaming (`stream: true`) sends the cumulative text in each `data:` chunk, as SGLang does, then `[DONE]`.
+  Streaming (`stream: true`) sends the cumulative text in each `data:` chunk, as SGLang does, then `[DONE]`;
+  the text grows through the incremental detokenizer (engine/detokenizer.py), never a re-decode of the whole
+  output, and the last chunk's text is the engine's own (cut at a stop string), as the unary answer's is.
 - `GET /v1/models/{id}`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count", "max_model_len"}`),
   `POST /detokenize` (`{"tokens"}` -> `{"text"}`).
 
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from specctl.engine.detokenizer import Detokenizer
 from specctl.engine.serve.http import json_error
 from specctl.engine.serve.openai_request import PdRoute, RequestError, _check_ids, pd_route, sampling_params
 from specctl.engine.serve.spec_stats import RequestClock, request_meta
@@ -175,6 +178,10 @@ class SglangRoutes:
         await resp.prepare(request)
         clock = RequestClock()
         out: list[int] = []
+        # The one incremental detokenizer, as the OpenAI stream uses it: O(window) work per token, and the tail
+        # a stop string may still cut is held back until the engine's final text decides it.
+        detok = Detokenizer(self.backend, holdback=max((len(x) for x in params.stop), default=1) - 1)
+        text = ""
         async for item in self.backend.generate(ids, params, route=route):
             clock.tokens(item.token_ids)
             out.extend(item.token_ids)
@@ -183,8 +190,7 @@ class SglangRoutes:
                 err = {"error": {"message": final.error or "generation failed", "type": "server_error"}}
                 await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
                 break
-            text = final.text if final is not None and final.text is not None else \
-                self.backend.decode(out).rstrip("\ufffd")
+            text += detok.push(item.token_ids, final=final is not None, final_text=item.text)
             meta = (meta_info(rid, len(ids), out, None) if final is None
                     else self.server.finished_meta(rid, len(ids), len(out), final, clock, params, route))
             chunk = {"text": text, "output_ids": list(out), "meta_info": meta}
