@@ -44,12 +44,14 @@ import torch
 
 from specctl.engine.config import EngineConfig
 from specctl.engine.logprobs import attach as attach_logprobs
+from specctl.engine.model_runner import ForwardItem, runner_for
 from specctl.engine.penalties import adjust as adjust_logits
 from specctl.engine.prefill_export import PrefillExport
 from specctl.engine.sampling import make_generator, sample
 from specctl.engine.sampling_params import SamplingParams
 from specctl.engine.scheduler import Batch, PrefillChunk, Scheduler
 from specctl.engine.sequence import Sequence, SequenceStatus
+from specctl.engine.speculative.decoder import SpeculativeDecoder
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import InvalidInput, RuntimeFailure
 
@@ -86,8 +88,6 @@ class PlainDecoder:
         self.runner = runner
 
     def decode(self, seqs: list[Sequence]) -> list[list[int]]:
-        from specctl.engine.model_runner import ForwardItem
-
         items = [ForwardItem(s.rid, (s.last_token,), len(s) - 1) for s in seqs]
         logits = self.runner.forward(items)
         ids = sample(adjust_logits(seqs, logits), [s.params for s in seqs], [s.generator for s in seqs]).tolist()
@@ -151,13 +151,6 @@ class GenerationResult:
 def make_decoder(config: EngineConfig, runner: ModelRunner) -> Decoder:
     if config.algorithm == "none":
         return PlainDecoder(runner)
-    try:
-        from specctl.engine.speculative.decoder import SpeculativeDecoder
-    except ImportError as exc:
-        raise RuntimeFailure(
-            f"speculative.algorithm {config.algorithm!r} is not available in this build ({exc})",
-            hint="use speculative.algorithm: none",
-        ) from None
     return SpeculativeDecoder(runner, config)
 
 
@@ -177,8 +170,6 @@ class Engine:
                  decoder: Decoder | None = None) -> None:
         self.config = config
         if runner is None:
-            from specctl.engine.model_runner import runner_for
-
             runner = runner_for(config)
         self.runner = runner
         self.tokenizer = runner.tokenizer
@@ -387,8 +378,6 @@ class Engine:
                     updated.append(seq)
 
     def _prefill(self, batch: Batch, updated: list[Sequence]) -> None:
-        from specctl.engine.model_runner import ForwardItem
-
         chunks: list[PrefillChunk] = batch.prefill
         items = [ForwardItem(c.seq.rid, c.seq.token_ids(c.start, c.end), c.start) for c in chunks]
         logits = self.runner.forward(items, last_only=True)  # [len(chunks), vocab]: only last positions sample

@@ -136,7 +136,7 @@ def tensor_buffer(x: Any) -> tuple[str, tuple[int, ...], memoryview]:
     """(dtype name, shape, raw byte view) of a torch tensor or numpy array, without copying when it
     is already C-contiguous on the CPU (otherwise one contiguous CPU copy is made)."""
     if _is_torch(x):
-        import torch
+        import torch  # noqa: PLC0415 - torch: the engine extra; the torch-free install and `specctl validate` never load it
 
         dtype = str(x.dtype).removeprefix("torch.")
         t = x.detach()
@@ -164,7 +164,7 @@ def buffer_tensor(buf: Any, meta: TensorMeta, *, as_torch: bool = True, offset: 
     arr = np.frombuffer(buf, dtype=np_dtype, count=count, offset=offset).reshape(meta.shape)
     if not as_torch:
         return arr
-    import torch
+    import torch  # noqa: PLC0415 - torch: the engine extra; the torch-free install and `specctl validate` never load it
 
     t = torch.from_numpy(arr)
     if meta.dtype == "bfloat16":

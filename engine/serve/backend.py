@@ -22,11 +22,15 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from specctl.engine.async_engine import AsyncEngine, RequestOutput
+from specctl.engine.config import EngineConfig
 from specctl.engine.serve.faults import FaultPlan
 from specctl.engine.serve.metrics import ServingMetrics
+from specctl.engine.serve.openai_request import RequestError
 from specctl.engine.serve.spec_stats import launch_steps
 from specctl.engine.tokenizer import Tokenizer, prompt_token_ids
+from specctl.errors import UsageError
 from specctl.schemas.budget import MAX_NEW_TOKENS
+from specctl.schemas.model_facts import load_model_facts
 from specctl.schemas.server_info import Key, sglang_server_args
 
 if TYPE_CHECKING:  # torch lives behind these; the serving front imports this module before any model loads
@@ -101,8 +105,6 @@ def model_name_of(role: RoleConfig) -> str:
 
 
 def max_context_of(model_ref: str) -> int:
-    from specctl.schemas.model_facts import load_model_facts
-
     facts = load_model_facts(model_ref)
     return int(facts.config.get("max_position_embeddings") or 4096)
 
@@ -123,8 +125,6 @@ class TokenizingBackend:
         """The tokenizer; while the model (and with it the tokenizer) still loads, a 503 for the client:
         /tokenize and /detokenize answer before readiness, as SGLang's do once its tokenizer is up."""
         if self.tokenizer is None:
-            from specctl.engine.serve.openai_request import RequestError
-
             raise RequestError("server not ready (loading): the tokenizer loads with the model", status=503,
                                code="service_unavailable")
         return self.tokenizer
@@ -158,8 +158,7 @@ class EngineBackend(TokenizingBackend):
         self.fatal = asyncio.Event()  # set when the role can no longer serve (the process then exits)
 
     async def load(self) -> None:
-        from specctl.engine.config import EngineConfig
-        from specctl.engine.engine import Engine
+        from specctl.engine.engine import Engine  # noqa: PLC0415 - imports torch; this module stays torch-free
 
         cfg = EngineConfig.from_role(self.ctx.role)
         self.engine = await asyncio.to_thread(Engine, cfg)
@@ -274,8 +273,6 @@ def secret_of(ctx: RoleContext) -> str | None:
         return None
     value = os.environ.get(str(name))
     if not value:
-        from specctl.errors import UsageError
-
         raise UsageError(f"transfer.secret_env names ${name}, which is not set in this process's environment")
     return value
 

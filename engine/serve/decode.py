@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -43,8 +44,11 @@ import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
+from specctl.engine.pd.bootstrap import HandshakeRejected, ping, register
 from specctl.engine.pd.messages import PdAbort, PdClaim, PdDone, PdProgress, room_key
+from specctl.engine.pd.registration import build_registration
 from specctl.engine.pd.rooms import DecodeRooms, RoomFailure
+from specctl.engine.pd.transfer import PayloadSpec, TransferError, TransferReceiver, TransferTimeout
 from specctl.engine.serve.backend import (
     EngineBackend,
     RoleContext,
@@ -52,6 +56,7 @@ from specctl.engine.serve.backend import (
     secret_of,
     warn_unauthenticated,
 )
+from specctl.engine.serve.http import RequestError
 from specctl.engine.serve.metrics import ServingMetrics
 from specctl.engine.tokenizer import prompt_token_ids
 from specctl.errors import RuntimeFailure
@@ -92,8 +97,6 @@ class PrefillLink:
         return None if self.pairing is None else self.pairing.key
 
     async def run(self) -> None:
-        from specctl.engine.pd.bootstrap import ping
-
         b = self.backend
         if b.ctx.faults.decode_link_error:
             raise RuntimeError(b.ctx.faults.decode_link_error)  # a test's stand-in for a bug (serve/faults.py)
@@ -123,7 +126,6 @@ class PrefillLink:
 
     async def register(self) -> None:
         """Register until accepted (prefill may not be up yet); a refusal is fatal."""
-        from specctl.engine.pd.bootstrap import HandshakeRejected, register
         b = self.backend
         secret = secret_of(b.ctx)
         info = b.info
@@ -229,8 +231,6 @@ class DecodeBackend(EngineBackend):
 
     # lifecycle ------------------------------------------------------------------------------------
     async def load(self) -> None:
-        from specctl.engine.pd.registration import build_registration
-        from specctl.engine.pd.transfer import PayloadSpec, TransferReceiver
         await super().load()
         assert self.engine is not None  # super().load() built it
         self.loop = asyncio.get_running_loop()
@@ -241,8 +241,6 @@ class DecodeBackend(EngineBackend):
         transfer = self.ctx.transfer
         bind = f"tcp://{host}:0"
         if transfer.protocol == "ipc":
-            import tempfile
-
             bind = f"ipc://{tempfile.gettempdir()}/specctl-decode-{id(self):x}.ipc"
         # With a secret, a payload opens only with the key of the session that claimed its room.
         auth = self._key_for if secret_of(self.ctx) else None
@@ -347,8 +345,6 @@ class DecodeBackend(EngineBackend):
 
     # Backend protocol -----------------------------------------------------------------------------
     def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
-        from specctl.engine.serve.http import RequestError
-
         if route is None:
             raise RequestError("this is a decode server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
@@ -427,7 +423,6 @@ class DecodeBackend(EngineBackend):
 
     def _receive_loop(self) -> None:
         """Transfer receiver thread: hand each payload to the request waiting for it."""
-        from specctl.engine.pd.transfer import TransferError, TransferTimeout
 
         receiver = self.receiver
         assert receiver is not None  # load() binds it before starting this thread

@@ -45,10 +45,12 @@ import zmq.asyncio
 
 from specctl.engine.async_engine import RequestOutput
 from specctl.engine.pd import wire
-from specctl.engine.pd.bootstrap import Peer
+from specctl.engine.pd.bootstrap import BootstrapServer, Peer
 from specctl.engine.pd.messages import PdDone, PdProgress, PrefillResult, room_key
 from specctl.engine.pd.outbox import TransferOutbox
+from specctl.engine.pd.registration import build_registration
 from specctl.engine.pd.rooms import PrefillRooms, Room, RoomFailure
+from specctl.engine.pd.transfer import PayloadSpec
 from specctl.engine.serve.backend import (
     EngineBackend,
     RoleContext,
@@ -56,7 +58,9 @@ from specctl.engine.serve.backend import (
     secret_of,
     warn_unauthenticated,
 )
+from specctl.engine.serve.http import RequestError
 from specctl.engine.serve.metrics import ServingMetrics
+from specctl.errors import UsageError
 
 if TYPE_CHECKING:  # torch, and the PD modules this one imports lazily
     import torch
@@ -105,10 +109,6 @@ class PrefillBackend(EngineBackend):
 
     # lifecycle ------------------------------------------------------------------------------------
     async def load(self) -> None:
-        from specctl.engine.pd.bootstrap import BootstrapServer
-        from specctl.engine.pd.registration import build_registration
-        from specctl.engine.pd.transfer import PayloadSpec
-
         await super().load()
         assert self.aengine is not None and self.engine is not None
         engine = self.engine
@@ -132,8 +132,6 @@ class PrefillBackend(EngineBackend):
         self._component_order = PayloadSpec.from_registration(self.info).names
         bport = self.ctx.role.bootstrap_port
         if bport is None:
-            from specctl.errors import UsageError
-
             raise UsageError("the prefill role needs roles.prefill.bootstrap_port (decode registers there)")
         self.bootstrap = BootstrapServer(self.info, host=host, port=int(bport), secret=secret_of(self.ctx),
                                          on_pair=self._on_pair, on_unpair=self._on_unpair).start()
@@ -185,8 +183,6 @@ class PrefillBackend(EngineBackend):
 
     # Backend protocol -----------------------------------------------------------------------------
     def check_params(self, params: SamplingParams, route: PdRoute | None) -> None:
-        from specctl.engine.serve.http import RequestError
-
         if route is None:
             raise RequestError("this is a prefill server: it serves disaggregated requests from sglang-router "
                                "(bootstrap_host, bootstrap_port, bootstrap_room); send requests to the router",
@@ -267,7 +263,7 @@ class PrefillBackend(EngineBackend):
         drafter builds its cache from the prompt at its first step, as a colocated engine does after its first
         token, so the draft's prefill stays out of TTFT. The components are still sent (the registration
         fixes them) and `draft_length: 0` tells decode they hold nothing."""
-        import torch
+        import torch  # noqa: PLC0415 - torch: the engine extra; the torch-free install and `specctl validate` never load it
 
         runner = draft_runner_of(self.engine)
         if runner is None:
