@@ -15,8 +15,9 @@ PD5xx) and of the SGLang pair rules (`sglang_code`, SGL2xx) with their severity.
 means that view cannot express the field, and that check skips the row.
 
 `Difference` is the one row type every comparison returns: the field, both sides' values, the fix from
-the table and a detail line. It crosses the handshake wire inside msgspec messages, so it is a
-msgspec struct; `to_json()` is its report shape.
+the table and a detail line. It crosses the handshake wire inside msgspec messages, which encode and
+decode frozen dataclasses as they do structs; a dataclass keeps this module importable where msgspec is
+not installed (the tool install, without the engine). `to_json()` is its report shape.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import msgspec
 
 Severity = Literal["error", "warning", "info"]
 
@@ -37,7 +36,8 @@ WRONG_OUTPUT = "wrong output"
 FAILS = (START_UP, HANDSHAKE, FIRST_REQUEST, FIRST_TRANSFER, WRONG_OUTPUT)
 
 
-class Difference(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class Difference:
     """One field on which prefill and decode disagree: both values, how to fix it, and a detail line."""
 
     field: str

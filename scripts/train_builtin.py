@@ -159,8 +159,8 @@ def teacher_windows(
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed + 7)
-    eng = Engine(EngineConfig(model_ref=teacher_ref, dtype="float32", device="cpu", page_size=16,  # type: ignore[arg-type]
-                              max_tokens=65536, max_batch_size=64, speculative={"algorithm": "none"}))
+    eng = Engine(EngineConfig(model_ref=teacher_ref, dtype="float32", device="cpu", page_size=16,
+                              max_tokens=65536, max_batch_size=64))
     prompts: list[list[int]] = []
     params: list[SamplingParams] = []
     hi = max(1, min(160, 5 * seq // 8))  # prompt lengths lo..hi; at --seq 256, 32..160
