@@ -69,6 +69,9 @@ class CostModel:
         if self.estimate is not None:
             return f"an ESTIMATE, not a measurement: {self.estimate}"
         m = self.meta
+        if m.get("source") == "served":
+            return (f"measured by `adaptive profile` on the running server {m.get('deployment')} (served steps, "
+                    f"timed per request, {m.get('clock', 'wall')} clock, {m.get('created', 'undated')})")
         if m.get("device") is None:
             return "of unknown origin (no `adaptive profile` metadata)"
         return (f"measured by `adaptive profile` of {m.get('deployment')} on {m.get('device')} "

@@ -174,7 +174,7 @@ def _nearest_pair(measured: Sequence[int], k: int) -> tuple[int, int]:
 
 def served_meta(*, url: str, model: str | None, steps: int, algorithm: str | None, max_tokens: int,
                 rounds: int, prompt_tokens: int | None, deployment: str | None = None) -> dict[str, Any]:
-    """The cost model's settings for a served measurement (`tune` prints `deployment`, `device`, `threads`,
+    """The cost model's settings for a served measurement (`source: served`: `tune` prints `deployment`,
     `clock` and `created`)."""
     return {
         "source": "served",
@@ -182,8 +182,6 @@ def served_meta(*, url: str, model: str | None, steps: int, algorithm: str | Non
         "url": url,
         "target": model,
         "algorithm": algorithm,
-        "device": "its server (served steps, timed per request)",
-        "threads": "the server's",
         "served_steps": [steps],
         "max_tokens": max_tokens,
         "rounds": rounds,

@@ -178,6 +178,10 @@ def test_tune_says_which_cost_model_priced_it() -> None:
                                                "clock": "cpu", "created": "2026-12-08T00:00:00Z"})
     assert measured.provenance() == ("measured by `adaptive profile` of tiny-pd on cpu (1 thread(s), cpu clock, "
                                      "2026-12-08T00:00:00Z)")
+    served = CostModel(cost_model().step_s, {"source": "served", "deployment": "http://127.0.0.1:30000",
+                                             "clock": "wall", "created": "2026-12-08T00:00:00Z"})
+    assert served.provenance() == ("measured by `adaptive profile` on the running server http://127.0.0.1:30000 "
+                                   "(served steps, timed per request, wall clock, 2026-12-08T00:00:00Z)")
     guessed = CostModel(cost_model().step_s, {"estimate": "aiconfigurator's database, H100 SXM, fp8"})
     assert guessed.estimate is not None
     assert guessed.provenance().startswith("an ESTIMATE, not a measurement: aiconfigurator")
